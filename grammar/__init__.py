@@ -1,0 +1,1 @@
+"""The spec grammar, shipped as package data (loaded by symattn.parse)."""

@@ -1,0 +1,173 @@
+"""The Python API: `load` a spec, get a `Spec` whose methods mirror the CLI.
+
+Contract: `load(path_or_text, dims=None)` reads a file (a `Path`, or a string
+naming an existing file or ending in `.attn`) or spec text, parses and
+validates it, and returns a `Spec` holding the typed IR; a bad spec raises a
+`SpecError` whose `str()` is the located report. `read_spec_file` turns
+bytes that are not UTF-8 into such an error too.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+from . import typed as t
+from .errors import SpecSyntaxError, UsageError
+from .parse import parse
+from .printing import to_spec
+from .shapes import format_shape
+from .validate import validate
+
+__all__ = ["load", "Spec", "read_spec_file", "example_path", "example_text"]
+
+
+def example_text() -> str:
+    """The built-in example: single-head scaled dot-product self-attention."""
+    return resources.files("symattn").joinpath("examples/self_attention.attn").read_text("utf-8")
+
+
+def example_path() -> str:
+    return "self_attention.attn"
+
+
+def read_spec_file(path: str | Path) -> str:
+    """The file's text; a file that is not UTF-8 is a located SpecSyntaxError."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a spec file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        shown = data.decode("utf-8", errors="replace")
+        raise SpecSyntaxError(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} cannot start or continue a UTF-8 character",
+            line=line, column=column, hint="save the spec as UTF-8 text",
+        ).located(str(path), shown) from None
+
+
+def _looks_like_path(value: str) -> bool:
+    if "\n" in value:
+        return False
+    return value.endswith(".attn") or Path(value).is_file()
+
+
+class Spec:
+    """A validated spec: its typed IR plus the operations symattn offers on it."""
+
+    def __init__(self, typed: t.TypedSpec) -> None:
+        self.typed = typed
+
+    # --- what the spec declares ------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.typed.name
+
+    @property
+    def filename(self) -> str:
+        return self.typed.filename
+
+    @property
+    def dims(self) -> dict[str, int]:
+        """Each dim's size (defaults, with overrides applied)."""
+        return dict(self.typed.sizes)
+
+    @property
+    def tensors(self) -> Mapping[str, t.TensorInfo]:
+        return self.typed.tensors
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.typed.outputs
+
+    @property
+    def checks(self) -> tuple[t.CheckInfo, ...]:
+        return self.typed.checks
+
+    def shape(self, name: str) -> str:
+        """The symbolic shape of a tensor as text, e.g. `[N, d_k]`."""
+        return format_shape(self.typed.tensors[name].shape, list(self.typed.dims))
+
+    def concrete_shape(self, name: str) -> tuple[int, ...]:
+        return self.typed.concrete_shape(self.typed.tensors[name].shape)
+
+    def with_dims(self, **sizes: int) -> "Spec":
+        """The same spec at other sizes (`spec.with_dims(N=8)`)."""
+        merged = {**{k: v for k, v in self.typed.sizes.items()}, **sizes}
+        return load(self.typed.source, dims=merged, filename=self.typed.filename)
+
+    def show(self) -> str:
+        """The typed IR as text: dims, every tensor with kind and shape, every check."""
+        return format_typed(self.typed)
+
+    def __repr__(self) -> str:
+        return f"<Spec {self.name}: {len(self.tensors)} tensors, outputs {', '.join(self.outputs)}>"
+
+
+def format_typed(spec: t.TypedSpec) -> str:
+    order = list(spec.dims)
+    lines = [f"attention {spec.name}  ({spec.filename})", "", "dims"]
+    width = max((len(f"{n} = {s}") for n, s in spec.sizes.items()), default=0)
+    for name, info in spec.dims.items():
+        size = spec.sizes[name]
+        note = "" if size == info.default else f"  (default {info.default})"
+        lines.append(f"  {f'{name} = {size}'.ljust(width)}  line {info.pos.line}{note}")
+    lines += ["", "tensors"]
+    rows = []
+    for name, info in spec.tensors.items():
+        shape = format_shape(info.shape, order)
+        sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
+        definition = ""
+        if info.expr is not None:
+            body = to_spec(info.expr, order)
+            if isinstance(info.expr, t.IndexDef):
+                idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
+                definition = f"{name}[{idx}] = {body}"
+            else:
+                definition = f"{name} = {body}"
+        rows.append((name, info.role, shape, sizes, f"line {info.pos.line}", definition))
+    widths = [max(len(r[k]) for r in rows) for k in range(5)] if rows else [0] * 5
+    for row in rows:
+        cells = [row[k].ljust(widths[k]) for k in range(5)]
+        lines.append(("  " + "  ".join(cells) + ("  " + row[5] if row[5] else "")).rstrip())
+    lines += ["", f"outputs  {', '.join(spec.outputs)}"]
+    if spec.checks:
+        lines += ["", "checks"]
+        for check in spec.checks:
+            neg = "not " if check.negated else ""
+            if check.kind == "equal":
+                shapes = f"{format_shape(check.lhs.shape, order)} == {format_shape(check.rhs.shape, order)}"
+                lines.append(f"  line {check.line}: {neg}{check.text}    {shapes}")
+            else:
+                lines.append(f"  line {check.line}: {neg}{check.kind}({check.output}, {check.input}) "
+                             f"permuting dim {check.dim}")
+    return "\n".join(lines) + "\n"
+
+
+def load(path_or_text: str | Path, dims: Mapping[str, int] | None = None, *, filename: str | None = None) -> Spec:
+    """Parse and validate a spec file or spec text; `dims` overrides default sizes."""
+    if isinstance(path_or_text, Path) or (isinstance(path_or_text, str) and _looks_like_path(path_or_text)):
+        source = read_spec_file(path_or_text)
+        name = filename or str(path_or_text)
+    elif isinstance(path_or_text, str):
+        source = path_or_text
+        name = filename or "<spec>"
+    else:
+        raise UsageError(f"load() takes a path or spec text, not {type(path_or_text).__name__}")
+    for key, value in (dims or {}).items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise UsageError(f"dim {key}={value!r}: sizes are positive integers")
+    program = parse(source, name)
+    return Spec(validate(program, name, source, dims))

@@ -1,0 +1,124 @@
+"""The `symattn` command line.
+
+Contract (DESIGN.md): exit 0 on success, 1 when a check fails, 2 for a bad
+spec or bad usage. A bad spec prints `FILE:LINE:COL: error: ...` with the
+source line and a caret on stderr, never a traceback. `--dim NAME=SIZE`
+overrides a default size on every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from . import __version__
+from .api import Spec, example_path, example_text, load
+from .errors import SpecError, SymAttnError, UsageError
+
+__all__ = ["main"]
+
+
+def _dim_override(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE, got {text!r}")
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: size {value!r} is not an integer") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{name}: size {size} is not positive")
+    return name, size
+
+
+def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
+    dims = dict(args.dim or [])
+    if args.spec is None:
+        if not default_example:
+            raise UsageError("a SPEC file is required")
+        return load(example_text(), dims=dims, filename=example_path())
+    return load(args.spec if args.spec != "-" else sys.stdin.read(), dims=dims,
+                filename=None if args.spec != "-" else "<stdin>")
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    sys.stdout.write(_load(args).show())
+    return 0
+
+
+def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        _load(args, default_example=True)
+        print(f"symattn {name}: not implemented yet", file=sys.stderr)
+        return 2
+
+    return run
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "show": _cmd_show,
+    "derive": _not_implemented("derive"),
+    "check": _not_implemented("check"),
+    "emit": _not_implemented("emit"),
+    "verify": _not_implemented("verify"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="symattn",
+        description="Derive, check and compile attention from a .attn spec.",
+        epilog="Exit status: 0 success, 1 a check failed, 2 a bad spec or bad usage.",
+    )
+    parser.add_argument("--version", action="version", version=f"symattn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dim", action="append", type=_dim_override, metavar="NAME=SIZE",
+                        help="override a dim's default size (repeatable), e.g. --dim N=8")
+
+    def add(name: str, help_text: str, spec_optional: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        if spec_optional:
+            p.add_argument("spec", nargs="?", metavar="SPEC",
+                           help="the .attn file (default: the built-in self-attention example)")
+        else:
+            p.add_argument("spec", metavar="SPEC", help="the .attn file ('-' reads standard input)")
+        return p
+
+    add("show", "Print the typed IR: every dim, every tensor with its kind and shape, every check.")
+    derive = add("derive", "Derive the backward pass and write the derivation document.", spec_optional=True)
+    derive.add_argument("-o", "--output", metavar="FILE", help="write the document here (default: stdout)")
+    derive.add_argument("--format", choices=("md", "html", "tex"), default="md", help="document format")
+    check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
+    check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list")
+    emit = sub.add_parser("emit", parents=[common], help="Generate NumPy or CUDA code from the spec.",
+                          description="Generate NumPy or CUDA code from the spec.")
+    emit.add_argument("target", choices=("numpy", "cuda"), help="what to generate")
+    emit.add_argument("spec", metavar="SPEC", help="the .attn file")
+    emit.add_argument("-o", "--output", metavar="PATH", required=True,
+                      help="FILE.py for numpy, a directory for cuda")
+    verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
+    verify.add_argument("--target", choices=("numpy", "cuda"), default="numpy")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return 2
+    except UsageError as err:
+        print(f"symattn {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except SymAttnError as err:
+        print(f"symattn {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("symattn: interrupted", file=sys.stderr)
+        return 130

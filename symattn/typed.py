@@ -1,0 +1,409 @@
+"""The typed IR: resolved operations with symbolic shapes.
+
+Contract: `symattn.validate` produces a `TypedSpec` whose tensor definitions
+are trees of the frozen, slotted nodes below. Every node knows its `shape`,
+a tuple of SymPy expressions over the spec's dim symbols (positive integers),
+and its source position `pos` (not part of equality or hashing). Names are
+resolved, axes are normalised to non-negative integers, and syntax variants
+are gone (`K.T` and `transpose(K)` are both `Transpose`). The same nodes
+express matrix-level gradients (`Grad` is the upstream gradient of a tensor),
+so one printer (`symattn.printing`) shows specs, derivations and claims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import sympy
+
+from .ir import NOWHERE, Pos
+
+__all__ = [
+    "Shape",
+    "Node",
+    "Tensor",
+    "Scalar",
+    "DimValue",
+    "Unary",
+    "Binary",
+    "MatMul",
+    "Transpose",
+    "Reduce",
+    "Softmax",
+    "Compare",
+    "Where",
+    "MergeHeads",
+    "SplitHeads",
+    "Concat",
+    "Constant",
+    "Grad",
+    "Index",
+    "IndexDef",
+    "Entry",
+    "IndexVar",
+    "IndexSum",
+    "DimInfo",
+    "TensorInfo",
+    "CheckInfo",
+    "TypedSpec",
+    "ELEMENTWISE",
+    "REDUCTIONS",
+    "CONSTANTS",
+]
+
+Shape = tuple  # tuple[sympy.Expr, ...]
+
+ELEMENTWISE = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "sin", "cos")
+REDUCTIONS = ("sum", "mean", "logsumexp")
+CONSTANTS = ("sinusoidal", "causal_mask", "eye", "ones")
+
+
+def _pos() -> Pos:
+    return field(default=NOWHERE, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """Base of every typed node; subclasses define `shape`."""
+
+    @property
+    def children(self) -> tuple["Node", ...]:
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor(Node):
+    """A named tensor: input, param or a defined intermediate."""
+
+    name: str
+    shape: Shape
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar(Node):
+    """A number: exact rational, `oo` for inf, or `pi`."""
+
+    value: sympy.Expr
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class DimValue(Node):
+    """A dim (or dim arithmetic) used as a scalar value, as in `sqrt(d_k)`."""
+
+    dim: sympy.Expr
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Unary(Node):
+    """An elementwise function of one tensor; `fn` is in ELEMENTWISE or 'neg'."""
+
+    fn: str
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Binary(Node):
+    """Elementwise `add sub mul div pow` with NumPy broadcasting."""
+
+    op: str
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class MatMul(Node):
+    """`a @ b`, batched over leading axes like numpy.matmul."""
+
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class Transpose(Node):
+    """Swap the last two axes."""
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce(Node):
+    """`sum`, `mean` or `logsumexp` over `axis` (None: every axis), keeping it."""
+
+    kind: str
+    x: Node
+    axis: int | None
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Softmax(Node):
+    x: Node
+    axis: int
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Compare(Node):
+    """A boolean comparison, used as the condition of `Where`."""
+
+    op: str
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class Where(Node):
+    cond: Compare
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.cond, self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class MergeHeads(Node):
+    """[..., h, N, k] -> [..., N, h * k], head-major."""
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitHeads(Node):
+    """[..., N, h * k] -> [..., h, N, k], the inverse of MergeHeads."""
+
+    x: Node
+    heads: sympy.Expr
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Concat(Node):
+    parts: tuple[Node, ...]
+    axis: int
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return self.parts
+
+
+@dataclass(frozen=True, slots=True)
+class Constant(Node):
+    """A fixed tensor: `sinusoidal(N, d)`, `causal_mask(N)`, `eye(N)`, `ones(...)`."""
+
+    kind: str
+    args: tuple[sympy.Expr, ...]
+    shape: Shape
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Grad(Node):
+    """`grad(T)`: dL/dT, with L = sum over outputs of <O, grad(O)>."""
+
+    name: str
+    shape: Shape
+    pos: Pos = _pos()
+
+
+# --- index notation ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """An index of index notation and the dim it ranges over (0 .. range-1)."""
+
+    name: str
+    range: sympy.Expr
+
+
+@dataclass(frozen=True, slots=True)
+class IndexDef(Node):
+    """`T[i, j] = body`: one entry per index tuple; `body` has shape ()."""
+
+    indices: tuple[Index, ...]
+    body: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.body,)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Node):
+    """`X[i, k]`: one entry of a tensor at index variables."""
+
+    tensor: str
+    indices: tuple[str, ...]
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexVar(Node):
+    """The value of an index (0-based), as in `where(j <= i, 0, -inf)`."""
+
+    name: str
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSum(Node):
+    """`sum(k, body)`: the sum of `body` over index k."""
+
+    index: Index
+    body: Node
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.body,)
+
+
+# --- the whole spec ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DimInfo:
+    name: str
+    symbol: sympy.Symbol
+    default: int
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor of the spec. `kind` is input, param or intermediate."""
+
+    name: str
+    kind: str
+    shape: Shape
+    pos: Pos
+    expr: Node | None = None
+    is_output: bool = False
+
+    @property
+    def role(self) -> str:
+        return "output" if self.is_output else self.kind
+
+
+@dataclass(frozen=True)
+class CheckInfo:
+    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'."""
+
+    line: int
+    text: str
+    negated: bool
+    kind: str
+    pos: Pos
+    lhs: Node | None = None
+    rhs: Node | None = None
+    output: str | None = None
+    input: str | None = None
+    dim: str | None = None
+
+
+@dataclass(frozen=True)
+class TypedSpec:
+    name: str
+    filename: str
+    source: str
+    dims: Mapping[str, DimInfo]
+    sizes: Mapping[str, int]
+    tensors: Mapping[str, TensorInfo]
+    outputs: tuple[str, ...]
+    checks: tuple[CheckInfo, ...]
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "input")
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "param")
+
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        """Inputs and params, in declaration order: what the backward pass returns."""
+        return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param"))
+
+    @property
+    def intermediates(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "intermediate")
+
+    def substitutions(self) -> dict[sympy.Symbol, int]:
+        return {info.symbol: self.sizes[name] for name, info in self.dims.items()}
+
+    def size(self, dim: sympy.Expr) -> int:
+        """The concrete size of a dim expression at this spec's sizes."""
+        value = sympy.sympify(dim).subs(self.substitutions())
+        return int(value)
+
+    def concrete_shape(self, shape: Shape) -> tuple[int, ...]:
+        return tuple(self.size(d) for d in shape)
