@@ -131,12 +131,12 @@ def format_typed(spec: t.TypedSpec) -> str:
         sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
         definition = ""
         if info.expr is not None:
-            body = to_spec(info.expr, order)
             if isinstance(info.expr, t.IndexDef):
+                body = to_spec(info.expr.body, order)
                 idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
                 definition = f"{name}[{idx}] = {body}"
             else:
-                definition = f"{name} = {body}"
+                definition = f"{name} = {to_spec(info.expr, order)}"
         rows.append((name, info.role, shape, sizes, f"line {info.pos.line}", definition))
     widths = [max(len(r[k]) for r in rows) for k in range(5)] if rows else [0] * 5
     for row in rows:

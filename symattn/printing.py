@@ -98,12 +98,24 @@ def _(node: t.Binary, dims):
     symbol = _BINARY_SYMBOL[node.op]
     if node.op == "pow":
         return f"{_wrap(node.a, dims, POSTFIX)}^{_wrap(node.b, dims, NEG)}", POW
-    return f"{_wrap(node.a, dims, prec)} {symbol} {_wrap(node.b, dims, prec + 1)}", prec
+    left = _wrap(node.a, dims, prec)
+    if node.op == "mul" and isinstance(node.a, t.MatMul):
+        left = f"({left})"
+    right = _wrap(node.b, dims, prec + 1)
+    if node.op == "mul" and isinstance(node.b, t.MatMul):
+        right = f"({right})"
+    return f"{left} {symbol} {right}", prec
+
+
+def _mixing(node: t.Node) -> bool:
+    """`*` or `/` beside `@`: legal without brackets, but people misread it."""
+    return isinstance(node, t.Binary) and node.op in ("mul", "div")
 
 
 @_print.register
 def _(node: t.MatMul, dims):
-    return f"{_wrap(node.a, dims, MUL)} @ {_wrap(node.b, dims, MUL + 1)}", MUL
+    left = f"({to_spec(node.a, dims)})" if _mixing(node.a) else _wrap(node.a, dims, MUL)
+    return f"{left} @ {_wrap(node.b, dims, MUL + 1)}", MUL
 
 
 @_print.register
@@ -154,13 +166,30 @@ def _(node: t.Constant, dims):
 
 
 @_print.register
+def _(node: t.SumTo, dims):
+    text = to_spec(node.x, dims)
+    rank = len(node.x.shape)
+    for axis in sorted(node.axes, reverse=True):
+        text = f"sum({text}, axis={axis - rank})"
+    return text, ATOM
+
+
+@_print.register
+def _(node: t.Slice, dims):
+    cut = f"{format_dim(node.start, dims)}:{format_dim(node.stop, dims)}"
+    return f"{_wrap(node.x, dims, POSTFIX)}[{', '.join([':'] * node.axis + [cut])}]", POSTFIX
+
+
+@_print.register
 def _(node: t.IndexDef, dims):
-    return _print(node.body, dims)
+    indices = ", ".join(i.name for i in node.indices)
+    return f"[{indices}] -> {to_spec(node.body, dims)}", COMPARE
 
 
 @_print.register
 def _(node: t.Entry, dims):
-    return f"{node.tensor}[{', '.join(node.indices)}]", ATOM
+    name = f"grad({node.tensor})" if node.grad else node.tensor
+    return f"{name}[{', '.join(node.indices)}]", ATOM
 
 
 @_print.register

@@ -38,6 +38,8 @@ __all__ = [
     "Concat",
     "Constant",
     "Grad",
+    "SumTo",
+    "Slice",
     "Index",
     "IndexDef",
     "Entry",
@@ -268,6 +270,46 @@ class Grad(Node):
     pos: Pos = _pos()
 
 
+@dataclass(frozen=True, slots=True)
+class SumTo(Node):
+    """Sum `x` down to `shape` (undo NumPy broadcasting); made by the backward pass.
+
+    Leading axes that `shape` lacks are summed away; axes where `shape` has 1
+    are summed keeping the axis.
+    """
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The axes of `x` that are summed."""
+        lead = len(self.x.shape) - len(self.shape)
+        kept = [lead + k for k, d in enumerate(self.shape) if d == 1 and self.x.shape[lead + k] != 1]
+        return tuple(range(lead)) + tuple(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice(Node):
+    """`x` restricted to `start <= index < stop` along `axis`; made by the backward of concat."""
+
+    x: Node
+    axis: int
+    start: sympy.Expr
+    stop: sympy.Expr
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
 # --- index notation ------------------------------------------------------------
 
 
@@ -300,6 +342,7 @@ class Entry(Node):
     tensor: str
     indices: tuple[str, ...]
     shape: Shape = ()
+    grad: bool = False  # an entry of grad(tensor), made by the backward pass
     pos: Pos = _pos()
 
 

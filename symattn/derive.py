@@ -1,0 +1,323 @@
+"""Matrix-level reverse-mode derivation: `grad(T)` of every tensor, with steps.
+
+Contract: `derive(spec)` returns a `Derivation` whose `gradients[name]` holds,
+for every tensor of the spec, a closed form for dL/dT (L = sum over outputs
+of <O, grad(O)>) written with the spec's own names: forward tensors and the
+`grad(C)` of the tensors C that consume T, e.g. `grad(V) = P.T @ grad(O)`,
+`grad(X) = grad(Q) @ W_q.T + grad(K) @ W_k.T + grad(V) @ W_v.T`. Dims stay
+symbolic, so each formula holds for all sizes. Every adjoint rule applied and
+every simplification made is recorded as a `Step(rule, tensor, before, after)`.
+
+The adjoint rules form one table (`_adjoint`, dispatched on node type); a
+node without a rule is an error that names it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import singledispatch
+
+import sympy
+
+from . import build as b
+from . import typed as t
+from .errors import SymbolicError
+from .index_grad import index_adjoint
+from .printing import to_spec
+
+__all__ = ["Step", "Gradient", "Derivation", "derive"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recorded step: a rule applied while building grad(tensor)."""
+
+    rule: str
+    tensor: str
+    before: t.Node
+    after: t.Node
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """dL/dT for one tensor: `expr` is None when L does not depend on T."""
+
+    tensor: str
+    expr: t.Node | None
+    paths: tuple[tuple[str, t.Node], ...]  # (consumer or 'upstream', contribution)
+    steps: tuple[Step, ...]
+
+
+@dataclass
+class Derivation:
+    spec: t.TypedSpec
+    gradients: dict[str, Gradient] = field(default_factory=dict)  # in the order derived: outputs first
+
+    def formula(self, name: str) -> str:
+        """`grad(T) = ...` in spec syntax."""
+        expr = self.gradients[name].expr
+        dims = list(self.spec.dims)
+        if expr is None:
+            return f"grad({name}) = 0    (L does not depend on {name})"
+        if isinstance(expr, t.Grad) and name in self.spec.outputs:
+            return f"grad({name})        (the upstream gradient of output {name})"
+        if isinstance(expr, t.IndexDef):
+            idx = ", ".join(i.name for i in expr.indices)
+            return f"grad({name})[{idx}] = {to_spec(expr.body, dims)}"
+        return f"grad({name}) = {to_spec(expr, dims)}"
+
+    def __str__(self) -> str:
+        return "\n".join(self.formula(n) for n in self.gradients)
+
+
+class _Context:
+    """What the rules need: the spec, names of known subexpressions, the recorder."""
+
+    def __init__(self, spec: t.TypedSpec) -> None:
+        self.spec = spec
+        self.names = {info.expr: t.Tensor(name, info.shape) for name, info in spec.tensors.items()
+                      if info.expr is not None and not isinstance(info.expr, t.IndexDef)}
+        self.rec = b.Recorder()
+        self.reserved = set(spec.dims) | set(spec.tensors)
+
+    def ref(self, node: t.Node) -> t.Node:
+        """A node, or the name of the tensor it defines (so P is written P, not softmax(S))."""
+        return self.names.get(node, node)
+
+
+# --- the adjoint rules: node, upstream G -> [(child, contribution, rule)] ----------
+
+
+@singledispatch
+def _adjoint(node, g: t.Node, cx: _Context):
+    raise SymbolicError(f"no adjoint rule for {type(node).__name__}")
+
+
+@_adjoint.register(t.Tensor)
+@_adjoint.register(t.Scalar)
+@_adjoint.register(t.DimValue)
+@_adjoint.register(t.Constant)
+def _(node, g, cx):
+    return []
+
+
+_UNARY_RULES = {
+    "neg": ("-A", lambda x, n, g, r: b.neg(g, r)),
+    "exp": ("d exp(A) = exp(A) dA", lambda x, n, g, r: b.mul(g, n, r)),
+    "log": ("d log(A) = dA / A", lambda x, n, g, r: b.div(g, x, r)),
+    "sqrt": ("d sqrt(A) = dA / (2 sqrt(A))", lambda x, n, g, r: b.div(g, b.mul(b.scalar(2), n, r), r)),
+    "tanh": ("d tanh(A) = (1 - tanh(A)^2) dA",
+             lambda x, n, g, r: b.mul(g, b.sub(b.scalar(1), b.power(n, b.scalar(2), r), r), r)),
+    "sigmoid": ("d sigmoid(A) = sigmoid(A) (1 - sigmoid(A)) dA",
+                lambda x, n, g, r: b.mul(g, b.mul(n, b.sub(b.scalar(1), n, r), r), r)),
+    "relu": ("d relu(A) = [A > 0] dA",
+             lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g, b.scalar(0))),
+    "abs": ("d abs(A) = sign(A) dA",
+            lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g,
+                                       b.where(b.compare("<", x, b.scalar(0)), b.neg(g, r), b.scalar(0)))),
+    "sin": ("d sin(A) = cos(A) dA", lambda x, n, g, r: b.mul(g, b.unary("cos", x), r)),
+    "cos": ("d cos(A) = -sin(A) dA", lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r)),
+}
+
+
+@_adjoint.register
+def _(node: t.Unary, g, cx):
+    rule, make = _UNARY_RULES[node.fn]
+    return [(node.x, make(node.x, cx.ref(node), g, cx.rec), rule)]
+
+
+@_adjoint.register
+def _(node: t.Binary, g, cx):
+    x, y, r = node.a, node.b, cx.rec
+    if node.op == "add":
+        return [(x, b.sum_to(g, x.shape), "A + B: both get G, summed over broadcast axes"),
+                (y, b.sum_to(g, y.shape), "A + B: both get G, summed over broadcast axes")]
+    if node.op == "sub":
+        return [(x, b.sum_to(g, x.shape), "A - B: A gets G"),
+                (y, b.sum_to(b.neg(g, r), y.shape), "A - B: B gets -G")]
+    if node.op == "mul":
+        return [(x, b.sum_to(b.mul(g, y, r), x.shape), "A * B: A gets G * B"),
+                (y, b.sum_to(b.mul(x, g, r), y.shape), "A * B: B gets A * G")]
+    if node.op == "div":
+        return [(x, b.sum_to(b.div(g, y, r), x.shape), "A / B: A gets G / B"),
+                (y, b.sum_to(b.neg(b.div(b.mul(g, cx.ref(node), r), y, r), r), y.shape),
+                 "A / B: B gets -(G * (A / B)) / B")]
+    if node.op == "pow":
+        out = []
+        if isinstance(y, t.Scalar):
+            exponent = b.scalar(y.value - 1)
+            grad_x = b.mul(g, b.mul(y, b.power(x, exponent, r), r), r)
+        else:
+            grad_x = b.mul(g, b.mul(y, b.power(x, b.sub(y, b.scalar(1), r), r), r), r)
+        out.append((x, b.sum_to(grad_x, x.shape), "A^B: A gets G * B * A^(B - 1)"))
+        if not b.is_scalar_constant(y):
+            out.append((y, b.sum_to(b.mul(g, b.mul(cx.ref(node), b.unary("log", x), r), r), y.shape),
+                        "A^B: B gets G * A^B * log(A)"))
+        return out
+    raise SymbolicError(f"no adjoint rule for the elementwise operation {node.op}")
+
+
+@_adjoint.register
+def _(node: t.MatMul, g, cx):
+    x, y, r = node.a, node.b, cx.rec
+    if len(x.shape) < 2 or len(y.shape) < 2:
+        raise SymbolicError("the gradient of @ with a 1-D operand is not derived yet; "
+                            "write the vector as a [1, n] or [n, 1] matrix")
+    return [(x, b.sum_to(b.matmul(g, b.transpose(y, r), r), x.shape), "C = A @ B: grad(A) = grad(C) @ B.T"),
+            (y, b.sum_to(b.matmul(b.transpose(x, r), g, r), y.shape), "C = A @ B: grad(B) = A.T @ grad(C)")]
+
+
+@_adjoint.register
+def _(node: t.Transpose, g, cx):
+    return [(node.x, b.transpose(g, cx.rec), "C = A.T: grad(A) = grad(C).T")]
+
+
+@_adjoint.register
+def _(node: t.Reduce, g, cx):
+    x, r = node.x, cx.rec
+    if node.kind == "sum":
+        return [(x, b.expand_to(g, x.shape), "C = sum(A): every entry of A gets G")]
+    if node.kind == "mean":
+        axes = range(len(x.shape)) if node.axis is None else [node.axis]
+        count = sympy.Mul(*[x.shape[k] for k in axes])
+        return [(x, b.expand_to(b.div(g, t.DimValue(count), r), x.shape), "C = mean(A): every entry gets G / n")]
+    if node.axis is None:
+        weights = b.unary("exp", b.sub(x, cx.ref(node), r))
+    else:
+        weights = b.softmax(x, node.axis)
+    return [(x, b.mul(g, cx.ref(weights), r), "C = logsumexp(A): grad(A) = G * softmax(A)")]
+
+
+@_adjoint.register
+def _(node: t.Softmax, g, cx):
+    p, r = cx.ref(node), cx.rec
+    inner = b.sub(g, b.reduce_sum(b.mul(g, p, r), node.axis), r)
+    return [(node.x, b.mul(p, inner, r), "P = softmax(S): grad(S) = P * (grad(P) - sum(grad(P) * P))")]
+
+
+@_adjoint.register
+def _(node: t.Where, g, cx):
+    zero = b.scalar(0)
+    return [(node.a, b.sum_to(b.where(node.cond, g, zero), node.a.shape), "where(c, A, B): A gets G where c"),
+            (node.b, b.sum_to(b.where(node.cond, zero, g), node.b.shape), "where(c, A, B): B gets G elsewhere")]
+
+
+@_adjoint.register
+def _(node: t.MergeHeads, g, cx):
+    heads = node.x.shape[-3]
+    per_head = node.x.shape[-1]
+    *batch, n, _ = g.shape
+    split = t.SplitHeads(g, heads, (*batch, heads, n, per_head))
+    return [(node.x, split, "C = merge_heads(A): grad(A) = split_heads(grad(C), h)")]
+
+
+@_adjoint.register
+def _(node: t.SplitHeads, g, cx):
+    *batch, h, n, k = g.shape
+    return [(node.x, t.MergeHeads(g, (*batch, n, h * k)), "C = split_heads(A): grad(A) = merge_heads(grad(C))")]
+
+
+@_adjoint.register
+def _(node: t.Concat, g, cx):
+    out, start = [], sympy.Integer(0)
+    for part in node.parts:
+        stop = start + part.shape[node.axis]
+        out.append((part, t.Slice(g, node.axis, start, stop, part.shape), "concat: each part gets its slice of G"))
+        start = stop
+    return out
+
+
+@_adjoint.register
+def _(node: t.IndexDef, g, cx):
+    return index_adjoint(node, g, cx.spec, cx.reserved, _UNARY_RULES)
+
+
+# --- the driver --------------------------------------------------------------------
+
+
+def _consumers(spec: t.TypedSpec) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = defaultdict(list)
+    for name, info in spec.tensors.items():
+        if info.expr is None:
+            continue
+        for ref in _referenced(info.expr):
+            if name not in users[ref]:
+                users[ref].append(name)
+    return users
+
+
+def _referenced(node: t.Node) -> list[str]:
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, t.Tensor) and n.name not in found:
+            found.append(n.name)
+        elif isinstance(n, t.Entry) and n.tensor not in found:
+            found.append(n.tensor)
+        stack.extend(reversed(n.children))
+    return found
+
+
+def derive(spec: t.TypedSpec) -> Derivation:
+    """Reverse-mode derivation of every grad(T), in matrix form, with steps."""
+    users = _consumers(spec)
+    for out in spec.outputs:
+        if users.get(out):
+            raise SymbolicError(f"output {out} is also used to compute {', '.join(users[out])}; deriving specs "
+                                "whose outputs feed other tensors is not supported yet")
+    cx = _Context(spec)
+    paths: dict[str, list[tuple[str, t.Node]]] = defaultdict(list)
+    steps: dict[str, list[Step]] = defaultdict(list)
+    for out in spec.outputs:
+        paths[out].append(("upstream", t.Grad(out, spec.tensors[out].shape)))
+    result = Derivation(spec)
+    for name in reversed(list(spec.tensors)):
+        info = spec.tensors[name]
+        order = {n: k for k, n in enumerate(spec.tensors)}
+        paths[name].sort(key=lambda path: order.get(path[0], -1))
+        total = None
+        for _, part in paths[name]:
+            total = b.add(total, part)
+        if len(paths[name]) > 1:
+            steps[name].append(Step(f"sum over the {len(paths[name])} paths from {name} to the outputs",
+                                    name, t.Grad(name, info.shape), total))
+        result.gradients[name] = Gradient(name, total, tuple(paths[name]), tuple(steps[name]))
+        if info.expr is None or total is None:
+            continue
+        _backprop(name, info.expr, t.Grad(name, info.shape), cx, paths, steps)
+    return result
+
+
+def _contains(node: t.Node, part: t.Node) -> bool:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n == part:
+            return True
+        stack.extend(n.children)
+    return False
+
+
+def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -> None:
+    """Push upstream `g` through the definition of `owner` down to the tensors it references."""
+    work = [(node, g)]
+    while work:
+        current, upstream = work.pop()
+        cx.rec.steps.clear()
+        for child, contribution, rule in _adjoint(current, upstream, cx):
+            if isinstance(child, (t.Scalar, t.DimValue, t.Constant, t.Compare)):
+                continue
+            target = child.name if isinstance(child, t.Tensor) else None
+            label = target or owner
+            steps[label].append(Step(rule, label, current, contribution))
+            for rule_name, before, after in cx.rec.steps:
+                if _contains(contribution, after):
+                    steps[label].append(Step(f"simplify: {rule_name}", label, before, after))
+            if target is not None:
+                paths[target].append((owner, contribution))
+            elif isinstance(child, t.IndexDef) or not isinstance(child, t.Node):
+                raise SymbolicError(f"unexpected operand {type(child).__name__}")
+            else:
+                work.append((child, contribution))
