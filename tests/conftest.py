@@ -1,0 +1,38 @@
+"""Shared helpers for the spec tests: where the example specs are, how to run the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "derivations").glob("*.attn"))
+
+if not EXAMPLES:  # pragma: no cover - the checkout is broken
+    raise RuntimeError(f"no example specs found in {REPO / 'derivations'}")
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m symattn ARGS` in a fresh interpreter, as a user would run it."""
+    env = dict(os.environ)
+    env.pop("PYTHONWARNINGS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "symattn", *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        cwd=cwd or REPO,
+        env=env,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def example(request) -> Path:
+    """Each example spec in derivations/."""
+    return request.param
