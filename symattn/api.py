@@ -50,7 +50,7 @@ def read_spec_file(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         before = data[: exc.start]
         line = before.count(b"\n") + 1
-        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        column = len(before[before.rfind(b"\n") + 1:].decode("utf-8")) + 1  # in characters, as the parser counts
         shown = data.decode("utf-8", errors="replace")
         raise SpecSyntaxError(
             f"not UTF-8 text: byte 0x{data[exc.start]:02x} cannot start or continue a UTF-8 character",
@@ -61,7 +61,10 @@ def read_spec_file(path: str | Path) -> str:
 def _looks_like_path(value: str) -> bool:
     if "\n" in value:
         return False
-    return value.endswith(".attn") or Path(value).is_file()
+    try:
+        return value.endswith(".attn") or Path(value).is_file()
+    except (OSError, ValueError):  # spec text that is no possible file name (too long, NUL)
+        return False
 
 
 class Spec:

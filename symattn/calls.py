@@ -173,8 +173,8 @@ def _concat(v, call, scope):
     _matrix_only(v, call, scope)
     parts = [v.expr(a, scope) for a in call.args if not isinstance(a, ir.Keyword)]
     keywords = [a for a in call.args if isinstance(a, ir.Keyword)]
-    for k in keywords:
-        if k.name != "axis":
+    for n, k in enumerate(keywords):
+        if k.name != "axis" or n > 0:
             raise _err(SpecShapeError, f"concat() got an unexpected keyword argument '{k.name}'", k.pos)
     if len(parts) < 2:
         raise _err(SpecShapeError, "concat() joins at least two tensors", call.pos)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from . import __version__
@@ -38,7 +39,8 @@ def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
         if not default_example:
             raise UsageError("a SPEC file is required")
         return load(example_text(), dims=dims, filename=example_path())
-    return load(args.spec if args.spec != "-" else sys.stdin.read(), dims=dims,
+    # Always a path: a SPEC that names no file must say so, not be parsed as spec text.
+    return load(Path(args.spec) if args.spec != "-" else sys.stdin.read(), dims=dims,
                 filename=None if args.spec != "-" else "<stdin>")
 
 

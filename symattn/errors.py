@@ -76,9 +76,11 @@ class SpecError(SymAttnError):
 
     @property
     def source_line(self) -> str:
-        lines = self.source.splitlines()
+        # Lines end at "\n" only, as the parser counts them (str.splitlines
+        # would also split at \f, \x1c, \x85, \u2028, ... and shift the lines).
+        lines = self.source.split("\n")
         if 1 <= self.line <= len(lines):
-            return lines[self.line - 1]
+            return lines[self.line - 1].rstrip("\r")
         return ""
 
     def __str__(self) -> str:

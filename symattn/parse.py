@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import (
     LarkError,
     UnexpectedCharacters,
@@ -29,6 +29,10 @@ from .errors import SpecError, SpecSyntaxError
 __all__ = ["parse", "grammar_text", "KEYWORDS"]
 
 KEYWORDS = frozenset({"attention", "dim", "input", "param", "output", "check", "not"})
+
+# Deeper expressions are refused: every later pass walks trees recursively,
+# and Python's stack would overflow long before a real spec gets near this.
+MAX_DEPTH = 100
 
 _OPENERS = {"LPAR": "(", "LSQB": "["}
 _CLOSERS = {"RPAR": "LPAR", "RSQB": "LSQB"}
@@ -207,8 +211,26 @@ class ToIR(Transformer):
 
 def claim_start(claim: ir.Expr, meta, text: str) -> int:
     """Offset in `text` where the claim of a check begins (after `check [not]`)."""
-    line_start = sum(len(line) for line in text.splitlines(keepends=True)[: claim.pos.line - 1])
+    # Lark counts lines by "\n" only; str.splitlines would also split at \f, \x85, ...
+    line_start = sum(len(line) for line in text.split("\n")[: claim.pos.line - 1]) + claim.pos.line - 1
     return line_start + claim.pos.column - 1
+
+
+def _check_depth(tree: Tree) -> None:
+    """Refuse expressions nested deeper than MAX_DEPTH (iteratively: no recursion here)."""
+    for statement in tree.children:
+        if not isinstance(statement, Tree):
+            continue
+        stack = [(statement, 0)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise SpecSyntaxError(
+                    f"this statement nests its expression more than {MAX_DEPTH} levels deep",
+                    line=statement.meta.line, column=statement.meta.column,
+                    hint="split it into several definitions",
+                )
+            stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
 def _describe(token: Token) -> str:
@@ -235,18 +257,19 @@ def _syntax_error(err: UnexpectedInput, text: str, open_brackets: list[Token]) -
     elif isinstance(err, (UnexpectedToken, UnexpectedEOF)):
         token = getattr(err, "token", None)
         if token is None or token.type == "$END":
-            lines = text.splitlines() or [""]
+            lines = text.rstrip("\r\n").split("\n")
             line, column = len(lines), len(lines[-1]) + 1
             what = "end of file"
         else:
             line, column, what = token.line, token.column, _describe(token)
         message = f"unexpected {what}{_expected(getattr(err, 'expected', ()) or ())}"
         hint = None
-        line_text = text.splitlines()[line - 1] if 0 < line <= len(text.splitlines()) else ""
+        lines = text.split("\n")
+        line_text = lines[line - 1] if 0 < line <= len(lines) else ""
         first_word = line_text.split("=")[0].split("[")[0].strip()
         if token is not None and token.type == "_NL":
             hint = "the statement ends before it is complete"
-        elif token is not None and token.value == "*" and line_text[column:column + 1] == "*":
+        elif token is not None and token.value == "*" and "**" in line_text[max(0, column - 2):column + 1]:
             hint = "powers are written with ^, as in x^2"
         elif first_word in KEYWORDS:
             hint = f"'{first_word}' is a keyword and cannot be used as a name"
@@ -274,7 +297,10 @@ def parse(text: str, filename: str = "<spec>") -> ir.Program:
     source = text if text.endswith("\n") else text + "\n"
     try:
         tree = parser.parse(source)
+        _check_depth(tree)
         return ToIR(text).transform(tree)
+    except SpecError as err:
+        raise err.located(filename, text) from None
     except UnexpectedInput as err:
         raise _syntax_error(err, text, list(postlex.open)).located(filename, text) from None
     except VisitError as err:

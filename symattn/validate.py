@@ -21,13 +21,14 @@ import sympy
 
 from . import ir
 from . import typed as t
-from .errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, UsageError
+from .errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
 from .parse import KEYWORDS
 from .shapes import (
     ONE,
     ShapeMismatch,
     broadcast,
     dim_symbol,
+    format_dim,
     format_shape,
     matmul_shape,
     normalize_axis,
@@ -42,6 +43,24 @@ _MATRIX_FUNCTIONS = (
 _CHECK_FUNCTIONS = ("grad", "equivariant", "invariant")
 BUILTINS = frozenset(t.ELEMENTWISE + _MATRIX_FUNCTIONS + _CHECK_FUNCTIONS + ("inf", "pi"))
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
+
+# Bounds that keep exact arithmetic on literals and dims instantaneous; a
+# spec beyond them is refused with an error rather than hanging the tool.
+_MAX_DIGITS = 1000        # digits of a number literal
+_MAX_EXPONENT = 1000      # |e| in 1e-6 style literals
+_MAX_DIM_POWER = 64       # exponent of a dim in dim arithmetic
+_MAX_DIM_BITS = 4096      # size of an integer in dim arithmetic
+
+
+def number_value(node: ir.Number) -> sympy.Rational:
+    """The exact value of a number literal; absurdly long or large ones are refused."""
+    mantissa, _, exponent = node.text.lower().partition("e")
+    digits = len(mantissa.replace(".", "").lstrip("0"))
+    exponent_digits = exponent.lstrip("+-").lstrip("0")
+    if digits > _MAX_DIGITS or len(exponent_digits) > 4 or (exponent and abs(int(exponent)) > _MAX_EXPONENT):
+        raise _err(SpecSyntaxError, f"the number {node.text[:20]}{'...' if len(node.text) > 20 else ''} is out "
+                   f"of range: at most {_MAX_DIGITS} digits and an exponent of at most {_MAX_EXPONENT}", node.pos)
+    return sympy.Rational(node.text)
 
 
 def _err(cls, message: str, pos: ir.Pos, hint: str | None = None) -> SpecError:
@@ -104,6 +123,8 @@ class _Validator:
             where = self.later[name]
             return _err(SpecNameError, f"'{name}' is used before its definition at {where.line}:{where.column}",
                         pos, "define every name before it is used")
+        if name in ("inf", "pi"):
+            return _err(SpecNameError, f"'{name}' is a number, not a tensor or dim", pos)
         if name in BUILTINS:
             return _err(SpecNameError, f"'{name}' is a function; call it as {name}(...)", pos)
         known = list(self.dims) + list(self.tensors) + list(extra)
@@ -121,7 +142,7 @@ class _Validator:
                            node.pos)
             raise self.unknown(node.id, node.pos)
         if isinstance(node, ir.Number):
-            value = sympy.Rational(node.text)
+            value = number_value(node)
             if not value.is_integer or value <= 0:
                 raise _err(SpecShapeError, f"{node.text} is not a positive integer; {what} is made of dims and "
                            "positive integers", node.pos)
@@ -130,18 +151,29 @@ class _Validator:
             a, b = self.dim_expr(node.left, what), self.dim_expr(node.right, what)
             if node.op == "^" and not b.is_Integer:
                 raise _err(SpecShapeError, "a dim can only be raised to an integer power", node.op_pos)
-            return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[node.op]
+            if node.op == "^" and abs(b) > _MAX_DIM_POWER:
+                raise _err(SpecShapeError, f"a dim power of {b} is too large (at most {_MAX_DIM_POWER})", node.op_pos)
+            result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[node.op]
+            too_high = any(p.exp.is_Integer and abs(p.exp) > _MAX_DIM_POWER for p in result.atoms(sympy.Pow))
+            too_big = any(max(abs(r.p), r.q).bit_length() > _MAX_DIM_BITS for r in result.atoms(sympy.Rational))
+            if too_high or too_big:
+                raise _err(SpecShapeError, f"{what} is too large to work with (a power above {_MAX_DIM_POWER} "
+                           f"or an integer above 2^{_MAX_DIM_BITS})", node.pos)
+            return result
         if isinstance(node, ir.UnaryOp) and node.op == "+":
             return self.dim_expr(node.operand, what)
         raise _err(SpecShapeError, f"{what} is made of dims and integers joined by + - * /", node.pos)
 
     def check_size(self, dim: sympy.Expr, pos: ir.Pos) -> None:
         """A dim expression must be a positive integer at the spec's sizes."""
-        subs = {info.symbol: self.sizes[name] for name, info in self.dims.items()}
-        value = dim.subs(subs)
+        if dim.is_Symbol and any(dim == info.symbol for info in self.dims.values()):
+            return  # a declared dim: positive by construction
+        sizes = self.sizes
+        value = dim.xreplace({info.symbol: sympy.Integer(sizes[name]) for name, info in self.dims.items()})
         if not (value.is_integer and value > 0):
             shown = ", ".join(f"{n}={self.sizes[n]}" for n in self.dims)
-            raise _err(SpecShapeError, f"{dim} is {value} at {shown}, not a positive integer", pos)
+            raise _err(SpecShapeError, f"{format_dim(dim, self.order)} is {value} at {shown}, not a positive integer",
+                       pos)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -153,7 +185,7 @@ class _Validator:
             sign = -sign if node.op == "-" else sign
             node = node.operand
         if isinstance(node, ir.Number):
-            value = sympy.Rational(node.text)
+            value = number_value(node)
             if value.is_integer:
                 return sign * int(value)
         raise _err(SpecShapeError, f"{what} must be an integer literal", node.pos)
@@ -212,7 +244,7 @@ class _Validator:
             while isinstance(size, ir.UnaryOp):
                 sign = -sign if size.op == "-" else sign
                 size = size.operand
-            value = sympy.Rational(size.text) * sign if isinstance(size, ir.Number) else None
+            value = number_value(size) * sign if isinstance(size, ir.Number) else None
             if value is None or not value.is_integer or value <= 0:
                 raise _err(SpecShapeError, f"dim {item.name.id} must have a positive integer size", item.size.pos,
                            f"for example `dim {item.name.id} = 4`")
@@ -323,7 +355,10 @@ class _Validator:
                            item.name.pos, "index names are local; pick one that is not a dim or tensor")
             if name in scope.ranges:
                 raise _err(SpecNameError, f"index '{name}' appears twice on the left", item.name.pos)
-            scope.ranges[name] = self.dim_expr(item.range, f"the range of {name}") if item.range else None
+            scope.ranges[name] = None
+            if item.range is not None:
+                scope.ranges[name] = self.dim_expr(item.range, f"the range of {name}")
+                self.check_size(scope.ranges[name], item.range.pos)
             scope.seen_at[name] = item.name.pos
         body = self.expr(stmt.expr, scope)
         if body.shape != ():
@@ -364,7 +399,7 @@ class _Validator:
 
     @expr.register
     def _(self, node: ir.Number, scope) -> t.Node:
-        return t.Scalar(sympy.Rational(node.text), pos=node.pos)
+        return t.Scalar(number_value(node), pos=node.pos)
 
     @expr.register
     def _(self, node: ir.Name, scope) -> t.Node:
@@ -457,6 +492,11 @@ class _Validator:
                        f"ind{'ex' if len(shape) == 1 else 'ices'}, not {len(node.indices)}", node.pos)
         names = []
         for axis, index in enumerate(node.indices):
+            if isinstance(index, ir.Name) and index.id not in scope.ranges and index.id not in self.dims \
+                    and index.id not in self.tensors:
+                raise _err(SpecNameError, f"unknown index '{index.id}'", index.pos,
+                           f"an index must appear on the left (T[{index.id}, ...] = ...) or be summed: "
+                           f"sum({index.id}, ...)")
             if not isinstance(index, ir.Name) or index.id not in scope.ranges:
                 raise _err(SpecShapeError, "a subscript must be an index name from the left side or a sum(k, ...)",
                            index.pos)

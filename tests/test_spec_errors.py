@@ -1,0 +1,302 @@
+"""Invalid specs: each is reported as the right error class, at the right place, with a clear message.
+
+Every expectation (class, line, column, message) is written by hand from the
+spec text: columns are 1-based and count characters, as an editor does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import symattn
+from symattn.errors import (
+    SpecCheckError,
+    SpecError,
+    SpecNameError,
+    SpecShapeError,
+    SpecSyntaxError,
+    SymAttnError,
+    UsageError,
+)
+from conftest import run_cli
+
+# Two dims that differ (d, e) and two tensors whose shapes clash.
+BASE = "dim N = 4, d = 3, e = 2\ninput X[N, d], Y[e, d]\n"  # lines 1 and 2
+
+Syntax, Name, Shape, Check = SpecSyntaxError, SpecNameError, SpecShapeError, SpecCheckError
+
+CASES = [
+    # --- syntax ----------------------------------------------------------------------------
+    ("unexpected_character", BASE + "Z = X $ Y\noutput Z\n", Syntax, 3, 7, r"^unexpected character '\$'$"),
+    ("unclosed_paren", BASE + "Z = softmax(X @ Y.T\noutput Z\n", Syntax, 3, 12, r"^'\(' is never closed$"),
+    ("unclosed_bracket", "dim N = 4\ninput X[N\noutput X\n", Syntax, 2, 8, r"^'\[' is never closed$"),
+    ("unclosed_paren_at_eof", BASE + "Z = (X", Syntax, 3, 5, r"^'\(' is never closed$"),
+    ("unclosed_inner_paren", BASE + "Z = exp((X)\noutput Z\n", Syntax, 3, 8, r"^'\(' is never closed$"),
+    ("unclosed_over_lines", BASE + "Z = softmax(X,\n    axis=-1\noutput Z\n", Syntax, 3, 12,
+     r"^'\(' is never closed$"),
+    ("stray_close", BASE + "Z = X)\noutput Z\n", Syntax, 3, 6, r"^unexpected '\)'"),
+    ("missing_operand", BASE + "Z = X +\noutput Z\n", Syntax, 3, 8, r"^unexpected end of line; expected "),
+    ("two_names", BASE + "Z = X Y\noutput Z\n", Syntax, 3, 7, r"^unexpected 'Y'"),
+    ("python_power", BASE + "Z = X ** 2\noutput Z\n", Syntax, 3, 8, r"^unexpected '\*'"),
+    ("keyword_as_name", "dim = 3\n", Syntax, 1, 5, r"^unexpected '='"),
+    ("dim_without_size", "dim N\n", Syntax, 1, 6, r"^unexpected end of line; expected '='"),
+    ("empty_brackets", "dim N = 4\ninput X[]\n", Syntax, 2, 9, r"^unexpected '\]'"),
+    ("number_out_of_range", "dim N = 1e99999\n", Syntax, 1, 9, r"^the number 1e99999 is out of range"),
+    ("nested_too_deep", BASE + "Z = " + "-" * 150 + "X\noutput Z\n", Syntax, 3, 1,
+     r"^this statement nests its expression more than 100 levels deep$"),
+    # --- names -----------------------------------------------------------------------------
+    ("unknown_name", BASE + "Z = X @ W\noutput Z\n", Name, 3, 9, r"^unknown name 'W'$"),
+    ("unknown_function", BASE + "Z = softmaxx(X)\noutput Z\n", Name, 3, 5, r"^unknown function 'softmaxx'$"),
+    ("unknown_function_far", BASE + "Z = gelu(X)\noutput Z\n", Name, 3, 5, r"^unknown function 'gelu'$"),
+    ("tensor_called", BASE + "Z = X(Y)\noutput Z\n", Name, 3, 5, r"^'X' is not a function$"),
+    ("redefinition", BASE + "X = Y\noutput X\n", Name, 3, 1,
+     r"^redefinition of 'X' \(first defined at 2:7\)$"),
+    ("redefinition_dim", "dim N = 4\ndim N = 5\n", Name, 2, 5, r"^redefinition of 'N' \(first defined at 1:5\)$"),
+    ("redefinition_dim_as_tensor", "dim N = 4\ninput N[N]\n", Name, 2, 7, r"^redefinition of 'N'"),
+    ("builtin_redefined", "dim N = 4\ninput exp[N]\n", Name, 2, 7, r"^'exp' is a builtin and cannot be redefined$"),
+    ("use_before_definition", BASE + "Z = W\nW = X\noutput Z\n", Name, 3, 5,
+     r"^'W' is used before its definition at 4:1$"),
+    ("dim_before_definition", "input X[N]\ndim N = 4\noutput X\n", Name, 1, 9,
+     r"^'N' is used before its definition at 2:5$"),
+    ("output_before_definition", BASE + "output Z\nZ = X\n", Name, 3, 8,
+     r"^'Z' is used before its definition at 4:1$"),
+    ("no_output", BASE + "Z = X\n", Name, 3, 1, r"^a spec needs at least one output$"),
+    ("empty_spec", "", Name, 1, 1, r"^a spec needs at least one output$"),
+    ("output_unknown", BASE + "output Z\n", Name, 3, 8, r"^unknown name 'Z'$"),
+    ("output_is_dim", BASE + "output N\n", Name, 3, 8, r"^'N' is a dim; an output must be a tensor$"),
+    ("output_twice", BASE + "output X, X\n", Name, 3, 11, r"^'X' is already an output$"),
+    ("header_not_first", BASE + "attention foo\noutput X\n", Name, 3, 1,
+     r"^the 'attention' header must be the first statement$"),
+    ("inf_as_dim", "dim N = 4\ninput X[inf]\n", Name, 2, 9, r"^'inf' is a number, not a tensor or dim$"),
+    ("unknown_index", "dim N = 4\ninput A[N, N]\nZ[i] = A[i, k]\noutput Z\n", Name, 3, 13,
+     r"^unknown index 'k'$"),
+    ("index_repeated", "dim N = 4\ninput A[N, N]\nZ[i, i] = A[i, i]\noutput Z\n", Name, 3, 6,
+     r"^index 'i' appears twice on the left$"),
+    # --- shapes ----------------------------------------------------------------------------
+    ("matmul_inner_dims", BASE + "Z = X @ Y\noutput Z\n", Shape, 3, 7,
+     r"^\[N, d\] @ \[e, d\]: inner dims d and e differ$"),
+    ("matmul_batch_axes", "dim N = 4, h = 2, g = 3\ninput A[h, N, N], B[g, N, N]\nZ = A @ B\noutput Z\n", Shape,
+     3, 7, r"^\[h, N, N\] @ \[g, N, N\]: batch axes \[h\] and \[g\] do not broadcast$"),
+    ("matmul_scalar", "dim N = 4\ninput X[N, N]\nparam m\nZ = X @ m\noutput Z\n", Shape, 4, 7,
+     r"^\[N, N\] @ \[\]: @ needs tensors with at least one axis"),
+    ("broadcast", BASE + "Z = X + Y\noutput Z\n", Shape, 3, 7, r"^\[N, d\] \+ \[e, d\]: cannot broadcast N and e$"),
+    ("broadcast_transposed", BASE + "Z = X * X.T\noutput Z\n", Shape, 3, 7,
+     r"^\[N, d\] \* \[d, N\]: cannot broadcast d and N$"),
+    ("broadcast_in_where", BASE + "Z = where(X > 0, X, Y)\noutput Z\n", Shape, 3, 5,
+     r"^\[N, d\] , \[N, d\] , \[e, d\]: cannot broadcast N and e$"),
+    ("softmax_axis", BASE + "Z = softmax(X, axis=2)\noutput Z\n", Shape, 3, 21,
+     r"^axis 2 is out of range for softmax\(\) of a tensor with shape \[N, d\] \(2 axes\)$"),
+    ("sum_axis", BASE + "Z = sum(X, axis=-3)\noutput Z\n", Shape, 3, 17,
+     r"^axis -3 is out of range for sum\(\) of a tensor with shape \[N, d\] \(2 axes\)$"),
+    ("mean_axis_of_vector", "dim N = 4\ninput v[N]\nZ = mean(v, axis=1)\noutput Z\n", Shape, 3, 18,
+     r"^axis 1 is out of range for mean\(\) of a tensor with shape \[N\] \(1 axis\)$"),
+    ("axis_not_integer", BASE + "Z = softmax(X, axis=0.5)\noutput Z\n", Shape, 3, 21, r"^axis must be an integer"),
+    ("dim_zero", "dim N = 0\n", Shape, 1, 9, r"^dim N must have a positive integer size$"),
+    ("dim_negative", "dim N = -1\n", Shape, 1, 9, r"^dim N must have a positive integer size$"),
+    ("dim_fraction", "dim N = 2.5\n", Shape, 1, 9, r"^dim N must have a positive integer size$"),
+    ("dim_is_a_name", "dim d = 2, N = d\n", Shape, 1, 16, r"^dim N must have a positive integer size$"),
+    ("shape_not_integer", "dim N = 4\ninput X[N / 3]\noutput X\n", Shape, 2, 9,
+     r"^N / 3 is 4/3 at N=4, not a positive integer$"),
+    ("shape_zero", "dim N = 4\ninput X[N - 4]\noutput X\n", Shape, 2, 9, r"^N - 4 is 0 at N=4, not a positive integer$"),
+    ("shape_literal_zero", "dim N = 4\ninput X[0, N]\noutput X\n", Shape, 2, 9, r"^0 is not a positive integer"),
+    ("shape_is_tensor", "dim N = 4\ninput X[N]\ninput Y[X]\noutput Y\n", Shape, 3, 9,
+     r"^'X' is a tensor, not a dim"),
+    ("shape_huge_power", "dim N = 4\ninput X[N^1000000]\noutput X\n", Shape, 2, 10,
+     r"^a dim power of 1000000 is too large"),
+    ("transpose_vector", "dim N = 4\ninput v[N]\nZ = v.T\noutput Z\n", Shape, 3, 6,
+     r"^\.T swaps the last two axes, but the operand has shape \[N\]$"),
+    ("index_ranges_differ", BASE + "Z[i, j] = X[i, j] * Y[i, j]\noutput Z\n", Shape, 3, 23,
+     r"^index 'i' ranges over e here \(axis 0 of Y\) but over N at 3:13$"),
+    ("index_range_given_differs", BASE + "Z[i:e, j] = X[i, j]\noutput Z\n", Shape, 3, 15,
+     r"^index 'i' ranges over N here \(axis 0 of X\) but over e at 3:3$"),
+    ("summed_index_ranges_differ", BASE + "Z[i] = sum(k, X[i, k] * Y[k, k])\noutput Z\n", Shape, 3, 27,
+     r"^index 'k' ranges over e here \(axis 0 of Y\) but over d at 3:20$"),
+    ("index_range_unknown", "dim N = 4\nZ[i] = i\noutput Z\n", Shape, 2, 3, r"^cannot infer the range of index 'i'$"),
+    ("index_range_not_positive", "dim N = 4\nZ[i: N - 5] = 1\noutput Z\n", Shape, 2, 6,
+     r"^N - 5 is -1 at N=4, not a positive integer$"),
+    ("index_wrong_count", "dim N = 4\ninput A[N, N]\nZ[i] = A[i]\noutput Z\n", Shape, 3, 8,
+     r"^A has shape \[N, N\]: it takes 2 indices, not 1$"),
+    ("matrix_in_index_notation", "dim N = 4\ninput A[N, N]\nZ[i, j] = A\noutput Z\n", Shape, 3, 11,
+     r"^'A' has shape \[N, N\]; in index notation write one entry, as A\[i, j\]$"),
+    # --- checks ----------------------------------------------------------------------------
+    ("grad_unknown_tensor", BASE + "output X\ncheck grad(W) == X\n", Check, 4, 12, r"^grad of unknown tensor 'W'$"),
+    ("grad_of_dim", BASE + "output X\ncheck grad(N) == X\n", Check, 4, 12, r"^grad of 'N': it is a dim, not a tensor$"),
+    ("grad_outside_check", BASE + "Z = grad(X)\noutput Z\n", Check, 3, 5,
+     r"^grad\(\.\.\.\) is only available in check statements$"),
+    ("check_shapes_differ", BASE + "output X\ncheck grad(X) == Y\n", Check, 4, 15,
+     r"^the two sides have different shapes: \[N, d\] == \[e, d\]$"),
+    ("check_not_a_claim", BASE + "output X\ncheck X\n", Check, 4, 7,
+     r"^a check is `A == B`, `equivariant\(O, X\)` or `invariant\(O, Y\)`$"),
+    ("equivariant_of_computed", BASE + "Z = X\noutput Z\ncheck equivariant(Z, Z)\n", Check, 5, 22,
+     r"^'Z' is computed, not declared; permute an input or param$"),
+    ("equivariant_unknown", BASE + "output X\ncheck equivariant(O, X)\n", Name, 4, 19, r"^unknown name 'O'$"),
+    ("invariant_in_expression", BASE + "output X\ncheck invariant(X, Y) == X\n", Check, 4, 7,
+     r"^invariant\(\.\.\.\) is a claim; it can only stand alone in a check$"),
+]
+
+
+@pytest.mark.parametrize("text, cls, line, column, message", [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_invalid_spec(text, cls, line, column, message):
+    with pytest.raises(cls) as info:
+        symattn.load(text, filename="case.attn")
+    err = info.value
+    assert type(err) is cls
+    assert (err.line, err.column) == (line, column), str(err)
+    assert re.search(message, err.message), err.message
+    report = str(err).splitlines()
+    assert report[0] == f"case.attn:{line}:{column}: error: {err.message}"
+    source_line = (text.split("\n") + [""])[line - 1]
+    if source_line.strip():
+        # The source line, then a caret under the column.
+        assert report[1] == "    " + source_line
+        assert re.fullmatch(" " * (4 + column - 1) + r"\^~*", report[2]), report[2]
+    assert "Traceback" not in str(err)
+
+
+def test_cases_cover_every_error_class():
+    assert {c[2] for c in CASES} == {SpecSyntaxError, SpecNameError, SpecShapeError, SpecCheckError}
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("text, hint", [
+    pytest.param(BASE + "Z = X ** 2\noutput Z\n", r"powers are written with \^", id="python_power"),
+    pytest.param(BASE + "Z = XX\noutput Z\n", r"did you mean 'X'\?", id="did_you_mean_name"),
+    pytest.param(BASE + "Z = sofmax(X)\noutput Z\n", r"did you mean 'softmax'\?", id="did_you_mean_function"),
+    pytest.param(BASE + "Z = softmax(X @ Y.T\noutput Z\n", r"^at 4:1: unexpected 'output'; close the '\('",
+                 id="unclosed"),
+    pytest.param("dim = 3\n", r"'dim' is a keyword and cannot be used as a name", id="keyword"),
+    pytest.param(BASE + "Z = X + Y\noutput Z\n", r"for a matrix product use @", id="broadcast"),
+    pytest.param(BASE + "Z = X\n", r"add a line `output NAME`", id="no_output"),
+    pytest.param("dim N = 4\nZ[i] = i\noutput Z\n", r"give it explicitly, as i:N", id="index_range"),
+])
+def test_hint(text, hint):
+    with pytest.raises(SpecError) as info:
+        symattn.load(text, filename="case.attn")
+    assert info.value.hint is not None and re.search(hint, info.value.hint), info.value.hint
+    assert str(info.value).splitlines()[-1] == f"hint: {info.value.hint}"
+
+
+def test_errors_share_one_base_class():
+    for cls in (SpecSyntaxError, SpecNameError, SpecShapeError, SpecCheckError):
+        assert issubclass(cls, SpecError) and issubclass(cls, SymAttnError)
+    assert issubclass(UsageError, SymAttnError) and not issubclass(UsageError, SpecError)
+
+
+def test_error_positions_count_lines_like_an_editor():
+    # A form feed is ordinary whitespace and \x85 may sit in a comment; neither
+    # starts a new line, so the reported line and the line shown must agree.
+    text = "# caf\u00e9 \x85 note\ndim N = 4\ninput X[N]\x0c\noutput Y\n"
+    with pytest.raises(SpecNameError) as info:
+        symattn.load(text, filename="case.attn")
+    assert (info.value.line, info.value.column) == (4, 8)
+    assert str(info.value).splitlines()[1] == "    output Y"
+
+
+def test_crlf_line_endings_are_accepted():
+    spec = symattn.load("dim N = 4\r\ninput X[N]\r\noutput X\r\n")
+    assert spec.shape("X") == "[N]"
+
+
+def test_long_text_is_not_mistaken_for_a_path():
+    with pytest.raises(SpecSyntaxError):
+        symattn.load("x" * 5000)
+
+
+# --- files that are not UTF-8 -------------------------------------------------------------
+
+LATIN1 = b"dim N = 4\ninput X[N]\noutput X  # caf\xe9\n"  # \xe9 is 'e acute' in Latin-1, not UTF-8
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "latin1.attn"
+    path.write_bytes(LATIN1)
+    with pytest.raises(SpecSyntaxError) as info:
+        symattn.load(path)
+    err = info.value
+    assert (err.line, err.column) == (3, 16)
+    assert re.fullmatch(r"not UTF-8 text: byte 0xe9 .*", err.message)
+    assert str(err).startswith(f"{path}:3:16: error: not UTF-8 text")
+
+
+def test_not_utf8_column_counts_characters(tmp_path):
+    path = tmp_path / "mixed.attn"
+    path.write_bytes("# \u00e9t\u00e9 ".encode("utf-8") + b"\xff\n")  # '# été ' is 6 characters, 8 bytes
+    with pytest.raises(SpecSyntaxError) as info:
+        symattn.load(str(path))
+    assert (info.value.line, info.value.column) == (1, 7)
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.attn"
+    path.write_bytes(b"\xef\xbb\xbfdim N = 4\ninput X[N]\noutput X\n")
+    assert symattn.load(path).shape("X") == "[N]"
+
+
+def test_not_utf8_cli(tmp_path):
+    path = tmp_path / "latin1.attn"
+    path.write_bytes(LATIN1)
+    result = run_cli("show", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"{path}:3:16: error: not UTF-8 text")
+    assert "Traceback" not in result.stderr
+
+
+# --- usage errors ----------------------------------------------------------------------------
+
+
+def test_missing_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        symattn.load(tmp_path / "missing.attn")
+
+
+def test_bad_dim_override_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"dim N=0: sizes are positive integers"):
+        symattn.load(BASE + "output X\n", dims={"N": 0})
+    with pytest.raises(UsageError, match=r"--dim M: the spec has no dim 'M'"):
+        symattn.load(BASE + "output X\n", dims={"M": 3})
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+CLI_CASES = [c for c in CASES if c[0] in (
+    "unclosed_paren", "unclosed_bracket", "unknown_name", "matmul_inner_dims", "broadcast", "dim_fraction",
+    "index_ranges_differ", "grad_unknown_tensor", "check_shapes_differ", "nested_too_deep",
+)]
+
+
+@pytest.mark.parametrize("name, text, cls, line, column, message", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_reports_spec_errors(tmp_path, name, text, cls, line, column, message):
+    path = tmp_path / f"{name}.attn"
+    path.write_text(text, encoding="utf-8")
+    result = run_cli("show", str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    head = re.escape(f"{path}:{line}:{column}: error: ")
+    assert re.match(head, lines[0]), lines[0]
+    assert re.search(message.lstrip("^").rstrip("$"), lines[0][len(f"{path}:{line}:{column}: error: "):])
+    source_line = text.split("\n")[line - 1]
+    assert lines[1] == "    " + source_line
+    assert re.fullmatch(" " * (4 + column - 1) + r"\^~*", lines[2]), lines[2]
+
+
+@pytest.mark.parametrize("args, stderr", [
+    pytest.param(["show", "derivations/self_attention.attn", "--dim", "M=3"],
+                 r"^symattn show: error: --dim M: the spec has no dim 'M'", id="unknown_dim"),
+    pytest.param(["show", "derivations/self_attention.attn", "--dim", "N=0"], r"N: size 0 is not positive",
+                 id="zero_size"),
+    pytest.param(["show", "derivations/self_attention.attn", "--dim", "N"], r"expected NAME=SIZE", id="no_size"),
+    pytest.param(["show", "no/such/file.attn"], r"^symattn show: error: no/such/file.attn: no such file",
+                 id="missing_file"),
+    pytest.param(["show", "derivations"], r"is a directory", id="directory"),
+    pytest.param(["show"], r"required: SPEC|the following arguments are required", id="no_spec"),
+    pytest.param(["frobnicate"], r"invalid choice", id="unknown_command"),
+])
+def test_cli_usage_errors(args, stderr):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert re.search(stderr, result.stderr, re.M), result.stderr
+    assert "Traceback" not in result.stderr
