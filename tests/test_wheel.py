@@ -1,0 +1,112 @@
+"""The wheel built from this repository works on its own: grammar and example inside.
+
+Builds the wheel once (from a copy of the sources, so the checkout gets no
+build/ directory), installs it with --no-deps into a fresh virtual
+environment that sees this interpreter's site-packages (for lark, sympy,
+numpy), and runs that environment's python and `symattn` script from a
+directory outside the repository.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+SPEC = "dim N = 4, d = 3\ninput X[N, d]\nparam W[d, d]\nO = softmax(X @ W, axis=-1)\noutput O\n"
+
+
+def _run(*args, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> dict[str, Path]:
+    for module in ("setuptools", "wheel", "pip"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"building a wheel without build isolation needs {module}, which is not installed")
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "setup.py", "MANIFEST.in"):
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, source / name)
+    for name in ("symattn", "grammar"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    dist = root / "dist"
+    built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+                 "-q", "-w", dist, source, cwd=root)
+    if built.returncode != 0:
+        if "No module named" in built.stderr or "BackendUnavailable" in built.stderr:
+            pytest.skip(f"cannot build a wheel here: {built.stderr.strip().splitlines()[-1]}")
+        pytest.fail(f"pip wheel failed:\n{built.stdout}\n{built.stderr}")
+    (wheel,) = dist.glob("symattn-*.whl")
+
+    env = root / "venv"
+    made = _run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", env, cwd=root)
+    assert made.returncode == 0, made.stderr
+    python = env / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    # The outer pip installs into the venv (--python needs pip >= 22.3; else the venv's own pip).
+    installed = _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
+                     "-q", wheel, cwd=root)
+    if installed.returncode != 0:
+        shutil.rmtree(env)
+        made = _run(sys.executable, "-m", "venv", "--system-site-packages", env, cwd=root)
+        assert made.returncode == 0, made.stderr
+        installed = _run(python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel, cwd=root)
+    assert installed.returncode == 0, installed.stderr
+    outside = root / "elsewhere"
+    outside.mkdir()
+    return {"wheel": wheel, "env": env, "python": python, "cwd": outside}
+
+
+def test_wheel_ships_grammar_and_example(venv):
+    names = zipfile.ZipFile(venv["wheel"]).namelist()
+    assert "symattn/grammar/attention.lark" in names
+    assert "symattn/examples/self_attention.attn" in names
+    assert not any(n.startswith(("tests/", "derivations/", "grammar/")) for n in names), names
+
+
+def test_installed_package_parses_a_spec(venv):
+    script = textwrap.dedent(f"""
+        import sys
+        from importlib import resources
+        import symattn
+        print(symattn.__file__)
+        print(resources.files("symattn.grammar").joinpath("attention.lark"))
+        spec = symattn.load({SPEC!r})
+        print(spec.shape("O"), spec.concrete_shape("O"))
+    """)
+    result = _run(venv["python"], "-c", script, cwd=venv["cwd"])
+    assert result.returncode == 0, result.stderr
+    module_file, grammar_file, shape = result.stdout.splitlines()
+    env = venv["env"].resolve()
+    assert Path(module_file).resolve().is_relative_to(env), module_file
+    assert Path(grammar_file).resolve().is_relative_to(env), grammar_file
+    assert shape == "[N, d] (4, 3)"
+
+
+def test_installed_console_script(venv):
+    spec = venv["cwd"] / "tiny.attn"
+    spec.write_text(SPEC, encoding="utf-8")
+    script = venv["env"] / ("Scripts/symattn.exe" if sys.platform == "win32" else "bin/symattn")
+    result = _run(script, "show", "tiny.attn", "--dim", "N=7", cwd=venv["cwd"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("attention tiny  (tiny.attn)")
+    assert any(line.split()[:4] == ["O", "output", "[N,", "d]"] and "[7, 3]" in line
+               for line in result.stdout.splitlines()), result.stdout
+    bad = venv["cwd"] / "bad.attn"
+    bad.write_text("dim N = 4\ninput X[N\noutput X\n", encoding="utf-8")
+    result = _run(script, "show", "bad.attn", cwd=venv["cwd"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("bad.attn:2:8: error: '[' is never closed")
