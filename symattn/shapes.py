@@ -107,21 +107,23 @@ def broadcast(*shapes: Sequence[sympy.Expr], op: str = "+", order: Sequence[str]
 
 def matmul_shape(a: Sequence[sympy.Expr], b: Sequence[sympy.Expr], order: Sequence[str] = ()) -> tuple:
     """numpy.matmul's result shape: 1-D operands promoted, batch axes broadcast."""
-    shown = f"{format_shape(a, order)} @ {format_shape(b, order)}"
+    def shown() -> str:  # only formatted on failure: formatting costs more than the rule
+        return f"{format_shape(a, order)} @ {format_shape(b, order)}"
+
     if len(a) == 0 or len(b) == 0:
-        raise ShapeMismatch(f"{shown}: @ needs tensors with at least one axis; use * for scalars")
+        raise ShapeMismatch(f"{shown()}: @ needs tensors with at least one axis; use * for scalars")
     a2 = (ONE, *a) if len(a) == 1 else tuple(a)
     b2 = (*b, ONE) if len(b) == 1 else tuple(b)
     inner_a, inner_b = a2[-1], b2[-2]
     if not same_dim(inner_a, inner_b):
         raise ShapeMismatch(
-            f"{shown}: inner dims {format_dim(inner_a, order)} and {format_dim(inner_b, order)} differ"
+            f"{shown()}: inner dims {format_dim(inner_a, order)} and {format_dim(inner_b, order)} differ"
         )
     try:
         batch = broadcast(a2[:-2], b2[:-2], op="@", order=order)
     except ShapeMismatch:
         raise ShapeMismatch(
-            f"{shown}: batch axes {format_shape(a2[:-2], order)} and {format_shape(b2[:-2], order)} do not broadcast"
+            f"{shown()}: batch axes {format_shape(a2[:-2], order)} and {format_shape(b2[:-2], order)} do not broadcast"
         ) from None
     out = list(batch)
     if len(a) > 1:
