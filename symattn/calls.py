@@ -266,7 +266,8 @@ def validate_call(v, call: ir.Call, scope) -> t.Node:
                        f"to pick entries write {call.func}[i, j] in index notation; to multiply write *")
         from difflib import get_close_matches
 
-        close = get_close_matches(call.func, list(RULES), n=1)
+        # A higher cutoff than difflib's 0.6, which offers 'softmax' for 'max'.
+        close = get_close_matches(call.func, list(RULES), n=1, cutoff=0.75)
         raise _err(SpecNameError, f"unknown function '{call.func}'", call.func_pos,
                    f"did you mean '{close[0]}'?" if close else
                    "the builtins are " + ", ".join(sorted(n for n in RULES if n not in ("equivariant", "invariant"))))

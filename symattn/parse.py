@@ -253,7 +253,9 @@ def _expected(names) -> str:
 def _syntax_error(err: UnexpectedInput, text: str, open_brackets: list[Token]) -> SpecSyntaxError:
     if isinstance(err, UnexpectedCharacters):
         char = text[err.pos_in_stream] if 0 <= err.pos_in_stream < len(text) else "?"
-        error = SpecSyntaxError(f"unexpected character {char!r}", line=err.line, column=err.column)
+        hint = ("the only postfix is .T (swap the last two axes); call functions as f(x), e.g. transpose(X)"
+                if char == "." else None)
+        error = SpecSyntaxError(f"unexpected character {char!r}", line=err.line, column=err.column, hint=hint)
     elif isinstance(err, (UnexpectedToken, UnexpectedEOF)):
         token = getattr(err, "token", None)
         if token is None or token.type == "$END":
