@@ -72,6 +72,7 @@ class Spec:
 
     def __init__(self, typed: t.TypedSpec) -> None:
         self.typed = typed
+        self._derivation = None
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -110,6 +111,26 @@ class Spec:
         """The same spec at other sizes (`spec.with_dims(N=8)`)."""
         merged = {**{k: v for k, v in self.typed.sizes.items()}, **sizes}
         return load(self.typed.source, dims=merged, filename=self.typed.filename)
+
+    def derive(self):
+        """Every grad(T) in matrix form, dims symbolic, with the steps that produced it."""
+        from .derive import derive
+
+        if self._derivation is None:
+            self._derivation = derive(self.typed)
+        return self._derivation
+
+    def check(self, force: bool = False):
+        """One `Verdict` per `check` statement: proved, refuted (with a counterexample) or unknown."""
+        from .claims import check_spec
+
+        return check_spec(self.typed, force=force)
+
+    def verify_gradients(self, force: bool = False):
+        """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes."""
+        from .claims import verify_gradients
+
+        return verify_gradients(self.typed, force=force, derivation=self.derive())
 
     def show(self) -> str:
         """The typed IR as text: dims, every tensor with kind and shape, every check."""

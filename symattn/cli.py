@@ -9,6 +9,8 @@ overrides a default size on every command.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -58,10 +60,50 @@ def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _compact(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    verdicts = spec.check(force=args.force)
+    if args.json:
+        print(json.dumps([v.to_json() for v in verdicts], indent=2))
+    else:
+        for v in verdicts:
+            print(f"{spec.filename}:{v.line}: {v.verdict}: {v.claim}")
+            print(f"    {v.method}")
+            ce = v.counterexample
+            if ce is not None:
+                print(f"    {ce.note}")
+                for name, value in ce.inputs.items():
+                    print(f"      {name} = {_compact(value)}")
+                if ce.lhs is not None:
+                    print(f"      left side  = {_compact(ce.lhs)}")
+                    print(f"      right side = {_compact(ce.rhs)}")
+        if not verdicts:
+            print(f"{spec.filename}: no check statements")
+    return 0 if all(v.holds for v in verdicts) else 1
+
+
+def _cmd_derive(args: argparse.Namespace) -> int:
+    spec = _load(args, default_example=True)
+    derivation = spec.derive()
+    lines = [f"# Backward pass of {spec.name} (matrix form, valid for all sizes)", ""]
+    lines += [derivation.formula(name) for name in derivation.gradients]
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": _cmd_show,
-    "derive": _not_implemented("derive"),
-    "check": _not_implemented("check"),
+    "derive": _cmd_derive,
+    "check": _cmd_check,
     "emit": _not_implemented("emit"),
     "verify": _not_implemented("verify"),
 }
@@ -96,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     derive.add_argument("--format", choices=("md", "html", "tex"), default="md", help="document format")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
     check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list")
+    check.add_argument("--force", action="store_true",
+                       help="run element-level work even when the size guard says it would take minutes")
     emit = sub.add_parser("emit", parents=[common], help="Generate NumPy or CUDA code from the spec.",
                           description="Generate NumPy or CUDA code from the spec.")
     emit.add_argument("target", choices=("numpy", "cuda"), help="what to generate")
@@ -124,3 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("symattn: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # a bug in symattn, not the user's mistake: say so without a traceback
+        if os.environ.get("SYMATTN_DEBUG"):
+            raise
+        print(f"symattn {args.command}: internal error: {type(err).__name__}: {err}\n"
+              "this is a bug in symattn; rerun with SYMATTN_DEBUG=1 for the traceback and report it",
+              file=sys.stderr)
+        return 3

@@ -63,6 +63,16 @@ def number_value(node: ir.Number) -> sympy.Rational:
     return sympy.Rational(node.text)
 
 
+def _same_shape(a, b) -> bool:
+    """Equal shapes, ignoring leading axes of size 1 (which broadcasting adds and removes freely)."""
+    a, b = list(a), list(b)
+    while len(a) > len(b) and a[0] == ONE:
+        a.pop(0)
+    while len(b) > len(a) and b[0] == ONE:
+        b.pop(0)
+    return len(a) == len(b) and all(map(same_dim, a, b))
+
+
 def _err(cls, message: str, pos: ir.Pos, hint: str | None = None) -> SpecError:
     return cls(message, line=pos.line, column=pos.column, hint=hint, length=pos.length)
 
@@ -299,9 +309,7 @@ class _Validator:
         claim = stmt.claim
         if isinstance(claim, ir.Compare) and claim.op == "==":
             lhs, rhs = self.expr(claim.left, None), self.expr(claim.right, None)
-            if lhs.shape != () and rhs.shape != () and (
-                len(lhs.shape) != len(rhs.shape) or not all(map(same_dim, lhs.shape, rhs.shape))
-            ):
+            if lhs.shape != () and rhs.shape != () and not _same_shape(lhs.shape, rhs.shape):
                 raise _err(SpecCheckError,
                            f"the two sides have different shapes: {self.shape_text(lhs.shape)} == "
                            f"{self.shape_text(rhs.shape)}", claim.op_pos)

@@ -1,0 +1,367 @@
+"""The element level: explicit SymPy entries at concrete sizes, exact gradients.
+
+Contract: `ElementModel(spec)` holds, at the spec's sizes,
+
+- `leaf[X]`: a real symbol per entry of every input and param (`X_{1,2}`,
+  `W^{q}_{2,1}`, 1-based as people write them);
+- `slot[T]`: a symbol per entry of every defined tensor, and `local[T]`: its
+  entries written in the slots of the tensors its definition reads (softmax
+  with exp, masks with -oo giving exactly 0 weight);
+- `upstream[T]`: a symbol per entry of grad(T) (`\\bar{O}_{1,1}`);
+- `ground_truth(T)`: dL/dT entry by entry, by the chain rule node by node:
+  grad(T)[t] = sum over consumers C, entries c of grad(C)[c] * d local[C][c] / d slot[T][t],
+  each derivative taken by `sympy.diff` on the small local formula.
+
+`identical(a, b)` decides exact equality of two arrays of entries: it tries
+the slots as they are, then unfolds gradients and definitions one tensor at
+a time, and at each stage replaces every function application (exp, tanh,
+...) by an independent symbol and tests the rational function for zero, so
+"identical" is an exact proof at these sizes. It never claims a difference;
+`evaluate_at` supplies concrete values for counterexamples.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Mapping
+
+import mpmath
+import numpy as np
+import sympy
+
+from . import typed as t
+from .errors import SizeGuardError
+from .evaluate import SYMBOLIC, Evaluator
+
+__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "ELEMENT_BUDGET"]
+
+def symbol_name(tensor: str, index: tuple[int, ...], grad: bool = False) -> str:
+    """`X_{1,2}`, `W^{q}_{2,1}`, `\\bar{O}_{1,1}`: 1-based, LaTeX-friendly."""
+    base, _, sup = tensor.partition("_")
+    head = f"{base}^{{{sup}}}" if sup and base else tensor
+    if grad:
+        head = f"\\bar{{{head}}}"
+    return f"{head}_{{{','.join(str(i + 1) for i in index)}}}" if index else head
+
+
+def _symbols(tensor: str, shape: tuple[int, ...], grad: bool = False) -> np.ndarray:
+    out = np.empty(shape, dtype=object)
+    for index in np.ndindex(*shape) if shape else [()]:
+        out[index] = sympy.Symbol(symbol_name(tensor, index, grad), real=True)
+    return out
+
+
+# Element-level work grows like (entries of every tensor) x (the largest dim):
+# about 5,000 for self_attention at N = d = d_k = 8 (seconds); above the budget
+# it takes minutes and is refused unless forced.
+ELEMENT_BUDGET = 12_000
+
+
+def cost(spec: t.TypedSpec) -> int:
+    """A rough measure of element-level work: total entries times the largest dim."""
+    entries = sum(math.prod(spec.concrete_shape(info.shape)) for info in spec.tensors.values())
+    return entries * max(spec.sizes.values(), default=1)
+
+
+def guard(spec: t.TypedSpec, force: bool = False) -> None:
+    """Refuse element-level work that would take minutes, naming a size that works."""
+    work = cost(spec)
+    if force or work <= ELEMENT_BUDGET:
+        return
+    sizes = dict(spec.sizes)
+    smaller = dict(sizes)
+    while True:
+        biggest = max(smaller, key=smaller.get)
+        if smaller[biggest] <= 1:
+            break
+        smaller[biggest] = max(1, smaller[biggest] // 2)
+        trial = t.TypedSpec(spec.name, spec.filename, spec.source, spec.dims, smaller, spec.tensors,
+                            spec.outputs, spec.checks)
+        try:
+            if cost(trial) <= ELEMENT_BUDGET:
+                break
+        except (TypeError, ValueError):
+            break
+    shown = " ".join(f"--dim {k}={v}" for k, v in smaller.items() if v != sizes[k])
+    now = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    raise SizeGuardError(f"element-level work at {now} would take minutes (size measure {work:,}, budget "
+                         f"{ELEMENT_BUDGET:,}); try {shown}, or pass --force to run it anyway")
+
+
+def _atomize(expr: sympy.Expr) -> sympy.Expr:
+    """Replace every function application (and irrational power of a non-number) by a symbol.
+
+    exp is split first, exp(2*s + t/2) = E_s^2 * E_t^(1/2) with E_s = exp(s) > 0, so that
+    the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom.
+    """
+    atoms: dict[sympy.Expr, sympy.Dummy] = {}
+
+    def atom(node: sympy.Expr, positive: bool = False) -> sympy.Dummy:
+        if node not in atoms:
+            atoms[node] = sympy.Dummy(positive=positive)
+        return atoms[node]
+
+    def walk(node: sympy.Expr) -> sympy.Expr:
+        if not node.args or node.is_Atom:
+            return node
+        if isinstance(node, sympy.exp):
+            result = sympy.Integer(1)
+            for term in sympy.Add.make_args(sympy.expand(walk(node.args[0]))):
+                coeff, rest = term.as_coeff_Mul()
+                if term.is_number:
+                    result *= sympy.exp(term)
+                else:  # exp(c * r) = E_r ** c with E_r = exp(r) > 0, for rational c
+                    result *= atom(sympy.exp(rest), True) ** coeff
+            return result
+        args = [walk(a) for a in node.args]
+        rebuilt = node.func(*args) if args != list(node.args) else node
+        if isinstance(rebuilt, sympy.Function) or (
+            isinstance(rebuilt, sympy.Pow) and not rebuilt.exp.is_Integer and not rebuilt.base.is_Number
+        ):
+            return atom(rebuilt)
+        return rebuilt
+
+    return walk(expr)
+
+
+_MP_FUNCS = {
+    sympy.exp: mpmath.exp, sympy.log: mpmath.log, sympy.tanh: mpmath.tanh, sympy.sin: mpmath.sin,
+    sympy.cos: mpmath.cos, sympy.Abs: abs,
+}
+
+
+def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
+    """expr at a point, in mpmath at the working precision; shared subtrees evaluated once."""
+    stack = [(expr, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node in memo:
+            continue
+        if node in subs:
+            memo[node] = subs[node]
+            continue
+        if node.is_Number or node.is_NumberSymbol:
+            if node in (sympy.oo, -sympy.oo):
+                memo[node] = mpmath.inf if node == sympy.oo else -mpmath.inf
+            else:
+                memo[node] = mpmath.mpf(node.evalf(mpmath.mp.dps + 5)) if node.is_finite else None
+            continue
+        if not ready:
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if a not in memo)
+            continue
+        args = [memo[a] for a in node.args]
+        if any(a is None for a in args):
+            memo[node] = None
+        elif node.is_Add:
+            memo[node] = mpmath.fsum(args)
+        elif node.is_Mul:
+            memo[node] = mpmath.fprod(args)
+        elif node.is_Pow:
+            base, exponent = args
+            memo[node] = None if base == 0 and exponent < 0 else base**exponent
+        elif type(node) in _MP_FUNCS:
+            memo[node] = _MP_FUNCS[type(node)](args[0])
+        else:
+            memo[node] = None
+    return memo[expr]
+
+
+def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
+    """True if `expr` is clearly nonzero at a random point (so it is not identically zero)."""
+    with mpmath.workdps(40):
+        subs = {}
+        for sym in expr.free_symbols:
+            if sym.is_positive:
+                subs[sym] = mpmath.mpf(int(rng.integers(50, 150))) / 100
+            else:
+                subs[sym] = mpmath.mpf(int(rng.integers(-100, 100))) / 97
+        memo: dict = {}
+        try:
+            total = _mp_value(expr, subs, memo)
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+            return False
+        if total is None or not mpmath.isfinite(total):
+            return False
+        terms = [memo.get(term) for term in sympy.Add.make_args(expr)]
+        if any(v is None for v in terms):
+            return False
+        scale = max(abs(v) for v in terms)
+        # At 40 digits a true zero leaves at most ~1e-35 of the largest term.
+        return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
+
+
+def zero_test(expr: sympy.Expr) -> bool:
+    """True if `expr` is identically zero as a rational function of its symbols and function atoms.
+
+    Cheapest first: a random point that shows it nonzero ends the test; then
+    expansion with denominators kept whole; then the common denominator.
+    """
+    if expr == 0:
+        return True
+    atomized = _atomize(sympy.sympify(expr))
+    if atomized.is_number:
+        return atomized.equals(0) is True
+    if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
+        return False
+    if sympy.expand(atomized) == 0:
+        return True
+    numer, _ = sympy.fraction(sympy.together(atomized))
+    return sympy.expand(numer) == 0
+
+
+def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    """sympy.diff, with a fast path for the sums of products that matrix products write.
+
+    A term in which `sym` is a plain factor (power 1, nowhere else) has derivative
+    'the other factors'; anything else goes to sympy.diff.
+    """
+    terms = sympy.Add.make_args(expr)
+    out = []
+    for term in terms:
+        if sym not in term.free_symbols:
+            continue
+        factors = sympy.Mul.make_args(term)
+        others = [f for f in factors if f != sym]
+        if len(others) == len(factors) - 1 and not any(sym in f.free_symbols for f in others):
+            out.append(sympy.Mul(*others))
+        else:
+            out.append(sympy.diff(term, sym))
+    return sympy.Add(*out)
+
+
+class ElementModel:
+    """Explicit entries of every tensor of a spec at its concrete sizes."""
+
+    def __init__(self, spec: t.TypedSpec, force: bool = False, progress: bool | None = None) -> None:
+        guard(spec, force)
+        self.spec = spec
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.started = time.perf_counter()
+        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
+        self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
+                     if i.expr is not None}
+        self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()}
+        values = {**self.leaf, **self.slot}
+        self.local: dict[str, np.ndarray] = {}
+        ev = Evaluator(spec, SYMBOLIC)
+        ev.values = values
+        for name, info in spec.tensors.items():
+            if info.expr is not None:
+                self.local[name] = np.asarray(ev.evaluate(info.expr), dtype=object).reshape(
+                    spec.concrete_shape(info.shape))
+        self.consumers = {n: [c for c, e in self.local.items() if self._reads(e, n)] for n in spec.tensors}
+        self._truth: dict[str, np.ndarray] = {}
+
+    def _reads(self, entries: np.ndarray, name: str) -> bool:
+        own = set(self.values_of(name).flat)
+        return any(own & e.free_symbols for e in entries.flat if isinstance(e, sympy.Basic))
+
+    def values_of(self, name: str) -> np.ndarray:
+        """The symbols standing for a tensor's entries (leaf symbols or slots)."""
+        return self.leaf[name] if name in self.leaf else self.slot[name]
+
+    def _tick(self, what: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        if self.progress and elapsed > 2:
+            print(f"\rsymattn: element level: {what} ({elapsed:.0f} s)", end="", file=sys.stderr, flush=True)
+
+    # --- exact gradients ----------------------------------------------------------------
+
+    def ground_truth(self, name: str) -> np.ndarray:
+        """dL/dT entries in the slots of T's consumers' gradients (\\bar symbols) and forward slots."""
+        if name in self._truth:
+            return self._truth[name]
+        info = self.spec.tensors[name]
+        shape = self.spec.concrete_shape(info.shape)
+        if name in self.spec.outputs:
+            result = self.upstream[name]
+        else:
+            result = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
+            own = self.values_of(name)
+            position = {s: idx for idx, s in np.ndenumerate(own)}
+            for consumer in self.consumers[name]:
+                self._tick(f"d{consumer}/d{name}")
+                bars = self.upstream[consumer]
+                for c_index, entry in np.ndenumerate(self.local[consumer]):
+                    if not isinstance(entry, sympy.Basic):
+                        continue
+                    for sym in entry.free_symbols & position.keys():
+                        result[position[sym]] += bars[c_index] * _diff(entry, sym)
+        self._truth[name] = np.asarray(result, dtype=object)
+        return self._truth[name]
+
+    # --- exact comparison ------------------------------------------------------------------
+
+    def _grad_unfolding(self) -> list[tuple[dict, str]]:
+        """Substitutions grad(T) -> ground truth, earliest tensor first (outputs stay symbols)."""
+        out = []
+        for name in self.spec.tensors:
+            if name in self.spec.outputs:
+                continue
+            truth = self.ground_truth(name)
+            out.append(({s: v for s, v in zip(self.upstream[name].flat, truth.flat)}, f"grad({name})"))
+        return out
+
+    def _forward_unfolding(self) -> list[tuple[dict, str]]:
+        """Substitutions slot -> local formula, latest tensor first."""
+        return [({s: v for s, v in zip(self.slot[n].flat, self.local[n].flat)}, n)
+                for n in reversed(list(self.local))]
+
+    def identical(self, a: np.ndarray, b: np.ndarray, unfold_grads: bool = True) -> tuple[bool, list[str]]:
+        """(True, unfolded) if a == b entry by entry, exactly; (False, ...) if not shown."""
+        a, b = np.broadcast_arrays(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
+        diffs = [sympy.sympify(x - y) for x, y in zip(a.flat, b.flat)]
+        unfolded: list[str] = []
+        stages = (self._grad_unfolding() if unfold_grads else []) + self._forward_unfolding()
+        pending = [d for d in diffs if not zero_test(d)]
+        for mapping, label in stages:
+            if not pending:
+                break
+            keys = set(mapping)
+            if not any(keys & d.free_symbols for d in pending):
+                continue
+            self._tick(f"unfolding {label}")
+            unfolded.append(label)
+            pending = [d.xreplace(mapping) for d in pending]
+            pending = [d for d in pending if not zero_test(d)]
+        return (not pending), unfolded
+
+    # --- concrete values -------------------------------------------------------------------
+
+    def point(self, values: Mapping[str, np.ndarray], upstream: Mapping[str, np.ndarray],
+              digits: int = 30) -> dict:
+        """Every slot and gradient symbol at concrete inputs, in mpmath at `digits` digits.
+
+        Forward slots are computed in definition order from the local formulas,
+        then gradient symbols in reverse order from the exact chain rule.
+        """
+        with mpmath.workdps(digits + 10):
+            subs: dict = {}
+            for name, array in values.items():
+                for sym, v in zip(self.leaf[name].flat, np.asarray(array, dtype=object).flat):
+                    subs[sym] = mpmath.mpf(sympy.Rational(v).p) / sympy.Rational(v).q
+            for name, array in upstream.items():
+                for sym, v in zip(self.upstream[name].flat, np.asarray(array, dtype=object).flat):
+                    subs[sym] = mpmath.mpf(sympy.Rational(v).p) / sympy.Rational(v).q
+            for name, entries in self.local.items():
+                memo: dict = {}
+                for sym, entry in zip(self.slot[name].flat, entries.flat):
+                    subs[sym] = _mp_value(sympy.sympify(entry), subs, memo)
+            for name in reversed(list(self.spec.tensors)):
+                if name in self.spec.outputs:
+                    continue
+                memo = {}
+                for sym, entry in zip(self.upstream[name].flat, self.ground_truth(name).flat):
+                    subs[sym] = _mp_value(sympy.sympify(entry), subs, memo)
+        return subs
+
+    def evaluate_at(self, entries: np.ndarray, subs: Mapping, digits: int = 30) -> np.ndarray:
+        """Entries (written in any slots and gradient symbols) at a point from `point`."""
+        out = np.asarray(entries, dtype=object)
+        with mpmath.workdps(digits + 10):
+            memo: dict = {}
+            values = [_mp_value(sympy.sympify(e), dict(subs), memo) for e in out.flat]
+        return np.array(values, dtype=object).reshape(out.shape)
