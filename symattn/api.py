@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import typed as t
+from .ir import NOWHERE
 from .errors import SpecSyntaxError, UsageError
 from .parse import parse
 from .printing import to_spec
@@ -125,6 +126,27 @@ class Spec:
         from .claims import check_spec
 
         return check_spec(self.typed, force=force)
+
+    def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
+                     force: bool = False):
+        """Is `output` equivariant (or invariant) under permuting `source` along `dim`? A Verdict with steps."""
+        from .equivariance import check_symmetry
+        from .shapes import same_dim
+
+        for name in (output, source):
+            if name not in self.typed.tensors:
+                raise UsageError(f"no tensor named {name!r} in {self.name}")
+        shape = self.typed.tensors[source].shape
+        if dim is None:
+            if not shape or not shape[0].is_Symbol:
+                raise UsageError(f"name the dim to permute: the first axis of {source} is not a single dim")
+            dim = str(shape[0])
+        if dim not in self.typed.dims or not any(same_dim(d, self.typed.dims[dim].symbol) for d in shape):
+            raise UsageError(f"{source} has no axis of dim {dim!r}")
+        kind = "invariant" if invariant else "equivariant"
+        claim = t.CheckInfo(0, f"{kind}({output}, {source}, {dim})", False, kind, NOWHERE,
+                            output=output, input=source, dim=dim)
+        return check_symmetry(self.typed, claim, force=force)
 
     def verify_gradients(self, force: bool = False):
         """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes."""
