@@ -154,6 +154,19 @@ class Spec:
 
         return verify_gradients(self.typed, force=force, derivation=self.derive())
 
+    def document(self, fmt: str = "md", force: bool = False) -> str:
+        """The derivation document as Markdown, HTML or LaTeX text (figures: `document_with_figures`)."""
+        return self.document_with_figures(fmt, force)[0]
+
+    def document_with_figures(self, fmt: str = "md", force: bool = False) -> tuple[str, dict[str, bytes]]:
+        """(document text, {figure file name: PNG bytes}); HTML embeds its figures."""
+        from .document import FORMATS, build, render
+
+        if fmt not in FORMATS:
+            raise UsageError(f"unknown document format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        doc = build(self, force=force)
+        return render(doc, fmt), {f.name: f.png for f in doc.figures}
+
     def show(self) -> str:
         """The typed IR as text: dims, every tensor with kind and shape, every check."""
         return format_typed(self.typed)

@@ -89,12 +89,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_derive(args: argparse.Namespace) -> int:
     spec = _load(args, default_example=True)
-    derivation = spec.derive()
-    lines = [f"# Backward pass of {spec.name} (matrix form, valid for all sizes)", ""]
-    lines += [derivation.formula(name) for name in derivation.gradients]
-    text = "\n".join(lines) + "\n"
+    if args.gradients:
+        derivation = spec.derive()
+        lines = [f"# Backward pass of {spec.name} (matrix form, valid for all sizes)", ""]
+        text = "\n".join(lines + [derivation.formula(name) for name in derivation.gradients]) + "\n"
+        figures: dict[str, bytes] = {}
+    else:
+        from .document import build, render
+
+        doc = build(spec, force=args.force)
+        if not args.output:  # nowhere to put figure files: leave them out of the text
+            doc.blocks = [b for b in doc.blocks if b not in doc.figures]
+        text = render(doc, args.format)
+        figures = {f.name: f.png for f in doc.figures} if args.format != "html" else {}
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        target = Path(args.output)
+        target.write_text(text, encoding="utf-8")
+        for name, png in figures.items():
+            (target.parent / name).write_bytes(png)
     else:
         sys.stdout.write(text)
     return 0
@@ -136,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     derive = add("derive", "Derive the backward pass and write the derivation document.", spec_optional=True)
     derive.add_argument("-o", "--output", metavar="FILE", help="write the document here (default: stdout)")
     derive.add_argument("--format", choices=("md", "html", "tex"), default="md", help="document format")
+    derive.add_argument("--gradients", action="store_true",
+                        help="print only the gradient formulas in spec syntax, not the whole document")
+    derive.add_argument("--force", action="store_true",
+                        help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
     check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list")
     check.add_argument("--force", action="store_true",
