@@ -29,7 +29,7 @@ import sympy
 
 from . import typed as t
 from .claims import Counterexample, Verdict
-from .element import ElementModel, zero_test
+from .element import guard, symbol_name, zero_test
 from .errors import SizeGuardError, SymbolicError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .printing import to_spec
@@ -189,21 +189,32 @@ def _(node: t.Where, ty):
 
 @_rule.register
 def _(node: t.MatMul, ty):
+    # numpy.matmul: a 1-D left operand is a row [1, k], a 1-D right operand a column [k, 1],
+    # and the added axis is dropped from the result.
     a, b = node.a, node.b
-    if len(a.shape) < 2 or len(b.shape) < 2:
-        raise _Broken(f"{ty.text(node)}: @ with a 1-D operand has no permutation rule yet")
+    a_vec, b_vec = len(a.shape) == 1, len(b.shape) == 1
+    a_shape = (ONE, *a.shape) if a_vec else tuple(a.shape)
+    b_shape = (*b.shape, ONE) if b_vec else tuple(b.shape)
+    rank = max(len(a_shape), len(b_shape)) - 2
     out = set()
     reasons = []
     for pa, pb in itertools.product(_rule(a, ty)[0], _rule(b, ty)[0]):
+        pa = (False, *pa) if a_vec else pa
+        pb = (*pb, False) if b_vec else pb
         if pa[-1] != pb[-2]:
             reasons.append(f"the contracted axis of {ty.text(node)} is permuted in "
                            f"{ty.text(a if pa[-1] else b)} but not in {ty.text(b if pa[-1] else a)}")
             continue
-        batch = _broadcast([(a.shape[:-2], pa[:-2]), (b.shape[:-2], pb[:-2])], len(node.shape) - 2)
+        batch = _broadcast([(a_shape[:-2], pa[:-2]), (b_shape[:-2], pb[:-2])], rank)
         if batch is None:
             reasons.append(f"the batch axes of {ty.text(node)} are permuted differently")
             continue
-        out.add((*batch, pa[-2], pb[-1]))
+        full = [*batch, pa[-2], pb[-1]]
+        if b_vec:
+            full.pop(-1)
+        if a_vec:
+            full.pop(-1 if b_vec else -2)
+        out.add(tuple(full))
     if not out:
         raise _Broken(reasons[0])
     return frozenset(out), "matmul"
@@ -366,12 +377,42 @@ class SymmetryProof:
     broken_at: str | None = None
 
 
+def _reads(expr: t.Node) -> set[str]:
+    """The tensors an expression reads (by name or by entry)."""
+    names, stack = set(), [expr]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, t.Tensor):
+            names.add(n.name)
+        elif isinstance(n, t.Entry):
+            names.add(n.tensor)
+        stack.extend(n.children)
+    return names
+
+
+def _needed(spec: t.TypedSpec, output: str) -> set[str]:
+    """The output and every tensor it depends on: only these take part in the proof."""
+    needed, todo = set(), [output]
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        expr = spec.tensors[name].expr
+        if expr is not None:
+            todo.extend(_reads(expr))
+    return needed
+
+
 def prove_symmetry(spec: t.TypedSpec, output: str, source: str, dim: str, invariant: bool) -> SymmetryProof:
     """The matrix-level proof for every size of D, or where and why it stops."""
     symbol = spec.dims[dim].symbol
     ty = _Types(spec, symbol)
     steps: list[ProofStep] = []
+    needed = _needed(spec, output) | {source}
     for name, info in spec.tensors.items():
+        if name not in needed:  # a tensor the output does not read cannot break (or make) the proof
+            continue
         if info.expr is None:
             if name == source:
                 axis = next(k for k, d in enumerate(info.shape) if same_dim(d, symbol))
@@ -391,14 +432,14 @@ def prove_symmetry(spec: t.TypedSpec, output: str, source: str, dim: str, invari
         ty.types[name] = patterns
         if patterns == {_none(info.shape)} and any(ty.can_permute(d) for d in info.shape):
             ty.fixed_because[name] = _fixed_reason(name, info.expr, ty)
-        if len(patterns) == 1:
-            (pattern,) = patterns
-            steps.append(ProofStep(name, lemma, f"{_definition(name, info.expr, ty)} -> "
-                                                f"{_describe(name, pattern, info.shape)}"))
+        # A tensor consistent with several patterns (ones(N, N), eye(N), a tensor constant along a
+        # permuted axis) satisfies all of them at once: T(Pi X) = Pi T(X) = T(X) ...
+        shown = " = ".join(_describe(name, p, info.shape) for p in sorted(patterns))
+        steps.append(ProofStep(name, lemma, f"{_definition(name, info.expr, ty)} -> {shown}"))
     info = spec.tensors[output]
     goal = tuple(False for _ in info.shape) if invariant else tuple(ty.can_permute(d) for d in info.shape)
     if goal in ty.types[output]:
-        arrow = f"{output}(Pi {source}) = {_describe(output, goal, info.shape).replace(output, output + '(' + source + ')')}"
+        arrow = f"{output}(Pi {source}) = {_describe(f'{output}({source})', goal, info.shape)}"
         steps.append(ProofStep(output, "conclusion", arrow))
         return SymmetryProof(True, steps)
     got = sorted(ty.types[output])[0]
@@ -432,20 +473,27 @@ def element_witness(spec: t.TypedSpec, output: str, source: str, dim: str, invar
     if n < 2:
         return True, f"{dim}={n}: every permutation is the identity"
     try:
-        model = ElementModel(spec, force=force, progress=False)
+        guard(spec, force)
     except SizeGuardError as err:
         return None, str(err)
+    # Only the leaves' symbols are needed (not an ElementModel's slots and local formulas).
+    leaf = {}
+    for name in spec.leaves:
+        shape = spec.concrete_shape(spec.tensors[name].shape)
+        leaf[name] = np.empty(shape, dtype=object)
+        for index in np.ndindex(*shape) if shape else [()]:
+            leaf[name][index] = sympy.Symbol(symbol_name(name, index), real=True)
     symbol = spec.dims[dim].symbol
     ev = Evaluator(spec, SYMBOLIC)
-    ev.run(model.leaf)
+    ev.run(leaf)
     base = np.asarray(ev.values[output], dtype=object)
     out_axes = [] if invariant else _axes_of(spec.tensors[output].shape, symbol)
     axis = _source_axis(spec, source, symbol)
     generators = {"the transposition (1 2)": [1, 0] + list(range(2, n)),
                   f"the cycle (1 2 ... {n})": list(range(1, n)) + [0]}
     for label, perm in generators.items():
-        moved = _permuted(model.leaf[source], perm, [axis])
-        mapping = {old: new for old, new in zip(model.leaf[source].flat, moved.flat)}
+        moved = _permuted(leaf[source], perm, [axis])
+        mapping = {old: new for old, new in zip(leaf[source].flat, moved.flat)}
         left = np.vectorize(lambda e: sympy.sympify(e).xreplace(mapping), otypes=[object])(base)
         right = _permuted(base, perm, out_axes)
         for a, b in zip(left.flat, right.flat):
