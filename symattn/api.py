@@ -15,7 +15,7 @@ from typing import Mapping
 
 from . import typed as t
 from .ir import NOWHERE
-from .errors import SpecSyntaxError, UsageError
+from .errors import SpecSyntaxError, SymAttnError, UsageError
 from .parse import parse
 from .printing import to_spec
 from .shapes import format_shape
@@ -153,6 +153,25 @@ class Spec:
         from .claims import verify_gradients
 
         return verify_gradients(self.typed, force=force, derivation=self.derive())
+
+    def numpy(self):
+        """The generated NumPy code as a ready module: `spec.numpy().forward(X=...)`, `.backward(..., grad_O=...)`.
+
+        The same text `symattn emit numpy` writes (`spec.emit("numpy")`), executed in memory.
+        """
+        from .codegen_numpy import load_module
+
+        return load_module(self.emit("numpy"), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
+
+    def emit(self, target: str = "numpy") -> str:
+        """The generated code as text: the NumPy module for target "numpy"."""
+        if target == "numpy":
+            from .codegen_numpy import numpy_source
+
+            return numpy_source(self.typed, derivation=self.derive())
+        if target == "cuda":
+            raise SymAttnError("emit('cuda'): CUDA code generation is not implemented yet")
+        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy' or 'cuda'")
 
     def document(self, fmt: str = "md", force: bool = False) -> str:
         """The derivation document as Markdown, HTML or LaTeX text (figures: `document_with_figures`)."""

@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .api import Spec, example_path, example_text, load
+from .codegen_numpy import emit_command
+from .verify import verify_command
 from .errors import SpecError, SymAttnError, UsageError
 
 __all__ = ["main"]
@@ -116,8 +118,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": _cmd_show,
     "derive": _cmd_derive,
     "check": _cmd_check,
-    "emit": _not_implemented("emit"),
-    "verify": _not_implemented("verify"),
+    "emit": emit_command,
+    "verify": verify_command,
 }
 
 
@@ -161,9 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("target", choices=("numpy", "cuda"), help="what to generate")
     emit.add_argument("spec", metavar="SPEC", help="the .attn file")
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
-                      help="FILE.py for numpy, a directory for cuda")
+                      help="FILE.py for numpy ('-': standard output), a directory for cuda")
     verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
     verify.add_argument("--target", choices=("numpy", "cuda"), default="numpy")
+    verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return parser
 
 

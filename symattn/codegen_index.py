@@ -30,9 +30,9 @@ from typing import Protocol
 
 import sympy
 
-from .. import build as b
-from .. import typed as t
-from ..errors import SymbolicError
+from . import build as b
+from . import typed as t
+from .errors import SymbolicError
 
 __all__ = [
     "LNode",

@@ -10,7 +10,7 @@ nodes in which
   an `LVar`): subexpressions that occur more than once, in the forward pass,
   the backward pass or both, are computed once, so the backward pass reuses
   what the forward pass computed (`P`, the `tanh` of additive attention);
-- index notation is an `IndexArray` of whole-array operations (`index.py`);
+- index notation is an `IndexArray` of whole-array operations (`codegen_index`);
 - the rewrites in `REWRITES` have been applied: each states an identity that
   holds for all sizes and makes the program cheaper (the softmax backward of
   an attention core uses `sum(grad(O) * O)` instead of `sum(grad(P) * P)`;
@@ -33,12 +33,12 @@ from typing import Iterable
 
 import sympy
 
-from .. import typed as t
-from ..derive import Derivation, derive
-from ..errors import SymAttnError
-from ..printing import to_spec
-from .index import IndexArray, IndexLowering, LEntry, LNode, LScalarTensor, LVar, count_shared
-from .index import LContract, LOp, LSum
+from . import typed as t
+from .derive import Derivation, derive
+from .errors import SymAttnError
+from .printing import to_spec
+from .codegen_index import IndexArray, IndexLowering, LEntry, LNode, LScalarTensor, LVar, count_shared
+from .codegen_index import LContract, LOp, LSum
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "build_program",
            "REWRITES", "spec_text"]

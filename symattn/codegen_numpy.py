@@ -28,11 +28,11 @@ from functools import singledispatchmethod
 
 import sympy
 
-from .. import __version__
-from .. import typed as t
-from ..shapes import format_shape
-from .index import IndexArray, LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
-from .program import RETURNED, Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, build_program
+from . import __version__
+from . import typed as t
+from .shapes import format_shape
+from .codegen_index import IndexArray, LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
+from .codegen_program import RETURNED, Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, build_program
 
 __all__ = ["numpy_source", "load_module", "NumPyPrinter", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
 
@@ -68,18 +68,22 @@ HELPERS = {
     "_as_float": ('''
 def _as_float(*arrays):
     """The arrays in their common floating dtype (integers become float64); no copy when already so."""
-    arrays = [np.asarray(a) for a in arrays]
+    arrays = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
     dtype = np.result_type(np.float32, *arrays)
     if dtype.kind != "f":
         raise ValueError(f"expected real floating-point arrays, got dtype {dtype}")
-    return dtype, [a.astype(dtype, copy=False) for a in arrays]
+    return dtype, [a if a.dtype == dtype else a.astype(dtype) for a in arrays]
 ''', ()),
     "_bind": ('''
 def _bind(name, array, shape, expected):
     """The sizes of the last len(expected) axes of `array`; ValueError unless they are `expected` (None: any)."""
     rank = len(expected)
-    sizes = array.shape[array.ndim - rank:] if array.ndim >= rank else None
-    if sizes is None or any(e is not None and e != s for e, s in zip(expected, sizes)):
+    sizes = array.shape[array.ndim - rank:]
+    fits = array.ndim >= rank
+    for want, size in zip(expected, sizes):
+        if want is not None and want != size:
+            fits = False
+    if not fits:
         want = ", ".join("?" if e is None else str(e) for e in expected)
         raise ValueError(f"{name}: expected shape {shape} = [{want}] after any leading batch axes, "
                          f"got {list(array.shape)}")
@@ -89,6 +93,8 @@ def _bind(name, array, shape, expected):
 def _batch_axes(**arrays):
     """The broadcast shape of the leading batch axes; ValueError when they do not broadcast."""
     leading = {name: array.shape[:array.ndim - rank] for name, (array, rank) in arrays.items()}
+    if not any(leading.values()):
+        return ()
     try:
         return np.broadcast_shapes(*leading.values())
     except ValueError:
@@ -122,13 +128,12 @@ def _softmax_(x, axis):
 
     A fully masked row (all -inf) gets weights 0, not NaN.
     """
-    top = np.max(x, axis=axis, keepdims=True)
-    top[~np.isfinite(top)] = 0
-    x -= top
+    finfo = np.finfo(x.dtype)
+    top = x.max(axis=axis, keepdims=True)
+    x -= np.maximum(top, finfo.min, out=top)  # a row of -inf stays -inf ...
     np.exp(x, out=x)
-    total = np.sum(x, axis=axis, keepdims=True)
-    total[total == 0] = 1
-    x /= total
+    total = x.sum(axis=axis, keepdims=True)
+    x /= np.maximum(total, finfo.tiny, out=total)  # ... and gets weights 0 / tiny = 0
     return x
 ''', ()),
     "_softmax": ('''
@@ -142,7 +147,11 @@ def _softmax_backward_(P, dP, rowdot):
 
     Computed in dP's buffer (dP is not read again) when the shapes allow it.
     """
-    if dP.shape != np.broadcast_shapes(P.shape, dP.shape, rowdot.shape) or not dP.flags.writeable:
+    fits = dP.shape == P.shape and dP.ndim >= rowdot.ndim and dP.flags.writeable
+    for r, s in zip(rowdot.shape[::-1], dP.shape[::-1]):
+        if r != 1 and r != s:
+            fits = False
+    if not fits:
         return P * (dP - rowdot)
     dP -= rowdot
     dP *= P
@@ -161,10 +170,10 @@ def _rowdot(a, b):
     "_logsumexp": ('''
 def _logsumexp(x, axis):
     """log(sum(exp(x))) along `axis`, stably; -inf for a fully masked row."""
-    top = np.max(x, axis=axis, keepdims=True)
-    top[~np.isfinite(top)] = 0
+    top = x.max(axis=axis, keepdims=True)
+    np.maximum(top, np.finfo(x.dtype).min, out=top)  # a row of -inf: exp(-inf - min) = 0, log(0) = -inf
     with np.errstate(divide="ignore"):
-        return np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+        return np.log(np.exp(x - top).sum(axis=axis, keepdims=True)) + top
 ''', ()),
     "_sigmoid": ('''
 def _sigmoid(x):
@@ -774,10 +783,9 @@ def _module_name(spec: t.TypedSpec) -> str:
     return spec.name if spec.name.isidentifier() else "attention"
 
 
-def numpy_source(spec: t.TypedSpec, program: Program | None = None) -> str:
+def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     """The text of the generated NumPy module for `spec` (see the module docstring)."""
-    if program is None:
-        program = build_program(spec, reserved=RESERVED)
+    program = build_program(spec, derivation, reserved=RESERVED)
     printer = NumPyPrinter(program)
     order = list(spec.dims)
     leaves = [program.tensor_vars[n] for n in spec.leaves]
@@ -969,3 +977,27 @@ def load_module(source: str, name: str = "symattn_generated") -> types.ModuleTyp
     module.__file__ = f"<symattn generated {name}>"
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
+
+
+def emit_command(args) -> int:
+    """`symattn emit numpy SPEC -o FILE.py` (`-o -` writes to standard output)."""
+    from pathlib import Path
+
+    from .cli import _load  # the command line's own loading rules (--dim, '-' for stdin)
+    from .errors import SymAttnError, UsageError
+
+    spec = _load(args)
+    if args.target != "numpy":
+        raise SymAttnError(f"emit {args.target}: CUDA code generation is not implemented yet")
+    source = spec.emit("numpy")
+    if args.output == "-":
+        print(source, end="")
+        return 0
+    path = Path(args.output)
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; name the .py file to write")
+    if not path.parent.exists():
+        raise UsageError(f"{path.parent}: no such directory")
+    path.write_text(source, encoding="utf-8")
+    print(f"wrote {path}: forward, backward and forward_backward for {spec.name}")
+    return 0
