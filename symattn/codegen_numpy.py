@@ -90,16 +90,25 @@ def _bind(name, array, shape, expected):
     return sizes
 ''', ()),
     "_batch_axes": ('''
-def _batch_axes(**arrays):
-    """The broadcast shape of the leading batch axes; ValueError when they do not broadcast."""
-    leading = {name: array.shape[:array.ndim - rank] for name, (array, rank) in arrays.items()}
+def _batch_axes(*arrays):
+    """The broadcast shape of the leading batch axes of (name, array, rank) triples; ValueError if none."""
+    leading = {name: array.shape[:array.ndim - rank] for name, array, rank in arrays}
     if not any(leading.values()):
         return ()
     try:
         return np.broadcast_shapes(*leading.values())
     except ValueError:
-        shown = ", ".join(f"{name} {list(shape)}" for name, shape in leading.items())
+        shown = ", ".join(f"{name} {list(array.shape)}" for name, array, _ in arrays)
         raise ValueError(f"the leading batch axes do not broadcast: {shown}") from None
+''', ()),
+    "_take": ('''
+def _take(tensors, names):
+    """The arrays passed as these keywords, in order; TypeError for a missing or unexpected one."""
+    missing = [n for n in names if n not in tensors]
+    unexpected = sorted(set(tensors) - set(names))
+    if missing or unexpected:
+        raise TypeError(f"missing tensors {missing}, unexpected keywords {unexpected}; expected {list(names)}")
+    return [tensors[n] for n in names]
 ''', ()),
     "_upstream": ('''
 def _upstream(name, array, shape, expected, dtype):
@@ -829,7 +838,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
 
     lines = _header(spec, program)
     lines += ["", "import numpy as np", "", '__all__ = ["forward", "backward", "forward_backward"]', "", ""]
-    lines += _public(spec, program, leaves, keywords, unsafe)
+    lines += _public(spec, program, leaves, keywords, unsafe, printer)
     signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords])
     lines.append(f"def _forward_backward({signature}):")
     lines += [("    " + line) if line else "" for line in body]
@@ -887,7 +896,7 @@ def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> li
             bound.add(info.symbol)
     for leaf in later:
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
-    ranks = ", ".join(f"{leaf}=({program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})"
+    ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
                       for leaf in spec.leaves)
     lines.append(f"_batch_axes({ranks})")
     return lines
@@ -927,17 +936,17 @@ def _header(spec: t.TypedSpec, program: Program) -> list[str]:
     return lines
 
 
-def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe) -> list[str]:
+def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, printer) -> list[str]:
     lines = []
+    if unsafe:
+        printer.helpers.add("_take")
     outs = ", ".join(spec.outputs)
     if unsafe:  # a spec name that Python cannot take as a parameter: take keywords as a dict
         names = ", ".join(f'"{n}"' for n in spec.leaves)
-        take = f"    {', '.join(leaves)}{',' if len(leaves) == 1 else ''} = (tensors[n] for n in ({names},))"
+        both = ", ".join(f'"{n}"' for n in list(spec.leaves) + keywords)
         sig_f, sig_b = "**tensors", "**tensors"
-        pre_f, pre_b = [take], [take, "    " + ", ".join(keywords) + ("," if len(keywords) == 1 else "")
-                                + " = (tensors[f\"grad_{n}\"] for n in ("
-                                + ", ".join(f'"{o}"' for o in spec.outputs) + ("," if len(keywords) == 1 else "")
-                                + "))"]
+        pre_f = [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]
+        pre_b = [f"    {', '.join(leaves + keywords)}, = _take(tensors, ({both},))"]
     else:
         sig_f = "*, " + ", ".join(leaves)
         sig_b = "*, " + ", ".join(leaves + keywords)

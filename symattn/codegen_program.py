@@ -169,6 +169,16 @@ class Namer:
         self.used.add(name)
         return name
 
+    def numbered(self, base: str) -> str:
+        """`base`, else base2, base3, ...: for temporaries."""
+        k = 1
+        name = base
+        while name in self.used:
+            k += 1
+            name = f"{base}{k}"
+        self.used.add(name)
+        return name
+
 
 # --- rewrites: identities that make the program cheaper ---------------------------------
 
@@ -285,8 +295,9 @@ class _Rewriter:
         shape = tuple(sympy.Integer(1) if k == axis else d for k, d in enumerate(upstream.shape))
         rowdot = t.Reduce("sum", product, axis, shape)
         dims = list(self.spec.dims)
-        note = (f"sum({spec_text(g, dims)} * {spec_text(p, dims)}, axis=-1) = {spec_text(rowdot, dims)} "
-                f"as {spec_text(value, dims)} = {spec_text(p, dims)} @ {spec_text(other, dims)}")
+        note = f"sum({spec_text(g, dims)} * {spec_text(p, dims)}, axis=-1) = {spec_text(rowdot, dims)}"
+        if isinstance(value, t.Tensor):
+            note += f" as {value.name} = {spec_text(p, dims)} @ {spec_text(other, dims)}"
         return rowdot, note
 
     def __call__(self, node: t.Node) -> t.Node:
@@ -411,7 +422,7 @@ class _Builder:
             lnode = make()
             storage = lnode.labels
             canon = tuple(f"_f{free.index(n)}" for n in storage)
-            var = self.names.take(self._temp_name(lnode))
+            var = self.names.numbered(self._temp_name(lnode))
             self.add(var, lnode, "", labels=storage)
             self.index_hoisted[key] = (var, canon)
         return self.index_hoisted[key]
@@ -421,6 +432,8 @@ class _Builder:
         if isinstance(node, t.Binary) and node.op in ("mul", "div") and isinstance(node.a, (t.Tensor, t.Grad)) \
                 and _Rewriter.is_constant(node.b):
             return f"{'d' if isinstance(node.a, t.Grad) else ''}{node.a.name}_scaled"
+        if isinstance(node, t.MatMul) and all(isinstance(x, (t.Tensor, t.Grad)) for x in (node.a, node.b)):
+            return "".join(("d" if isinstance(x, t.Grad) else "") + x.name for x in (node.a, node.b))
         if isinstance(node, LOp) and node.kind == "unary":
             return node.op
         if isinstance(node, (LContract, LSum)):
@@ -449,7 +462,7 @@ class _Builder:
         """`node` computed by a statement of its own."""
         if node not in self.hoisted:
             lowered = self._lower_inner(node)
-            var = self.names.take(name or self._temp_name(node))
+            var = self.names.numbered(name or self._temp_name(node))
             self.hoisted[node] = var
             self.add(var, lowered, spec_text(node, self.spec.dims), shape=node.shape)
         return Var(self.hoisted[node], node.shape)

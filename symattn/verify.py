@@ -1,8 +1,8 @@
 """Check generated code against the reference evaluator: `symattn verify SPEC --target numpy`.
 
 Contract: `verify_numpy(spec)` generates the NumPy module, runs it in float64
-on random inputs in several configurations (the default sizes, larger sizes,
-a leading batch axis on the inputs, and batch axes on inputs and params that
+on random inputs in several configurations (the default sizes, every dim
+that an input's shape determines doubled, a leading batch axis on the inputs, and batch axes on inputs and params that
 broadcast against each other) and returns a `Report` with one `Row` per
 configuration and tensor: the forward outputs against the plain reference
 evaluator (`Evaluator` with the NUMERIC backend, run on each batch element on
@@ -143,7 +143,10 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
 
 def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
     defaults = dict(spec.sizes)
-    larger = {name: size + 1 for name, size in defaults.items()}
+    # Dims that an input's shape determines are doubled (doubling keeps split_heads divisible); the others
+    # keep their default, which is what generated code uses for them.
+    free = {d for name in spec.leaves for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
+    larger = {name: 2 * size if spec.dims[name].symbol in free else size for name, size in defaults.items()}
     inputs = set(spec.inputs)
 
     def none(name):

@@ -46,7 +46,7 @@ def _forward_backward(X, W_1, W_2, w, W_v, grad_O=None):
     _bind("W_2", W_2, "[d, d_a]", (d, d_a))
     _bind("w", w, "[d_a]", (d_a,))
     _bind("W_v", W_v, "[d, d]", (d, d))
-    _batch_axes(X=(X, 2), W_1=(W_1, 2), W_2=(W_2, 2), w=(w, 1), W_v=(W_v, 2))
+    _batch_axes(("X", X, 2), ("W_1", W_1, 2), ("W_2", W_2, 2), ("w", w, 1), ("W_v", W_v, 2))
 
     # forward pass
     tanh = np.tanh((X @ W_1)[..., :, None, :] + (X @ W_2)[..., None, :, :])
@@ -109,15 +109,15 @@ def _bind(name, array, shape, expected):
     return sizes
 
 
-def _batch_axes(**arrays):
-    """The broadcast shape of the leading batch axes; ValueError when they do not broadcast."""
-    leading = {name: array.shape[:array.ndim - rank] for name, (array, rank) in arrays.items()}
+def _batch_axes(*arrays):
+    """The broadcast shape of the leading batch axes of (name, array, rank) triples; ValueError if none."""
+    leading = {name: array.shape[:array.ndim - rank] for name, array, rank in arrays}
     if not any(leading.values()):
         return ()
     try:
         return np.broadcast_shapes(*leading.values())
     except ValueError:
-        shown = ", ".join(f"{name} {list(shape)}" for name, shape in leading.items())
+        shown = ", ".join(f"{name} {list(array.shape)}" for name, array, _ in arrays)
         raise ValueError(f"the leading batch axes do not broadcast: {shown}") from None
 
 

@@ -44,7 +44,7 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     _, d_k = _bind("W_q", W_q, "[d, d_k]", (d, None))
     _bind("W_k", W_k, "[d, d_k]", (d, d_k))
     _bind("W_v", W_v, "[d, d_k]", (d, d_k))
-    _batch_axes(X=(X, 2), W_q=(W_q, 2), W_k=(W_k, 2), W_v=(W_v, 2))
+    _batch_axes(("X", X, 2), ("W_q", W_q, 2), ("W_k", W_k, 2), ("W_v", W_v, 2))
 
     # forward pass
     Q = X @ W_q
@@ -111,15 +111,15 @@ def _bind(name, array, shape, expected):
     return sizes
 
 
-def _batch_axes(**arrays):
-    """The broadcast shape of the leading batch axes; ValueError when they do not broadcast."""
-    leading = {name: array.shape[:array.ndim - rank] for name, (array, rank) in arrays.items()}
+def _batch_axes(*arrays):
+    """The broadcast shape of the leading batch axes of (name, array, rank) triples; ValueError if none."""
+    leading = {name: array.shape[:array.ndim - rank] for name, array, rank in arrays}
     if not any(leading.values()):
         return ()
     try:
         return np.broadcast_shapes(*leading.values())
     except ValueError:
-        shown = ", ".join(f"{name} {list(shape)}" for name, shape in leading.items())
+        shown = ", ".join(f"{name} {list(array.shape)}" for name, array, _ in arrays)
         raise ValueError(f"the leading batch axes do not broadcast: {shown}") from None
 
 
