@@ -231,7 +231,9 @@ class Host(Protocol):
 
     def scalar_var(self, node: t.Node) -> str: ...
 
-    def hoist_index(self, key: tuple, labels_free: list[str], make) -> tuple[str, tuple[str, ...]]: ...
+    def hoist_index(self, key: tuple, free: list[str], make) -> tuple[str, tuple[str, ...]]:
+        """The variable holding the subexpression `key` (computing `make()` the first time), and its
+        storage labels as canonical names `_f<k>` (k: position in `free`, the free indices in key order)."""
 
     def arange_var(self, name: str, size: sympy.Expr) -> str: ...
 

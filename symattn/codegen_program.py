@@ -12,9 +12,12 @@ nodes in which
   what the forward pass computed (`P`, the `tanh` of additive attention);
 - index notation is an `IndexArray` of whole-array operations (`codegen_index`);
 - the rewrites in `REWRITES` have been applied: each states an identity that
-  holds for all sizes and makes the program cheaper (the softmax backward of
-  an attention core uses `sum(grad(O) * O)` instead of `sum(grad(P) * P)`;
-  a scalar factor of a matrix product scales its smallest operand).
+  holds for all sizes and makes the program cheaper (a chain of matrix
+  products in its cheapest order; the softmax backward recognised as one
+  operation, and in an attention core computed with `sum(grad(O) * O)`
+  instead of `sum(grad(P) * P)`; a scalar factor of a matrix product applied
+  to its smallest operand). Where cost depends on sizes, the spec's default
+  sizes stand in for the sizes at run time; every choice is exact for all.
 
 Each statement also records which leaves' batch axes its value may carry and
 the last statement that reads it, so a printer can decide what to compute in
@@ -226,7 +229,52 @@ def _scale_smallest(node: t.Node, rw: "_Rewriter") -> t.Node | None:
     return t.MatMul(mm.a, t.Binary(node.op, mm.b, node.b, mm.b.shape), mm.shape)
 
 
-REWRITES = (_softmax_grad, _scale_smallest)
+def _reassociate(node: t.Node, rw: "_Rewriter") -> t.Node | None:
+    """A chain of matrix products in the cheapest order: `Q @ K.T @ V` as `Q @ (K.T @ V)` when N > d.
+
+    Products are associative; the order that needs the fewest multiplications at
+    the spec's default sizes is chosen (the textbook dynamic programme). Only
+    chains of matrices (rank 2) are reordered; a tie keeps the order written.
+    """
+    if not isinstance(node, t.MatMul) or not (isinstance(node.a, t.MatMul) or isinstance(node.b, t.MatMul)):
+        return None
+
+    def operands(n: t.Node) -> list[t.Node]:
+        if isinstance(n, t.MatMul) and len(n.a.shape) == len(n.b.shape) == 2:
+            return operands(n.a) + operands(n.b)
+        return [n]
+
+    chain = operands(node)
+    if len(chain) < 3 or any(len(x.shape) != 2 for x in chain):
+        return None
+    dims = [chain[0].shape[0]] + [x.shape[1] for x in chain]
+    size = [rw.entries((d,)) for d in dims]
+    n = len(chain)
+    best: dict[tuple[int, int], tuple[int, int]] = {(i, i): (0, -1) for i in range(n)}
+    for span in range(1, n):
+        for i in range(n - span):
+            j = i + span
+            best[i, j] = min((best[i, k][0] + best[k + 1, j][0] + size[i] * size[k + 1] * size[j + 1], k)
+                             for k in range(i, j))
+
+    def build(i: int, j: int) -> t.Node:
+        if i == j:
+            return chain[i]
+        k = best[i, j][1]
+        a, b = build(i, k), build(k + 1, j)
+        return t.MatMul(a, b, (a.shape[0], b.shape[1]))
+
+    def cost(n: t.Node) -> int:
+        if not isinstance(n, t.MatMul) or n in chain:
+            return 0
+        return cost(n.a) + cost(n.b) + rw.entries(n.a.shape) * rw.entries((n.b.shape[1],))
+
+    if best[0, n - 1][0] >= cost(node):
+        return None
+    return build(0, n - 1)
+
+
+REWRITES = (_reassociate, _softmax_grad, _scale_smallest)
 
 
 class _Rewriter:

@@ -64,6 +64,15 @@ H = split_heads(X @ W, h)
 O = merge_heads(softmax(H @ H.T, axis=-1) @ H) + softmax(Z @ Z.T, axis=-1) @ Y
 output O
 """,
+    "linear_attention": """
+dim N = 6, d = 3
+input X[N, d]
+param W_q[d, d], W_k[d, d], W_v[d, d]
+Q = relu(X @ W_q)
+K = relu(X @ W_k)
+O = Q @ K.T @ (X @ W_v) / N
+output O
+""",
     "relative_bias": """
 dim N = 4, d = 3
 input X[N, d]
@@ -306,6 +315,13 @@ def test_backward_reuses_the_forward_pass():
     assert "dV = P.swapaxes(-1, -2) @ dO" in source
     additive = _spec("additive").emit("numpy")
     assert additive.count("np.tanh(") == 1  # built once over [i, j, c], reused by every gradient
+
+
+def test_matrix_chains_take_the_cheap_order():
+    """Linear attention written left to right is computed as Q @ (K.T @ V): no [N, N] array."""
+    source = symattn.load(EXTRA["linear_attention"]).emit("numpy")
+    (line,) = [line.strip() for line in source.splitlines() if line.strip().startswith("O = ")]
+    assert line.startswith("O = Q @ ((K.swapaxes(-1, -2) @ X)"), line
 
 
 def test_golden_files_are_current():
