@@ -808,7 +808,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     body.append("")
     body.append("# forward pass")
     for k, stmt in enumerate(program.forward):
-        body += _comment(stmt, printer.statement(k, stmt))
+        body += _comment(stmt, printer.statement(k, stmt), printer.consumed)
     outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
     body.append(f"outputs = {{{outputs}}}")
     body.append(f"if {keywords[0]} is None:")
@@ -821,7 +821,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
     for k, stmt in enumerate(program.backward, start=program.forward_count):
-        body += _comment(stmt, printer.statement(k, stmt))
+        body += _comment(stmt, printer.statement(k, stmt), printer.consumed)
     grads = []
     for leaf in spec.leaves:
         var = program.leaf_grads[leaf]
@@ -846,7 +846,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _comment(stmt: Stmt, lines: list[str]) -> list[str]:
+def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
     """The formula a statement computes, where its code does not read as that formula already."""
     plain = len(lines) == 1 and not stmt.rewritten and stmt.labels is None and not isinstance(stmt.node, IndexArray)
     out = []
@@ -854,6 +854,8 @@ def _comment(stmt: Stmt, lines: list[str]) -> list[str]:
         out.append(f"# {stmt.title}")
     if stmt.note:
         out.append(f"#   using {stmt.note}")
+    if consumed is not None and len(lines) == 1:
+        out.append(f"# (in {consumed}'s buffer: {consumed} is not read again)")
     return out + lines
 
 

@@ -52,6 +52,7 @@ def _forward_backward(X, W_1, W_2, w, W_v, grad_O=None):
     tanh = np.tanh((X @ W_1)[..., :, None, :] + (X @ W_2)[..., None, :, :])
     # S[i, j] = sum(c, w[c] * tanh(sum(k, X[i, k] * W_1[k, c]) + sum(k, X[j, k] * W_2[k, c])))
     S = np.einsum("...a,...bca->...bc", w, tanh)
+    # (in S's buffer: S is not read again)
     P = _softmax_(S, axis=-1)
     O = P @ (X @ W_v)
     outputs = {"O": O}
@@ -62,6 +63,7 @@ def _forward_backward(X, W_1, W_2, w, W_v, grad_O=None):
     dO = _upstream("grad_O", grad_O, "[N, d]", (N, d), dtype)
     dP = dO @ (W_v.swapaxes(-1, -2) @ X.swapaxes(-1, -2))
     # grad(S) = P * (grad(P) - sum(grad(P) * P, axis=-1))
+    # (in dP's buffer: dP is not read again)
     dS = _softmax_backward_(P, dP, _rowdot(dP, P))
     product = P.swapaxes(-1, -2) @ dO
     dW_v = X.swapaxes(-1, -2) @ product

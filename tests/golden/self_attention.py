@@ -52,6 +52,7 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     V = X @ W_v
     # S = Q @ K.T / sqrt(d_k)
     S = (Q / d_k ** 0.5) @ K.swapaxes(-1, -2)
+    # (in S's buffer: S is not read again)
     P = _softmax_(S, axis=-1)
     O = P @ V
     outputs = {"O": O}
@@ -63,6 +64,7 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     dP = dO @ V.swapaxes(-1, -2)
     # grad(S) = P * (grad(P) - sum(grad(P) * P, axis=-1))
     #   using sum(grad(P) * P, axis=-1) = sum(grad(O) * O, axis=-1) as O = P @ V
+    # (in dP's buffer: dP is not read again)
     dS = _softmax_backward_(P, dP, _rowdot(dO, O))
     dV = P.swapaxes(-1, -2) @ dO
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
