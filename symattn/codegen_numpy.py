@@ -367,6 +367,14 @@ class NumPyPrinter:
     def _(self, node: t.DimValue) -> Code:
         return self.dim(node.dim, integer=False)
 
+    def reciprocal(self, node: t.Node) -> Code:
+        """1 / node for a constant scalar, as Python arithmetic: `d_k ** -0.5` for sqrt(d_k)."""
+        if isinstance(node, t.Unary) and node.fn == "sqrt":
+            return Code(f"{_wrap(self.print(node.x), POW + 1)} ** -0.5", POW, carrying=False)
+        if isinstance(node, t.Scalar) and node.value != 0:
+            return self.number(1 / node.value)
+        return Code(f"1 / {_wrap(self.print(node), MUL + 1)}", MUL, carrying=False)
+
     def _constant_scalar(self, node: t.Node) -> bool:
         return node.shape == () and not self.batched(node) and not any(
             isinstance(n, (Var, t.Constant, IndexArray)) for n in _nodes(node))
@@ -390,6 +398,10 @@ class NumPyPrinter:
     @_print.register
     def _(self, node: t.Binary) -> Code:
         rank = len(node.shape)
+        if node.op == "div" and node.a.shape and self._constant_scalar(node.b):
+            # an array divided by a constant is multiplied by its reciprocal: a multiplication is cheaper
+            a = self.aligned(node.a, rank)
+            return Code(f"{_wrap(a, MUL)} * {_wrap(self.reciprocal(node.b), MUL + 1)}", MUL, True, a.carrying)
         a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
         symbol, prec = BINARY[node.op]
         if node.op == "pow":
@@ -746,7 +758,10 @@ class NumPyPrinter:
             return None
         lines = [f"{var} = {base.text}"]
         for op, operand in reversed(ops):
-            lines.append(f"{var} {INPLACE[op]} {self.aligned(operand, len(stmt.shape)).text}")
+            if op == "div" and self._constant_scalar(operand):
+                lines.append(f"{var} *= {self.reciprocal(operand).text}")
+            else:
+                lines.append(f"{var} {INPLACE[op]} {self.aligned(operand, len(stmt.shape)).text}")
         self._record(var, stmt, True)
         return lines
 

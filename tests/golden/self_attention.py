@@ -51,7 +51,7 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     K = X @ W_k
     V = X @ W_v
     # S = Q @ K.T / sqrt(d_k)
-    S = (Q / d_k ** 0.5) @ K.swapaxes(-1, -2)
+    S = (Q * d_k ** -0.5) @ K.swapaxes(-1, -2)
     # (in S's buffer: S is not read again)
     P = _softmax_(S, axis=-1)
     O = P @ V
@@ -69,10 +69,10 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     dV = P.swapaxes(-1, -2) @ dO
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
     dK = dS.swapaxes(-1, -2) @ Q
-    dK /= d_k ** 0.5
+    dK *= d_k ** -0.5
     # grad(Q) = grad(S) @ K / sqrt(d_k)
     dQ = dS @ K
-    dQ /= d_k ** 0.5
+    dQ *= d_k ** -0.5
     dW_v = X.swapaxes(-1, -2) @ dV
     dW_k = X.swapaxes(-1, -2) @ dK
     dW_q = X.swapaxes(-1, -2) @ dQ
