@@ -822,8 +822,13 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     body += _bind_dims(spec, program, printer)
     body.append("")
     body.append("# forward pass")
+    named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
+
+    def consumed() -> str | None:
+        return printer.consumed if printer.consumed in named else None
+
     for k, stmt in enumerate(program.forward):
-        body += _comment(stmt, printer.statement(k, stmt), printer.consumed)
+        body += _comment(stmt, printer.statement(k, stmt), consumed())
     outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
     body.append(f"outputs = {{{outputs}}}")
     body.append(f"if {keywords[0]} is None:")
@@ -836,7 +841,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
     for k, stmt in enumerate(program.backward, start=program.forward_count):
-        body += _comment(stmt, printer.statement(k, stmt), printer.consumed)
+        body += _comment(stmt, printer.statement(k, stmt), consumed())
     grads = []
     for leaf in spec.leaves:
         var = program.leaf_grads[leaf]

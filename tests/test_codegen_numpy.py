@@ -29,7 +29,8 @@ from conftest import EXAMPLES, REPO, run_cli
 
 SPECS = {p.stem: p for p in EXAMPLES}
 
-# Specs beyond the examples: what a new user writes.
+# Specs beyond the examples: what a new user writes. (strict_causal: row 0 sees nothing, so its weights
+# and gradients must be 0, through an index-notation mask, against finite differences.)
 EXTRA = {
     "elementwise": """
 dim N = 3, d = 4
@@ -71,6 +72,15 @@ param W_q[d, d], W_k[d, d], W_v[d, d]
 Q = relu(X @ W_q)
 K = relu(X @ W_k)
 O = Q @ K.T @ (X @ W_v) / N
+output O
+""",
+    "strict_causal": """
+dim N = 4, d = 3
+input X[N, d]
+param W[d, d]
+M[i:N, j:N] = where(j < i, 0, -inf)
+P = softmax(X @ W @ X.T + M, axis=-1)
+O = P @ X
 output O
 """,
     "relative_bias": """
