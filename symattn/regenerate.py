@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         golden = None
     if golden is not None and hasattr(golden, "main"):
-        code = golden.main(["--check"] if args.check else [])
+        code = golden.main((["--check"] if args.check else []) + ["--root", str(root)])
         if code:
             return code
     for path in stale:
