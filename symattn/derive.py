@@ -301,23 +301,33 @@ def _contains(node: t.Node, part: t.Node) -> bool:
 
 
 def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -> None:
-    """Push upstream `g` through the definition of `owner` down to the tensors it references."""
-    work = [(node, g)]
+    """Push upstream `g` through the definition of `owner` down to the tensors it references.
+
+    The steps taken inside the definition travel with each branch (`trail`) and are
+    recorded for the tensor the branch reaches, so grad(T)'s steps start at the
+    definition of each consumer of T.
+    """
+    if isinstance(node, t.Tensor):  # an alias, `O = A`: A gets grad(O) unchanged
+        paths[node.name].append((owner, g))
+        steps[node.name].append(Step("C = A: grad(A) = grad(C)", node.name, node, g))
+        return
+    work: list[tuple[t.Node, t.Node, tuple[Step, ...]]] = [(node, g, ())]
     while work:
-        current, upstream = work.pop()
+        current, upstream, trail = work.pop()
         cx.rec.steps.clear()
         for child, contribution, rule in _adjoint(current, upstream, cx):
             if isinstance(child, (t.Scalar, t.DimValue, t.Constant, t.Compare)):
                 continue
-            target = child.name if isinstance(child, t.Tensor) else None
-            label = target or owner
-            steps[label].append(Step(rule, label, current, contribution))
+            made = [(rule, current, contribution)]
             for rule_name, before, after in cx.rec.steps:
                 if _contains(contribution, after):
-                    steps[label].append(Step(f"simplify: {rule_name}", label, before, after))
-            if target is not None:
+                    made.append((f"simplify: {rule_name}", before, after))
+            if isinstance(child, t.Tensor):
+                target = child.name
+                steps[target].extend(Step(s.rule, target, s.before, s.after) for s in trail)
+                steps[target].extend(Step(r, target, before, after) for r, before, after in made)
                 paths[target].append((owner, contribution))
             elif isinstance(child, t.IndexDef) or not isinstance(child, t.Node):
                 raise SymbolicError(f"unexpected operand {type(child).__name__}")
             else:
-                work.append((child, contribution))
+                work.append((child, contribution, trail + tuple(Step(r, owner, before, after) for r, before, after in made)))
