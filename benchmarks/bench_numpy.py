@@ -7,8 +7,8 @@ for the module `symattn emit numpy derivations/self_attention.attn` generates
 (its `forward_backward`), for `handwritten` below, and for torch's
 `scaled_dot_product_attention` with autograd (when torch is installed), and
 the peak memory that NumPy allocates during one forward+backward (tracemalloc;
-torch's allocator is not traced). Runs are interleaved round by round so that
-a busy machine slows all three alike. Every implementation is pinned to the
+torch's allocator is not traced). Runs are interleaved round by round, in a rotating
+order, so that a busy machine and cold caches slow all three alike. Every implementation is pinned to the
 same number of threads: the measuring process is a child started with
 OMP/OpenBLAS/MKL thread variables set before NumPy is imported, plus
 threadpoolctl when installed and torch.set_num_threads. Goal: generated <=
@@ -128,13 +128,20 @@ def _child(args) -> None:
             assert g_gen["X"].dtype == dtype and o_gen["O"].dtype == dtype
 
             times = {name: [] for name in impls}
+            cpu = {name: [] for name in impls}
+            start = time.perf_counter()
             for fn in impls.values():
                 fn()  # warm-up
-            for _ in range(args.repeat):
-                for name, fn in impls.items():
-                    start = time.perf_counter()
+            once = time.perf_counter() - start
+            names = list(impls)
+            for r in range(max(args.repeat, int(args.budget / once))):  # small N: more runs, same noise budget
+                # rotate the order: whoever runs right after another implementation finds the caches cold
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    fn = impls[name]
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     fn()
                     times[name].append(time.perf_counter() - start)
+                    cpu[name].append(time.process_time() - start_cpu)
             peaks = {}
             for name in ("generated", "handwritten"):
                 tracemalloc.start()
@@ -148,6 +155,7 @@ def _child(args) -> None:
                 "N": n, "dtype": np.dtype(dtype).name,
                 "ms": {k: statistics.median(v) * 1000 for k, v in times.items()},
                 "min_ms": {k: min(v) * 1000 for k, v in times.items()},
+                "cpu_ms": {k: statistics.median(v) * 1000 for k, v in cpu.items()},
                 "peak_mib": {k: v / 2**20 for k, v in peaks.items()},
                 "agree": agree,
             })
@@ -168,7 +176,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=7, help="at least this many runs per row")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds of runs per row (more runs at small N)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -176,6 +185,7 @@ def main() -> None:
         return
     env = dict(os.environ, **{name: str(args.threads) for name in THREAD_VARIABLES})
     command = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--repeat", str(args.repeat),
+               "--budget", str(args.budget),
                "--sizes", *map(str, args.sizes)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -185,10 +195,12 @@ def main() -> None:
           f"Python {platform.python_version()}, NumPy {result['numpy']} ({result['blas']}), "
           f"torch {result['torch'] or 'not installed'}; {args.threads} thread(s), pinned by {result['pinned']}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"median of {args.repeat} interleaved runs; d = d_k = 64; forward+backward of self_attention")
+    print(f"median of at least {args.repeat} interleaved runs (about {args.budget:g} s of runs per row); "
+          "d = d_k = 64; forward+backward of self_attention; gen / hand (min): the ratio of the fastest runs; "
+          "(cpu): of the median process CPU times, which a busy machine disturbs less")
     print()
     has_torch = result["torch"] is not None
-    head = "| N | dtype | generated ms | hand-written ms | gen / hand | "
+    head = "| N | dtype | generated ms | hand-written ms | gen / hand | gen / hand (min) | gen / hand (cpu) | "
     head += "torch ms | gen / torch | " if has_torch else ""
     head += "generated peak MiB | hand-written peak MiB | gen / hand |"
     print(head)
@@ -196,7 +208,9 @@ def main() -> None:
     for row in result["rows"]:
         ms, peak = row["ms"], row["peak_mib"]
         cells = [str(row["N"]), row["dtype"], f"{ms['generated']:.2f}", f"{ms['handwritten']:.2f}",
-                 f"{ms['generated'] / ms['handwritten']:.2f}x"]
+                 f"{ms['generated'] / ms['handwritten']:.2f}x",
+                 f"{row['min_ms']['generated'] / row['min_ms']['handwritten']:.2f}x",
+                 f"{row['cpu_ms']['generated'] / row['cpu_ms']['handwritten']:.2f}x"]
         if has_torch:
             cells += [f"{ms['torch']:.2f}", f"{ms['generated'] / ms['torch']:.2f}x"]
         cells += [f"{peak['generated']:.2f}", f"{peak['handwritten']:.2f}",

@@ -40,7 +40,7 @@ from . import typed as t
 from .derive import Derivation, derive
 from .errors import SymAttnError
 from .printing import to_spec
-from .codegen_index import IndexArray, IndexLowering, LEntry, LNode, LScalarTensor, LVar, count_shared
+from .codegen_index import IndexArray, IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .codegen_index import LContract, LOp, LSum
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "build_program",

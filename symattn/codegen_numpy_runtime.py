@@ -1,0 +1,188 @@
+"""Runtime helpers of generated NumPy modules: copied, as source text, into the modules that call them.
+
+Contract: every function here is an ordinary NumPy function that a generated
+module may call; `helper_source(name)` is its exact source text, which the
+NumPy printer copies into a generated module that uses it (so that the module
+needs nothing but NumPy), with the helpers it calls in turn (`CALLS`). Being
+real functions, they are tested and linted like any other code. Each keeps
+the dtype of its arrays and never loops over tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+__all__ = ["HELPERS", "CALLS", "helper_source"]
+
+
+def _as_float(*arrays):
+    """The arrays in their common floating dtype (integers become float64); no copy when already so."""
+    arrays = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
+    dtype = np.result_type(np.float32, *arrays)
+    if dtype.kind != "f":
+        raise ValueError(f"expected real floating-point arrays, got dtype {dtype}")
+    return dtype, [a if a.dtype == dtype else a.astype(dtype) for a in arrays]
+
+
+def _bind(name, array, shape, expected):
+    """The sizes of the last len(expected) axes of `array`; ValueError unless they are `expected` (None: any)."""
+    rank = len(expected)
+    sizes = array.shape[array.ndim - rank:]
+    fits = array.ndim >= rank
+    for want, size in zip(expected, sizes):
+        if want is not None and want != size:
+            fits = False
+    if not fits:
+        want = ", ".join("?" if e is None else str(e) for e in expected)
+        raise ValueError(f"{name}: expected shape {shape} = [{want}] after any leading batch axes, "
+                         f"got {list(array.shape)}")
+    return sizes
+
+
+def _batch_axes(*arrays):
+    """The broadcast shape of the leading batch axes of (name, array, rank) triples; ValueError if none."""
+    leading = {name: array.shape[:array.ndim - rank] for name, array, rank in arrays}
+    if not any(leading.values()):
+        return ()
+    try:
+        return np.broadcast_shapes(*leading.values())
+    except ValueError:
+        shown = ", ".join(f"{name} {list(array.shape)}" for name, array, _ in arrays)
+        raise ValueError(f"the leading batch axes do not broadcast: {shown}") from None
+
+
+def _take(tensors, names):
+    """The arrays passed as these keywords, in order; TypeError for a missing or unexpected one."""
+    missing = [n for n in names if n not in tensors]
+    unexpected = sorted(set(tensors) - set(names))
+    if missing or unexpected:
+        raise TypeError(f"missing tensors {missing}, unexpected keywords {unexpected}; expected {list(names)}")
+    return [tensors[n] for n in names]
+
+
+def _upstream(name, array, shape, expected, dtype):
+    """An upstream gradient: the shape of its output (batch axes broadcast), in the forward pass's dtype."""
+    array = np.asarray(array)
+    _bind(name, array, shape, expected)
+    return array.astype(dtype, copy=False)
+
+
+def _sum_to(grad, shape):
+    """`grad` summed over the batch axes that broadcasting added, so that it has exactly `shape`."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    if lead > 0:
+        grad = grad.sum(axis=tuple(range(lead)))
+    axes = tuple(k for k, n in enumerate(shape) if n == 1 and k >= len(shape) - grad.ndim
+                 and grad.shape[k - len(shape) + grad.ndim] != 1)
+    if axes:
+        grad = grad.sum(axis=tuple(k - len(shape) for k in axes), keepdims=True)
+    return np.broadcast_to(grad, shape).copy() if grad.shape != shape else grad
+
+
+def _softmax_(x, axis):
+    """softmax(x) along `axis`, stably (the row max is subtracted), computed in x's own buffer.
+
+    A fully masked row (all -inf) gets weights 0, not NaN.
+    """
+    finfo = np.finfo(x.dtype)
+    top = x.max(axis=axis, keepdims=True)
+    x -= np.maximum(top, finfo.min, out=top)  # a row of -inf stays -inf ...
+    np.exp(x, out=x)
+    total = x.sum(axis=axis, keepdims=True)
+    x /= np.maximum(total, finfo.tiny, out=total)  # ... and gets weights 0 / tiny = 0
+    return x
+
+
+def _softmax(x, axis):
+    """softmax(x) along `axis` in a new array (x is read again later)."""
+    return _softmax_(np.array(x), axis)
+
+
+def _softmax_backward_(P, dP, rowdot):
+    """grad(S) = P * (dP - rowdot) for P = softmax(S), rowdot = sum(dP * P) along the softmax axis.
+
+    Computed in dP's buffer (dP is not read again) when the shapes allow it.
+    """
+    fits = dP.shape == P.shape and dP.ndim >= rowdot.ndim and dP.flags.writeable
+    for r, s in zip(rowdot.shape[::-1], dP.shape[::-1]):
+        if r != 1 and r != s:
+            fits = False
+    if not fits:
+        return P * (dP - rowdot)
+    dP -= rowdot
+    dP *= P
+    return dP
+
+
+def _softmax_backward(P, dP, rowdot):
+    """grad(S) = P * (dP - rowdot) for P = softmax(S), in a new array."""
+    return P * (dP - rowdot)
+
+
+def _rowdot(a, b):
+    """sum(a * b, axis=-1), keeping the axis, without an array of the products."""
+    return np.einsum("...j,...j->...", a, b)[..., None]
+
+
+def _logsumexp(x, axis):
+    """log(sum(exp(x))) along `axis`, stably; -inf for a fully masked row."""
+    top = x.max(axis=axis, keepdims=True)
+    np.maximum(top, np.finfo(x.dtype).min, out=top)  # a row of -inf: exp(-inf - min) = 0, log(0) = -inf
+    with np.errstate(divide="ignore"):
+        return np.log(np.exp(x - top).sum(axis=axis, keepdims=True)) + top
+
+
+def _sigmoid(x):
+    """1 / (1 + exp(-x)), written with tanh so that it never overflows."""
+    return 0.5 * np.tanh(0.5 * x) + 0.5
+
+
+def _merge_heads(x):
+    """[..., h, N, k] -> [..., N, h * k], head-major."""
+    x = x.swapaxes(-3, -2)
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def _split_heads(x, heads):
+    """[..., N, h * k] -> [..., h, N, k], the inverse of _merge_heads."""
+    return x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads).swapaxes(-3, -2)
+
+
+def _concat(parts, axis):
+    """np.concatenate along `axis` (negative), after broadcasting the leading batch axes."""
+    rank = -axis
+    batch = np.broadcast_shapes(*(p.shape[:p.ndim - rank] for p in parts))
+    return np.concatenate([np.broadcast_to(p, batch + p.shape[p.ndim - rank:]) for p in parts], axis=axis)
+
+
+def _expand(x, shape):
+    """`x` broadcast over the trailing `shape` (its leading batch axes kept); a read-only view."""
+    return np.broadcast_to(x, x.shape[:x.ndim - len(shape)] + shape)
+
+
+def _sinusoidal(n, width, dtype):
+    """E[i, 2c] = sin(i / 10000^(2c/width)), E[i, 2c+1] = cos(i / 10000^(2c/width)), i from 0."""
+    column = np.arange(width)
+    angle = np.arange(n)[:, None] / 10000.0 ** (2 * (column // 2) / width)
+    return np.where(column % 2 == 0, np.sin(angle), np.cos(angle)).astype(dtype)
+
+
+def _causal_mask(n, dtype):
+    """0 on and below the diagonal, -inf above it."""
+    return np.triu(np.full((n, n), -np.inf, dtype=dtype), k=1)
+
+
+
+HELPERS = ("_as_float", "_bind", "_batch_axes", "_take", "_upstream", "_sum_to", "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid", "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask")
+CALLS = {'_upstream': ('_bind',), '_softmax': ('_softmax_',)}  # helper -> the helpers it calls
+
+
+def helper_source(name: str) -> str:
+    """The source text of one helper, as it appears in generated modules."""
+    if name not in HELPERS:
+        raise KeyError(f"no runtime helper {name}")
+    return inspect.getsource(globals()[name]).strip("\n")
