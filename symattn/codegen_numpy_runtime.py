@@ -86,14 +86,15 @@ def _sum_to(grad, shape):
 def _softmax_(x, axis):
     """softmax(x) along `axis`, stably (the row max is subtracted), computed in x's own buffer.
 
-    A fully masked row (all -inf) gets weights 0, not NaN.
+    A fully masked row (all -inf) gets weights 0, not NaN: its max counts as the
+    dtype's lowest finite value, so it stays -inf and exp gives 0, and its sum
+    starts from the tiniest positive value (which leaves every other sum, at
+    least 1, unchanged), so 0 / tiny = 0.
     """
     finfo = np.finfo(x.dtype)
-    top = x.max(axis=axis, keepdims=True)
-    x -= np.maximum(top, finfo.min, out=top)  # a row of -inf stays -inf ...
+    x -= x.max(axis=axis, keepdims=True, initial=finfo.min)
     np.exp(x, out=x)
-    total = x.sum(axis=axis, keepdims=True)
-    x /= np.maximum(total, finfo.tiny, out=total)  # ... and gets weights 0 / tiny = 0
+    x /= x.sum(axis=axis, keepdims=True, initial=finfo.tiny)
     return x
 
 
@@ -130,8 +131,7 @@ def _rowdot(a, b):
 
 def _logsumexp(x, axis):
     """log(sum(exp(x))) along `axis`, stably; -inf for a fully masked row."""
-    top = x.max(axis=axis, keepdims=True)
-    np.maximum(top, np.finfo(x.dtype).min, out=top)  # a row of -inf: exp(-inf - min) = 0, log(0) = -inf
+    top = x.max(axis=axis, keepdims=True, initial=np.finfo(x.dtype).min)
     with np.errstate(divide="ignore"):
         return np.log(np.exp(x - top).sum(axis=axis, keepdims=True)) + top
 
