@@ -1,0 +1,102 @@
+// cuda_host.h: lets one CUDA source build with nvcc (for a GPU) or with a C++20
+// compiler (for the CPU), unchanged.
+//
+// Under nvcc it only includes <cuda_runtime.h> and defines SA_LAUNCH as the
+// triple-chevron launch. Under g++/clang it emulates the part of CUDA the
+// symattn kernels use, faithfully enough for ThreadSanitizer to see every race:
+//   - each block's threads are real std::threads, one per CUDA thread;
+//   - __syncthreads() is std::barrier::arrive_and_wait() on the block's barrier;
+//   - __shared__ is `static`: one copy, used by one block at a time, because the
+//     blocks of a launch run one after another (a barrier separates them);
+//   - threadIdx/blockIdx are thread_local, blockDim/gridDim are per launch;
+//   - atomicAdd is std::atomic_ref, math comes from <cmath>.
+// A kernel must reach every __syncthreads() from every thread of its block (no
+// early return before a barrier), as CUDA requires; here a violation deadlocks.
+#pragma once
+
+#ifdef __CUDACC__
+
+#include <cuda_runtime.h>
+#define SA_LAUNCH(kernel, grid, block, stream, ...) kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#define SA_LAST_ERROR() ((int)cudaGetLastError())
+
+#else  // the CPU emulation
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+typedef void* cudaStream_t;
+
+struct dim3 {
+    unsigned int x, y, z;
+    constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+    unsigned int x, y, z;
+};
+
+namespace sa_host {
+inline thread_local uint3 thread_idx{0, 0, 0};
+inline thread_local uint3 block_idx{0, 0, 0};
+inline dim3 block_dim{1, 1, 1};
+inline dim3 grid_dim{1, 1, 1};
+inline std::barrier<>* block_barrier = nullptr;
+
+// Run `kernel` over `grid` x `block`: blockDim threads, each running the blocks
+// in order; the barrier at the end of each block keeps blocks from overlapping.
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
+    const unsigned int threads = block.x * block.y * block.z;
+    const unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    if (threads == 0 || blocks == 0) return;
+    std::barrier<> barrier((std::ptrdiff_t)threads);
+    block_dim = block;
+    grid_dim = grid;
+    block_barrier = &barrier;
+    std::vector<std::thread> workers;
+    workers.reserve(threads);
+    for (unsigned int t = 0; t < threads; ++t) {
+        workers.emplace_back([=, &barrier] {
+            thread_idx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            for (unsigned int z = 0; z < grid.z; ++z)
+                for (unsigned int y = 0; y < grid.y; ++y)
+                    for (unsigned int x = 0; x < grid.x; ++x) {
+                        block_idx = uint3{x, y, z};
+                        kernel(args...);
+                        barrier.arrive_and_wait();
+                    }
+        });
+    }
+    for (auto& w : workers) w.join();
+    block_barrier = nullptr;
+}
+}  // namespace sa_host
+
+#define threadIdx (sa_host::thread_idx)
+#define blockIdx (sa_host::block_idx)
+#define blockDim (sa_host::block_dim)
+#define gridDim (sa_host::grid_dim)
+
+inline void __syncthreads() { sa_host::block_barrier->arrive_and_wait(); }
+
+inline float atomicAdd(float* address, float value) {
+    return std::atomic_ref<float>(*address).fetch_add(value);
+}
+
+#define SA_LAUNCH(kernel, grid, block, stream, ...) sa_host::launch(kernel, (grid), (block), __VA_ARGS__)
+#define SA_LAST_ERROR() 0
+
+#endif  // __CUDACC__
