@@ -161,8 +161,13 @@ def _(node: t.Binary, g, cx):
 @_adjoint.register
 def _(node: t.MatMul, g, cx):
     x, y, r = node.a, node.b, cx.rec
-    if len(x.shape) < 2 or len(y.shape) < 2:
-        raise SymbolicError("the gradient of @ with a 1-D operand is not derived yet; "
+    if len(x.shape) == 1 and len(y.shape) == 1:  # a dot product: G is a scalar
+        return [(x, b.mul(g, y, r), "c = a @ b (vectors): grad(a) = grad(c) * b"),
+                (y, b.mul(x, g, r), "c = a @ b (vectors): grad(b) = a * grad(c)")]
+    if len(x.shape) == 1 or len(y.shape) == 1:
+        # A matrix times a vector: one gradient is a matrix product, the other an outer product,
+        # which the matrix language cannot write without reshaping.
+        raise SymbolicError("the gradient of @ between a matrix and a 1-D vector needs an outer product; "
                             "write the vector as a [1, n] or [n, 1] matrix")
     return [(x, b.sum_to(b.matmul(g, b.transpose(y, r), r), x.shape), "C = A @ B: grad(A) = grad(C) @ B.T"),
             (y, b.sum_to(b.matmul(b.transpose(x, r), g, r), y.shape), "C = A @ B: grad(B) = A.T @ grad(C)")]
