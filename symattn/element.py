@@ -30,6 +30,7 @@ from typing import Mapping
 import mpmath
 import numpy as np
 import sympy
+from sympy.functions.elementary.piecewise import ExprCondPair
 
 from . import typed as t
 from .errors import SizeGuardError
@@ -128,8 +129,20 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
 
 _MP_FUNCS = {
     sympy.exp: mpmath.exp, sympy.log: mpmath.log, sympy.tanh: mpmath.tanh, sympy.sin: mpmath.sin,
-    sympy.cos: mpmath.cos, sympy.Abs: abs,
+    sympy.cos: mpmath.cos, sympy.Abs: abs, sympy.sign: mpmath.sign,
 }
+# The conditions of where / relu / abs (sympy.Piecewise), evaluated to Python booleans.
+_MP_RELATIONS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+                 ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def _first_branch(pairs):
+    for value, cond in pairs:
+        if cond is None:
+            return None
+        if cond:
+            return value
+    return None
 
 
 def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
@@ -142,6 +155,9 @@ def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
         if node in subs:
             memo[node] = subs[node]
             continue
+        if node is sympy.true or node is sympy.false:
+            memo[node] = bool(node)
+            continue
         if node.is_Number or node.is_NumberSymbol:
             if node in (sympy.oo, -sympy.oo):
                 memo[node] = mpmath.inf if node == sympy.oo else -mpmath.inf
@@ -153,7 +169,11 @@ def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
             stack.extend((a, False) for a in node.args if a not in memo)
             continue
         args = [memo[a] for a in node.args]
-        if any(a is None for a in args):
+        if isinstance(node, sympy.Piecewise):  # the first branch whose condition holds; others may be undefined
+            memo[node] = _first_branch(args)
+        elif isinstance(node, ExprCondPair):
+            memo[node] = tuple(args)
+        elif any(a is None for a in args):
             memo[node] = None
         elif node.is_Add:
             memo[node] = mpmath.fsum(args)
@@ -162,6 +182,8 @@ def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
         elif node.is_Pow:
             base, exponent = args
             memo[node] = None if base == 0 and exponent < 0 else base**exponent
+        elif isinstance(node, sympy.core.relational.Relational) and node.rel_op in _MP_RELATIONS:
+            memo[node] = bool(_MP_RELATIONS[node.rel_op](*args))
         elif type(node) in _MP_FUNCS:
             memo[node] = _MP_FUNCS[type(node)](args[0])
         else:
@@ -201,7 +223,13 @@ def zero_test(expr: sympy.Expr) -> bool:
     """
     if expr == 0:
         return True
-    atomized = _atomize(sympy.sympify(expr))
+    expr = sympy.sympify(expr)
+    if expr.has(sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
+        folded = sympy.piecewise_fold(expr.rewrite(sympy.Piecewise) if expr.has(sympy.sign) else expr)
+        if isinstance(folded, sympy.Piecewise):
+            return all(zero_test(branch) for branch, _ in folded.args)
+        expr = folded
+    atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
     if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
