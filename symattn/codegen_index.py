@@ -329,9 +329,15 @@ class IndexLowering:
                 return LOp(body.labels, "binary", "mul", (body, LConst((), count)))
             return LSum(tuple(n for n in body.labels if n != node.index.name), body, node.index.name)
         lowered = tuple(self.lower(f, cx) for f in factors)
+        number = sympy.Integer(1)  # numbers fold into one: 2 * -1 * x is -2 * x
         coeff = None
         for c in coeffs:
-            coeff = c if coeff is None else b.mul(coeff, c)
+            if isinstance(c, t.Scalar) and c.value.is_Rational:
+                number *= c.value
+            else:
+                coeff = c if coeff is None else b.mul(coeff, c)
+        if number != 1:
+            coeff = b.scalar(number) if coeff is None else b.mul(b.scalar(number), coeff)
         present = {n for f in lowered for n in f.labels}
         labels = cx.sort(present - set(summed))
         # an index summed over that no factor reads multiplies the result by its range

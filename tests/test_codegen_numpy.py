@@ -83,6 +83,60 @@ P = softmax(X @ W @ X.T + M, axis=-1)
 O = P @ X
 output O
 """,
+    "multi_query": """
+dim N = 4, d = 4, h = 2, k = 2
+input X[N, d]
+param W_q[h, d, k], W_k[d, k], W_v[d, k], W_o[h * k, d]
+Q = X @ W_q
+K = X @ W_k
+V = X @ W_v
+P = softmax(Q @ K.T / sqrt(k), axis=-1)
+O = merge_heads(P @ V) @ W_o
+output O
+""",
+    "column_softmax_temperature": """
+dim N = 4, M = 3, d = 2
+input X[N, d], Y[M, d]
+param tau
+S = X @ Y.T * tau
+A = softmax(S, axis=-2)
+O = A.T @ X
+output O
+""",
+    "declared_batch_bias_mean": """
+dim B = 2, N = 4, d = 3
+input X[B, N, d]
+param W[d, d], bias[N, N]
+P = softmax(X @ W @ X.T + bias, axis=-1)
+O = mean(P @ X, axis=-2)
+output O
+""",
+    "masked_cross": """
+dim N = 3, M = 4, d = 2
+input X[N, d], Y[M, d], mask[N, M]
+param W_q[d, d], W_k[d, d]
+S = (X @ W_q) @ (Y @ W_k).T
+P = softmax(where(mask > 0, S, -inf), axis=-1)
+O = P @ Y
+output O
+""",
+    "power_eye_ones": """
+dim N = 3, d = 3
+input X[N, d]
+param W[d, d]
+H = (X @ W)^2 + eye(N) @ X - ones(N, d) / 2
+O = softmax(H @ H.T, axis=-1) @ sigmoid(H)
+output O
+""",
+    "rbf_kernel_index": """
+dim N = 3, d = 4, e = 2
+input X[N, d]
+param A[d, e], b[e]
+Z[i, c] = sum(k, X[i, k] * A[k, c]) + b[c]
+G[i, j] = exp(-sum(c, (Z[i, c] - Z[j, c])^2))
+O = G @ X
+output O
+""",
     "relative_bias": """
 dim N = 4, d = 3
 input X[N, d]
