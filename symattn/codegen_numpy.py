@@ -33,7 +33,16 @@ from .codegen_program import Program, Stmt, build_program
 from .codegen_index import IndexArray
 from .shapes import format_shape
 
-__all__ = ["numpy_source", "load_module", "emit_command"]
+__all__ = ["numpy_source", "load_module", "emit_command", "size_keywords"]
+
+
+def size_keywords(spec: t.TypedSpec) -> list[str]:
+    """Dims that no input's or param's shape has alone on an axis: the module takes them as keywords.
+
+    (`split_heads(X, h)` with no tensor of shape [h, ...]: `forward(X=..., h=4)`, default the spec's size.)
+    """
+    alone = {d for name in spec.leaves for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
+    return [name for name, info in spec.dims.items() if info.symbol not in alone]
 
 
 # --- the module -------------------------------------------------------------------------------
@@ -50,7 +59,11 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     order = list(spec.dims)
     leaves = [program.tensor_vars[n] for n in spec.leaves]
     keywords = [program.upstream[o] for o in spec.outputs]
-    unsafe = [n for n in list(spec.leaves) if program.tensor_vars[n] != n]
+    sizes = size_keywords(spec)
+    for name in sizes:
+        if name in keywords:
+            raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
+    unsafe = [n for n in list(spec.leaves) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
 
     body: list[str] = []
     body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
@@ -94,8 +107,9 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
 
     lines = _header(spec, program)
     lines += ["", "import numpy as np", "", '__all__ = ["forward", "backward", "forward_backward"]', "", ""]
-    lines += _public(spec, program, leaves, keywords, unsafe, printer)
-    signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords])
+    lines += _public(spec, program, leaves, keywords, unsafe, printer, sizes)
+    signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords]
+                          + [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes])
     lines.append(f"def _forward_backward({signature}):")
     lines += [("    " + line) if line else "" for line in body]
     lines += _helper_sources(printer.helpers)
@@ -147,11 +161,11 @@ def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> li
             lines.append(f"{', '.join(targets)}{',' if len(targets) == 1 else ''} = {call(leaf, expected)}")
         else:
             lines.append(call(leaf, expected))
-    for name, info in spec.dims.items():
-        if info.symbol not in bound:
-            lines.append(f"{program.dim_vars[name]} = {spec.sizes[name]}  # no array has an axis of size {name} "
-                         "alone: the spec's default")
-            bound.add(info.symbol)
+    for name in size_keywords(spec):
+        var = program.dim_vars[name]
+        lines.append(f'{var} = _size("{name}", {var})  # no array has an axis of size {name} alone: a keyword')
+        printer.helpers.add("_size")
+        bound.add(spec.dims[name].symbol)
     for leaf in later:
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
     ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
@@ -184,6 +198,10 @@ def _header(spec: t.TypedSpec, program: Program) -> list[str]:
         "",
     ]
     lines += [f"    {kind:<6} {tensor:<{width}}  {shape}" for kind, tensor, shape in rows]
+    sizes = size_keywords(spec)
+    if sizes:
+        lines += ["", "Sizes that no input's shape gives are keywords too: "
+                  + ", ".join(f"{n}={spec.sizes[n]}" for n in sizes) + " by default."]
     lines += [
         "",
         "Sizes are read from the arrays. float32 arrays give float32 results, float64",
@@ -194,25 +212,32 @@ def _header(spec: t.TypedSpec, program: Program) -> list[str]:
     return lines
 
 
-def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, printer) -> list[str]:
+def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, printer, sizes) -> list[str]:
     lines = []
-    if unsafe:
-        printer.helpers.add("_take")
     outs = ", ".join(spec.outputs)
+    dims = [program.dim_vars[n] for n in sizes]
     if unsafe:  # a spec name that Python cannot take as a parameter: take keywords as a dict
+        printer.helpers.add("_take")
         names = ", ".join(f'"{n}"' for n in spec.leaves)
         both = ", ".join(f'"{n}"' for n in list(spec.leaves) + keywords)
+        pops = [f'    {program.dim_vars[n]} = tensors.pop("{n}", {spec.sizes[n]})' for n in sizes]
         sig_f, sig_b = "**tensors", "**tensors"
-        pre_f = [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]
-        pre_b = [f"    {', '.join(leaves + keywords)}, = _take(tensors, ({both},))"]
+        pre_f = pops + [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]
+        pre_b = pops + [f"    {', '.join(leaves + keywords)}, = _take(tensors, ({both},))"]
     else:
-        sig_f = "*, " + ", ".join(leaves)
-        sig_b = "*, " + ", ".join(leaves + keywords)
+        defaults = [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes]
+        sig_f = "*, " + ", ".join(leaves + defaults)
+        sig_b = "*, " + ", ".join(leaves + keywords + defaults)
         pre_f, pre_b = [], []
     args = ", ".join(leaves)
     grads = ", ".join(keywords)
+    if dims:
+        passed = ", " + ", ".join(f"{d}={d}" for d in dims)
+        args_f, grads = args + passed, grads + passed
+    else:
+        args_f = args
     lines += [f"def forward({sig_f}):", f'    """The outputs {outs}, by name."""', *pre_f,
-              f"    return _forward_backward({args})[0]", "", ""]
+              f"    return _forward_backward({args_f})[0]", "", ""]
     lines += [f"def backward({sig_b}):",
               '    """dL/dT for every input and param T, by name."""', *pre_b,
               f"    return _forward_backward({args}, {grads})[1]", "", ""]

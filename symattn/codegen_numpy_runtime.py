@@ -62,6 +62,13 @@ def _take(tensors, names):
     return [tensors[n] for n in names]
 
 
+def _size(name, value):
+    """A size passed as a keyword: a positive integer."""
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name}: a size is a positive integer, got {value!r}")
+    return int(value)
+
+
 def _upstream(name, array, shape, expected, dtype):
     """An upstream gradient: the shape of its output (batch axes broadcast), in the forward pass's dtype."""
     array = np.asarray(array)
@@ -149,6 +156,8 @@ def _merge_heads(x):
 
 def _split_heads(x, heads):
     """[..., N, h * k] -> [..., h, N, k], the inverse of _merge_heads."""
+    if x.shape[-1] % heads:
+        raise ValueError(f"split_heads: width {x.shape[-1]} is not a multiple of {heads} heads")
     return x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads).swapaxes(-3, -2)
 
 
@@ -177,8 +186,12 @@ def _causal_mask(n, dtype):
 
 
 
-HELPERS = ("_as_float", "_bind", "_batch_axes", "_take", "_upstream", "_sum_to", "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid", "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask")
-CALLS = {'_upstream': ('_bind',), '_softmax': ('_softmax_',)}  # helper -> the helpers it calls
+HELPERS = (  # in the order generated modules list them
+    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_upstream", "_sum_to",
+    "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid",
+    "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask",
+)
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}  # helper -> the helpers it calls
 
 
 def helper_source(name: str) -> str:

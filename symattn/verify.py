@@ -2,7 +2,7 @@
 
 Contract: `verify_numpy(spec)` generates the NumPy module, runs it in float64
 on random inputs in several configurations (the default sizes, every dim
-that an input's shape determines doubled, a leading batch axis on the inputs, and batch axes on inputs and params that
+doubled, a leading batch axis on the inputs, and batch axes on inputs and params that
 broadcast against each other) and returns a `Report` with one `Row` per
 configuration and tensor: the forward outputs against the plain reference
 evaluator (`Evaluator` with the NUMERIC backend, run on each batch element on
@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from . import typed as t
-from .codegen_numpy import load_module, numpy_source
+from .codegen_numpy import load_module, numpy_source, size_keywords
 from .evaluate import NUMERIC, Evaluator, random_leaves
 
 __all__ = ["Row", "Report", "verify_numpy", "reference_forward", "finite_difference_gradients",
@@ -143,10 +143,7 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
 
 def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
     defaults = dict(spec.sizes)
-    # Dims that an input's shape determines are doubled (doubling keeps split_heads divisible); the others
-    # keep their default, which is what generated code uses for them.
-    free = {d for name in spec.leaves for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
-    larger = {name: 2 * size if spec.dims[name].symbol in free else size for name, size in defaults.items()}
+    larger = {name: 2 * size for name, size in defaults.items()}  # doubling keeps split_heads divisible
     inputs = set(spec.inputs)
 
     def none(name):
@@ -174,17 +171,19 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None) -> Report:
     module = module or load_module(numpy_source(spec), f"symattn_verify_{spec.name}")
     report = Report(spec.name)
     rng = np.random.default_rng(seed)
+    keywords = size_keywords(spec)  # dims no input's shape has: passed to the module by name
     for title, sizes, batch_of in _configs(spec):
+        dims = {name: sizes[name] for name in keywords}
         leaves = {}
         for name in spec.leaves:
             one = random_leaves(spec, rng, batch_of(name), sizes)[name]
             leaves[name] = one
         reference = reference_forward(spec, leaves, sizes)
-        outputs = module.forward(**leaves)
+        outputs = module.forward(**leaves, **dims)
         for o in spec.outputs:
             report.rows.append(Row(title, "forward", o, relative_error(outputs[o], reference[o]), FORWARD_TOLERANCE))
         upstream = {o: rng.standard_normal(np.shape(reference[o])) for o in spec.outputs}
-        generated = module.backward(**leaves, **{f"grad_{o}": upstream[o] for o in spec.outputs})
+        generated = module.backward(**leaves, **{f"grad_{o}": upstream[o] for o in spec.outputs}, **dims)
         expected = finite_difference_gradients(spec, leaves, upstream, sizes)
         for name in spec.leaves:
             report.rows.append(Row(title, "backward", name, relative_error(generated[name], expected[name]),

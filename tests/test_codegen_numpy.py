@@ -336,6 +336,20 @@ def test_multi_head_dim_arithmetic_is_checked(modules):
         modules["multi_head"].forward(**leaves)
 
 
+def test_sizes_no_input_gives_are_keywords():
+    """split_heads(X @ W, h) with no tensor of shape [h, ...]: h is a keyword with the spec's default."""
+    module = symattn.load(EXTRA["concat_heads"]).numpy()
+    rng = np.random.default_rng(10)
+    X, Y, W = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((4, 4))
+    two = module.forward(X=X, Y=Y, W=W)["O"]
+    np.testing.assert_array_equal(two, module.forward(X=X, Y=Y, W=W, h=2)["O"])
+    assert relative_error(module.forward(X=X, Y=Y, W=W, h=4)["O"], two) > 1e-3  # another head count
+    with pytest.raises(ValueError, match="not a multiple of 3 heads"):
+        module.forward(X=X, Y=Y, W=W, h=3)
+    with pytest.raises(ValueError, match="h: a size is a positive integer"):
+        module.forward(X=X, Y=Y, W=W, h=0)
+
+
 def test_awkward_names_keyword_errors():
     module = symattn.load(EXTRA["awkward_names"]).numpy()
     with pytest.raises(TypeError, match=r"missing tensors \['lambda'\]"):
