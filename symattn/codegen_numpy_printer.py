@@ -437,12 +437,10 @@ class NumPyPrinter:
         args = [self.label_aligned(a, node.labels) for a in node.args]
         carrying = any(a.carrying for a in args)
         if node.kind == "unary":
-            fake = t.Unary(node.op, t.Scalar(sympy.Integer(0)), ())
             template, helper = UNARY[node.op]
             if helper:
                 self.helpers.add(helper)
             if not node.labels and not self.batched(node):  # a scalar: Python arithmetic
-                del fake
                 if node.op in SCALAR_UNARY:
                     return Code(SCALAR_UNARY[node.op].format(x=_wrap(args[0], POW + 1)), POW, carrying=False)
                 return Code(f"float({template.format(x=args[0].text)})", carrying=False)

@@ -593,7 +593,7 @@ class _Builder:
         rewriter.forward_exprs = self.forward_exprs
         backward_exprs = {name: rewriter(derivation.gradients[name].expr) for name in order}
         self.named = {expr: name for name, expr in self.forward_exprs.items() if not isinstance(expr, t.IndexDef)}
-        self.shared = _shared_nodes(list(self.forward_exprs.values()) + list(backward_exprs.values()), self.named)
+        self.shared = _shared_nodes(list(self.forward_exprs.values()) + list(backward_exprs.values()))
         index_defs = [n for e in list(self.forward_exprs.values()) + list(backward_exprs.values())
                       for n in _walk(e) if isinstance(n, t.IndexDef)]
         self.index = IndexLowering(self, count_shared(index_defs))
@@ -642,7 +642,7 @@ def _lwalk(node):
             stack.extend(n.children)
 
 
-def _shared_nodes(exprs: list[t.Node], named: dict[t.Node, str]) -> set[t.Node]:
+def _shared_nodes(exprs: list[t.Node]) -> set[t.Node]:
     """Nodes that occur more than once over `exprs`, counted as a DAG (a repeat's children are not recounted)."""
     counts: Counter = Counter()
 
