@@ -76,8 +76,12 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     def consumed() -> str | None:
         return printer.consumed if printer.consumed in named else None
 
+    def release(k: int) -> list[str]:  # an [N, N] buffer nothing reads any more is freed at once
+        dead = printer.released(k)
+        return [f"del {', '.join(dead)}"] if dead else []
+
     for k, stmt in enumerate(program.forward):
-        body += _comment(stmt, printer.statement(k, stmt), consumed())
+        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
     outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
     body.append(f"outputs = {{{outputs}}}")
     body.append(f"if {keywords[0]} is None:")
@@ -90,7 +94,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
     for k, stmt in enumerate(program.backward, start=program.forward_count):
-        body += _comment(stmt, printer.statement(k, stmt), consumed())
+        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
     grads = []
     for leaf in spec.leaves:
         var = program.leaf_grads[leaf]

@@ -559,6 +559,23 @@ class NumPyPrinter:
             for read in stmt.reads:
                 self._union(var, read)
 
+    def released(self, k: int) -> list[str]:
+        """Variables to `del` after statement k: buffers of a quadratic shape ([N, N]) that nothing reads
+        any more, so they do not stay alive to the end of the function."""
+        groups: dict[str, list[str]] = {}
+        for var in self.owned:
+            groups.setdefault(self._find(var), []).append(var)
+        out = []
+        for members in groups.values():
+            infos = [self.p.info[v] for v in members if v in self.p.info]
+            if not infos or any(i.section == "argument" for i in infos):
+                continue
+            last = max(i.last_use for i in infos)
+            quadratic = any(len(set(i.shape)) < len(i.shape) for i in infos)
+            if last == k and quadratic:
+                out += sorted(members)
+        return out
+
     def _in_place(self, var: str, stmt: Stmt) -> list[str] | None:
         """`var = base; var op= operand ...` when the elementwise chain can reuse one buffer."""
         node, ops = stmt.node, []

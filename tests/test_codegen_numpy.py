@@ -394,6 +394,26 @@ def test_backward_reuses_the_forward_pass():
     assert additive.count("np.tanh(") == 1  # built once over [i, j, c], reused by every gradient
 
 
+@pytest.mark.parametrize("name", ["self_attention", "causal", "positional"])
+def test_peak_memory_is_two_attention_matrices(name, modules):
+    """P (in the scores' buffer) and dP (which becomes dS): no third [N, N] array, the mask included."""
+    import tracemalloc
+
+    n, width = 512, 8
+    spec = _spec(name)
+    sizes = {dim: (n if dim == "N" else width) for dim in spec.typed.sizes}
+    leaves = random_leaves(spec.typed, np.random.default_rng(11), sizes=sizes)
+    upstream = np.ones((n, width))
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    modules[name].forward_backward(**leaves, grad_O=upstream)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    square = n * n * 8
+    assert 2 * square <= peak < 2.5 * square, peak / square
+
+
 def test_matrix_chains_take_the_cheap_order():
     """Linear attention written left to right is computed as Q @ (K.T @ V): no [N, N] array."""
     source = symattn.load(EXTRA["linear_attention"]).emit("numpy")

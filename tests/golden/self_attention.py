@@ -67,12 +67,14 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     # (in dP's buffer: dP is not read again)
     dS = _softmax_backward_(P, dP, _rowdot(dO, O))
     dV = P.swapaxes(-1, -2) @ dO
+    del P, S
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
     dK = dS.swapaxes(-1, -2) @ Q
     dK *= d_k ** -0.5
     # grad(Q) = grad(S) @ K / sqrt(d_k)
     dQ = dS @ K
     dQ *= d_k ** -0.5
+    del dP, dS
     dW_v = X.swapaxes(-1, -2) @ dV
     dW_k = X.swapaxes(-1, -2) @ dK
     dW_q = X.swapaxes(-1, -2) @ dQ
