@@ -231,7 +231,7 @@ class Host(Protocol):
 
     def scalar_var(self, node: t.Node) -> str: ...
 
-    def hoist_index(self, key: tuple, free: list[str], make) -> tuple[str, tuple[str, ...]]:
+    def hoist_index(self, key: tuple, free: list[str], make, ranges) -> tuple[str, tuple[str, ...]]:
         """The variable holding the subexpression `key` (computing `make()` the first time), and its
         storage labels as canonical names `_f<k>` (k: position in `free`, the free indices in key order)."""
 
@@ -286,7 +286,7 @@ class IndexLowering:
         if _worth_sharing(node):
             key, free = canonical_key(node, cx.ranges)
             if key in self.shared:
-                var, stored = self.host.hoist_index(key, free, lambda: self._lower_fresh(node, cx))
+                var, stored = self.host.hoist_index(key, free, lambda: self._lower_fresh(node, cx), cx.ranges)
                 mapping = dict(zip(key_free_names(len(free)), free))
                 return LVar(tuple(mapping[c] for c in stored), var)
         return self._lower_fresh(node, cx)

@@ -462,16 +462,16 @@ class _Builder:
         if key not in self.aranges:
             var = self.names.take(name, f"{name}_index")
             self.aranges[key] = var
-            self.add(var, Arange(size), "", labels=(name,))
+            self.add(var, Arange(size), "", shape=(size,), labels=(name,))
         return self.aranges[key]
 
-    def hoist_index(self, key, free, make):
+    def hoist_index(self, key, free, make, ranges):
         if key not in self.index_hoisted:
             lnode = make()
             storage = lnode.labels
             canon = tuple(f"_f{free.index(n)}" for n in storage)
             var = self.names.numbered(self._temp_name(lnode))
-            self.add(var, lnode, "", labels=storage)
+            self.add(var, lnode, "", shape=tuple(ranges[n] for n in storage), labels=storage)
             self.index_hoisted[key] = (var, canon)
         return self.index_hoisted[key]
 

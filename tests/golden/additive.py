@@ -71,6 +71,7 @@ def _forward_backward(X, W_1, W_2, w, W_v, grad_O=None):
     # grad(w)[l] = sum(i, sum(j, grad(S)[i, j] * tanh(sum(k, X[i, k] * W_1[k, l]) + sum(k, X[j, k] * W_2[k, l]))))
     dw = np.einsum("...ab,...abc->...c", dS, tanh)
     value = 1 - tanh ** 2
+    del tanh
     # grad(W_2)[l, m] = sum(i, sum(j, grad(S)[i, j] * (w[m] * ((1 - tanh(sum(k, X[i, k] * W_1[k, m]) + sum(k, X[j, k] * W_2[k, m]))^2) * X[j, l]))))
     dW_2 = np.einsum("...ab,...c,...abc,...bd->...dc", dS, w, value, X, optimize=True)
     # grad(W_1)[l, m] = sum(i, sum(j, grad(S)[i, j] * (w[m] * ((1 - tanh(sum(k, X[i, k] * W_1[k, m]) + sum(k, X[j, k] * W_2[k, m]))^2) * X[i, l]))))
@@ -78,7 +79,7 @@ def _forward_backward(X, W_1, W_2, w, W_v, grad_O=None):
     # grad(X) = ([l, m] -> sum(j, grad(S)[l, j] * sum(c, w[c] * ((1 - tanh(sum(k, X[l, k] * W_1[k, c]) + sum(k, X[j, k] * W_2[k, c]))^2) * W_1[m, c]))) + sum(i, grad(S)[i, l] * sum(c, w[c] * ((1 - tanh(sum(k, X[i, k] * W_1[k, c]) + sum(k, X[l, k] * W_2[k, c]))^2) * W_2[m, c])))) + P.T @ grad(O) @ W_v.T
     dX = np.einsum("...ab,...c,...abc,...dc->...ad", dS, w, value, W_1, optimize=True) + np.einsum("...ab,...c,...abc,...dc->...bd", dS, w, value, W_2, optimize=True)
     dX += product @ W_v.swapaxes(-1, -2)
-    del dP, dS
+    del dP, dS, value
     gradients = {
         "X": _sum_to(dX, X.shape),
         "W_1": _sum_to(dW_1, W_1.shape),
