@@ -145,15 +145,19 @@ def _textbook_names(spec: t.TypedSpec) -> dict[str, Box]:
     return names
 
 
-def _index_names(shape) -> list[str]:
-    pool = ["i", "c", "e", "f", "g"]
+def _index_names(shape, tokens=()) -> list[str]:
+    """Index names for the axes of a tensor: i, j for token axes (as the textbooks write), c, e, ... else."""
+    token_names = iter(["i", "j"])
+    other_names = iter(["c", "e", "f", "g", "u"])
     out = []
-    for k, _ in enumerate(shape):
-        name = pool[k] if k < len(pool) else f"i{k}"
-        if k == len(shape) - 1 and len(shape) >= 2 and shape[-1] == shape[-2]:
-            name = "j"
-        out.append(name)
+    for dim in shape:
+        name = next(token_names, None) if dim in tokens else None
+        out.append(name or next(other_names, f"i{len(out)}"))
     return out
+
+
+def _token_dims(spec: t.TypedSpec) -> tuple:
+    return tuple({spec.tensors[n].shape[0] for n in spec.inputs if spec.tensors[n].shape})
 
 
 def _definition_math(name: str, info: t.TensorInfo, dims) -> Math:
@@ -183,14 +187,16 @@ def _forward(doc: Document, spec: t.TypedSpec) -> None:
     for name, info in spec.tensors.items():
         if info.expr is None or isinstance(info.expr, t.IndexDef):
             continue
-        idx = _index_names(info.shape)
-        nm = Names(names, used=idx + list(spec.dims) + list(spec.tensors) + _letters(names))
+        idx = _index_names(info.shape, _token_dims(spec))
+        nm = Names(names, used=idx + list(spec.dims) + list(spec.tensors) + _letters(names),
+                   tokens=_token_dims(spec))
         doc.add(Display(_eq(nm.entry(name, idx), entry_box(info.expr, idx, nm))))
     out = spec.outputs[0]
     info = spec.tensors[out]
     if info.shape:
-        idx = ["1"] + _index_names(info.shape)[1:]
-        nm = Names(names, used=idx + list(spec.dims) + list(spec.tensors) + ["i"] + _letters(names))
+        idx = ["1"] + _index_names(info.shape, _token_dims(spec))[1:]
+        nm = Names(names, used=idx + list(spec.dims) + list(spec.tensors) + ["i"] + _letters(names),
+                   tokens=_token_dims(spec))
         doc.add(Para([f"The first row of the output {out}:"]),
                 Display(_eq(nm.entry(out, idx), entry_box(info.expr, idx, nm))))
 

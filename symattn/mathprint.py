@@ -251,12 +251,16 @@ def _(node: t.IndexSum):
 class Names:
     """How entries of tensors are written: textbook names and fresh summation indices."""
 
-    def __init__(self, names: Mapping[str, Box] | None = None, used: Sequence[str] = ()) -> None:
+    def __init__(self, names: Mapping[str, Box] | None = None, used: Sequence[str] = (),
+                 tokens: Sequence[sympy.Expr] = ()) -> None:
         self.names = dict(names or {})
         self.used = set(used)
+        self.tokens = tuple(tokens)
 
-    def fresh(self) -> str:
-        for name in ("j", "k", "m", "l", "c", "n", "p", "r", "s", "u"):
+    def fresh(self, dim: sympy.Expr | None = None) -> str:
+        """A new summation index; `j` when it runs over tokens (b_i = sum_j alpha'_ij v_j)."""
+        pool = ("j", "m", "l", "n", "p") if dim is not None and dim in self.tokens else ("m", "l", "n", "p", "j")
+        for name in pool + ("r", "s", "u", "c", "k"):
             if name not in self.used:
                 self.used.add(name)
                 return name
@@ -310,7 +314,7 @@ def _e(node, idx, nm: Names) -> tuple[Box, int]:
         b = _e(node.b, _align(node.b.shape, idx), nm)
         return _binary(node.op, a, b, True)
     if isinstance(node, t.MatMul) and len(node.a.shape) >= 2 and len(node.b.shape) >= 2:
-        k = nm.fresh()
+        k = nm.fresh(node.a.shape[-1])
         *batch, i, j = idx
         a = _e(node.a, _align(node.a.shape, (*batch, i, k)), nm)
         b = _e(node.b, _align(node.b.shape, (*batch, k, j)), nm)
