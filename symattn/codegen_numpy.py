@@ -22,16 +22,20 @@ runtime helpers they call from `codegen_numpy_runtime`.
 from __future__ import annotations
 
 import types
+from typing import TYPE_CHECKING
 
 import sympy
 
 from . import __version__
 from . import typed as t
-from .codegen_numpy_printer import RESERVED, NumPyPrinter
-from .codegen_numpy_runtime import CALLS, HELPERS, helper_source
-from .codegen_program import Program, Stmt, build_program
-from .codegen_index import IndexArray
 from .shapes import format_shape
+
+# The printer, the program builder and the runtime helpers (which import NumPy) are imported where they
+# are used: the command line imports this module to dispatch `symattn emit`, and every other command
+# should not pay for them.
+if TYPE_CHECKING:
+    from .codegen_numpy_printer import NumPyPrinter
+    from .codegen_program import Program, Stmt
 
 __all__ = ["numpy_source", "load_module", "emit_command", "size_keywords"]
 
@@ -54,6 +58,9 @@ def _module_name(spec: t.TypedSpec) -> str:
 
 def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     """The text of the generated NumPy module for `spec` (see the module docstring)."""
+    from .codegen_numpy_printer import RESERVED, NumPyPrinter
+    from .codegen_program import CodegenError, build_program
+
     program = build_program(spec, derivation, reserved=RESERVED)
     printer = NumPyPrinter(program)
     order = list(spec.dims)
@@ -122,6 +129,8 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
 
 def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
     """The formula a statement computes, where its code does not read as that formula already."""
+    from .codegen_index import IndexArray
+
     plain = len(lines) == 1 and not stmt.rewritten and stmt.labels is None and not isinstance(stmt.node, IndexArray)
     out = []
     if stmt.title and not plain:
@@ -252,6 +261,8 @@ def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, print
 
 
 def _helper_sources(used: set[str]) -> list[str]:
+    from .codegen_numpy_runtime import CALLS, HELPERS, helper_source
+
     needed: set[str] = set()
     stack = sorted(used)
     while stack:

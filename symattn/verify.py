@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable
 
 from . import typed as t
-from .codegen_numpy import load_module, numpy_source, size_keywords
-from .evaluate import NUMERIC, Evaluator, random_leaves
+
+# NumPy and the evaluator are imported where they are used: the command line imports this module to
+# dispatch `symattn verify`, and every other command should not pay for NumPy's import.
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Row", "Report", "verify_numpy", "reference_forward", "finite_difference_gradients",
            "relative_error", "FORWARD_TOLERANCE", "BACKWARD_TOLERANCE"]
@@ -72,6 +73,8 @@ class Report:
 
 
 def relative_error(got, want) -> float:
+    import numpy as np
+
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return float("inf")
@@ -92,16 +95,20 @@ def _sum_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _instances(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str, int]):
     """(batch shape, function index -> the unbatched leaves of that batch element)."""
-    ev = Evaluator(spec, NUMERIC, sizes)
+    import numpy as np
+
     ranks = {n: len(spec.tensors[n].shape) for n in spec.leaves}
     batch = np.broadcast_shapes(*(leaves[n].shape[: leaves[n].ndim - ranks[n]] for n in spec.leaves))
     full = {n: np.broadcast_to(leaves[n], batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.leaves}
-    del ev
     return batch, lambda idx: {n: np.array(full[n][idx], dtype=np.float64) for n in spec.leaves}
 
 
 def reference_forward(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str, int]) -> dict:
     """Every output by the reference evaluator, one batch element at a time."""
+    import numpy as np
+
+    from .evaluate import NUMERIC, Evaluator
+
     batch, instance = _instances(spec, leaves, sizes)
     out = {o: None for o in spec.outputs}
     for idx in itertools.product(*(range(n) for n in batch)):
@@ -116,6 +123,10 @@ def reference_forward(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: d
 def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray], upstream: dict[str, np.ndarray],
                                 sizes: dict[str, int], step: float = STEP) -> dict[str, np.ndarray]:
     """dL/dT for every leaf by central differences of the reference forward, L = sum of <O, grad(O)>."""
+    import numpy as np
+
+    from .evaluate import NUMERIC, Evaluator
+
     batch, instance = _instances(spec, leaves, sizes)
     ranks = {n: len(spec.tensors[n].shape) for n in spec.leaves}
     grads = {n: np.zeros(batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.leaves}
@@ -168,6 +179,11 @@ def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
 
 def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None) -> Report:
     """Run the generated NumPy module against the reference evaluator and finite differences."""
+    import numpy as np
+
+    from .codegen_numpy import load_module, numpy_source, size_keywords
+    from .evaluate import random_leaves
+
     module = module or load_module(numpy_source(spec), f"symattn_verify_{spec.name}")
     report = Report(spec.name)
     rng = np.random.default_rng(seed)

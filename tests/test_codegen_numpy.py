@@ -463,24 +463,29 @@ def test_cli_emit_and_verify(tmp_path):
     assert "max rel error" in done.stdout and "20 of 20 tensors within tolerance" in done.stdout
 
 
-def test_cli_exit_codes_for_bad_input(tmp_path):
+def test_cli_exit_codes_for_bad_input(tmp_path, capsys):
+    from symattn.cli import main
+
     bad = tmp_path / "bad.attn"
     bad.write_text("input X[N, d]\noutput X @ \n")
+    causal = str(SPECS["causal"])
     for args in (["emit", "numpy", str(bad), "-o", str(tmp_path / "x.py")], ["verify", str(bad)],
                  ["verify", str(tmp_path / "missing.attn")],
-                 ["emit", "numpy", "derivations/causal.attn", "-o", str(tmp_path / "no" / "x.py")],
-                 ["emit", "numpy", "derivations/causal.attn", "-o", str(tmp_path)]):
-        done = run_cli(*args)
-        assert done.returncode == 2, (args, done.stdout, done.stderr)
-        assert "Traceback" not in done.stderr
+                 ["emit", "numpy", causal, "-o", str(tmp_path / "no" / "x.py")],
+                 ["emit", "numpy", causal, "-o", str(tmp_path)]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert "error" in err and "Traceback" not in err, (args, err)
+    done = run_cli("verify", str(bad))  # and as a user runs it: a located error, no traceback
+    assert done.returncode == 2 and "bad.attn:2:" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_verify_exits_1_when_generated_code_is_wrong(monkeypatch, capsys):
     """A module whose forward is off by a little must fail verification."""
-    import symattn.verify as verify
+    import symattn.codegen_numpy as codegen
     from symattn.cli import main
 
-    real = verify.load_module
+    real = codegen.load_module
 
     def broken(source, name="x"):
         module = real(source, name)
@@ -492,7 +497,7 @@ def test_verify_exits_1_when_generated_code_is_wrong(monkeypatch, capsys):
         module.forward = wrong
         return module
 
-    monkeypatch.setattr(verify, "load_module", broken)
+    monkeypatch.setattr(codegen, "load_module", broken)
     assert main(["verify", str(SPECS["self_attention"])]) == 1
     assert "FAIL forward" in capsys.readouterr().out
 
