@@ -218,7 +218,8 @@ def _header(spec: t.TypedSpec, program: Program) -> list[str]:
     lines += [
         "",
         "Sizes are read from the arrays. float32 arrays give float32 results, float64",
-        "arrays float64. backward() returns dL/dT for L = "
+        "arrays float64 (mixed ones promote as NumPy does; float16 is computed in float32,",
+        "integers in float64). backward() returns dL/dT for L = "
         + " + ".join(f"sum({o} * grad_{o})" for o in spec.outputs) + ".",
         '"""',
     ]

@@ -15,7 +15,8 @@ All arguments are keywords. Shapes (extra leading batch axes broadcast):
     output O    [N, d_k]
 
 Sizes are read from the arrays. float32 arrays give float32 results, float64
-arrays float64. backward() returns dL/dT for L = sum(O * grad_O).
+arrays float64 (mixed ones promote as NumPy does; float16 is computed in float32,
+integers in float64). backward() returns dL/dT for L = sum(O * grad_O).
 """
 
 import numpy as np
