@@ -64,7 +64,8 @@ class Derivation:
             return f"grad({name})        (the upstream gradient of output {name})"
         if isinstance(expr, t.IndexDef):
             idx = ", ".join(i.name for i in expr.indices)
-            return f"grad({name})[{idx}] = {to_spec(expr.body, dims)}"
+            head = f"grad({name})[{idx}]" if idx else f"grad({name})"
+            return f"{head} = {to_spec(expr.body, dims)}"
         return f"grad({name}) = {to_spec(expr, dims)}"
 
     def __str__(self) -> str:

@@ -117,6 +117,8 @@ class _Differentiator:
                                         "of a diagonal read is not derived yet")
                 deltas[index] = target
             return [(deltas, b.scalar(1))]
+        if isinstance(node, t.Tensor):  # a scalar tensor read whole, as in `w * (j - i)`
+            return [({}, b.scalar(1))] if node.name == self.tensor else []
         if isinstance(node, (t.Scalar, t.DimValue, t.IndexVar)):
             return []
         if isinstance(node, t.Unary):
@@ -178,6 +180,8 @@ def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[
         n = stack.pop()
         if isinstance(n, t.Entry) and not n.grad and n.tensor not in read:
             read.append(n.tensor)
+        elif isinstance(n, t.Tensor) and n.name not in read:
+            read.append(n.name)
         stack.extend(reversed(n.children))
     out = []
     for name in read:
