@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -41,7 +42,8 @@ from .cuda.kernels import Buffer
 from .derive import derive
 from .evaluate import NUMERIC, Evaluator
 
-__all__ = ["KernelResources", "GateResult", "VerifyReport", "compile_gate", "parse_ptxas", "build_cpu",
+__all__ = ["KernelResources", "GateResult", "VerifyReport", "compile_gate", "gate_cached", "parse_ptxas",
+           "build_cpu", "build_directory",
            "verify_cuda", "verify_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE", "SHARED_LIMIT"]
 
 TOLERANCE = 1e-4              # max |got - want| / max |want|, per tensor (float32 against float64)
@@ -146,6 +148,29 @@ def _run(cmd: list[str], timeout: float = 900) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
 
 
+def build_directory(code: CudaCode, root: str | Path) -> Path:
+    """`root/<spec>-<hash of the emitted files>`, with the files written: builds of the same code share it."""
+    digest = hashlib.sha256("".join(code.files.values()).encode()).hexdigest()[:16]
+    directory = Path(root) / f"{code.prefix}-{digest}"
+    if not (directory / code.source_name).exists():
+        code.write(directory)
+    return directory
+
+
+def gate_cached(code: CudaCode, root: str | Path) -> GateResult:
+    """`compile_gate` on the emitted source, remembered in its build directory."""
+    directory = build_directory(code, root)
+    cache = directory / "gate.json"
+    if cache.exists():
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        return GateResult(saved["ok"], parse_ptxas(saved["log"]), saved["problems"], saved["skipped"], saved["log"])
+    gate = compile_gate(directory / code.source_name)
+    if not gate.skipped:
+        cache.write_text(json.dumps({"ok": gate.ok, "problems": gate.problems, "skipped": gate.skipped,
+                                     "log": gate.log}), encoding="utf-8")
+    return gate
+
+
 def build_cpu(code: CudaCode, directory: str | Path, tsan: bool = False, cxx: str | None = None) -> Path:
     """Write the emitted files to `directory` and build them for the CPU (reused when unchanged).
 
@@ -154,9 +179,7 @@ def build_cpu(code: CudaCode, directory: str | Path, tsan: bool = False, cxx: st
     cxx = cxx or find_cxx()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) found")
-    digest = hashlib.sha256("".join(code.files.values()).encode()).hexdigest()[:16]
-    directory = Path(directory) / f"{code.prefix}-{digest}"
-    code.write(directory)
+    directory = build_directory(code, directory)
     source = directory / code.source_name
     if not tsan:
         target = directory / f"lib{code.prefix}_cpu.so"
@@ -164,7 +187,8 @@ def build_cpu(code: CudaCode, directory: str | Path, tsan: bool = False, cxx: st
             _run([cxx, *CXX_FLAGS, "-shared", "-fPIC", "-x", "c++", str(source), "-o", str(target)])
         return target
     driver = directory / "tsan_driver.cpp"
-    driver.write_text(_driver(code), encoding="utf-8")
+    if not driver.exists():
+        driver.write_text(_driver(code), encoding="utf-8")
     target = directory / f"{code.prefix}_tsan"
     if not target.exists():
         _run([cxx, *CXX_FLAGS, "-g", "-fsanitize=thread", "-x", "c++", str(source), "-x", "c++", str(driver),
@@ -285,14 +309,28 @@ def verify_sizes(spec: t.TypedSpec) -> dict[str, int]:
     None is a multiple of a tile size (16, 32, 64), and 67 spans more than one tile of every kernel.
     A dim the user overrode (--dim) keeps the user's size.
     """
-    sequence, other = iter([67, 45, 29, 23]), iter([5, 6, 7, 3, 9, 11, 13, 4])
+    sequence, other = iter([67, 45, 29, 23]), iter([5, 3, 6, 7, 9, 11, 13, 4])
     firsts = {spec.tensors[x].shape[0] for x in spec.inputs if spec.tensors[x].shape}
     sizes = {}
+    chosen = []
     for name, info in spec.dims.items():
         if spec.sizes[name] != info.default:
             sizes[name] = spec.sizes[name]
         else:
             sizes[name] = next(sequence, 31) if info.symbol in firsts else next(other, 5)
+            chosen.append(name)
+    # A shape such as [h, N, d / h] (split_heads) needs d divisible by h: scale a chosen numerator.
+    shapes = [d for info in spec.tensors.values() for d in info.shape]
+    for _ in range(4):
+        subs = {spec.dims[n].symbol: v for n, v in sizes.items()}
+        bad = [d for d in shapes if not sympy.sympify(d).subs(subs).is_integer]
+        if not bad:
+            break
+        numerator, denominator = sympy.fraction(sympy.together(bad[0]))
+        free = [str(s) for s in numerator.free_symbols if str(s) in chosen]
+        if not free:
+            break
+        sizes[free[0]] *= int(denominator.subs(subs))
     return sizes
 
 
@@ -372,8 +410,7 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
 
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="symattn-cuda-"))
     if gate:
-        code.write(workdir / "gate")
-        report.gate = compile_gate(workdir / "gate" / code.source_name)
+        report.gate = gate_cached(code, workdir)
         _say_gate(report.gate, say)
         report.problems += report.gate.problems
 
@@ -418,12 +455,18 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
                 report.problems.append(f"under TSan, {label}: max relative error {error:.2e} > {tolerance:g}")
         if race:
             report.problems.append("ThreadSanitizer reported a data race")
-            first = [line for line in race.splitlines() if line.strip()][:12]
-            say("ThreadSanitizer: DATA RACE\n" + "\n".join("  " + line for line in first))
+            say("ThreadSanitizer: DATA RACE\n" + "\n".join("  " + line for line in _race_summary(race)))
         else:
             say(f"ThreadSanitizer: no race (forward and backward); max rel error {worst:.2e}")
     say("result: " + ("ok" if report.ok else "FAILED: " + "; ".join(report.problems)))
     return report
+
+
+def _race_summary(report: str, limit: int = 12) -> list[str]:
+    """The lines of a TSan report a person reads: the warning, the accesses, their top frames."""
+    keep = re.compile(r"WARNING: ThreadSanitizer|(Read|Write|Atomic \w+) of size|Previous (read|write)|#[01] |SUMMARY")
+    lines = [line.strip() for line in report.splitlines() if keep.search(line)]
+    return [line if len(line) <= 160 else line[:157] + "..." for line in lines[:limit]]
 
 
 def _say_gate(gate: GateResult, say: Callable[[str], None]) -> None:
@@ -437,3 +480,18 @@ def _say_gate(gate: GateResult, say: Callable[[str], None]) -> None:
         say(f"  {k.name:<44}{k.registers:>10}{k.shared_bytes:>9}{k.spill_stores + k.spill_loads:>9}")
     for problem in gate.problems:
         say(f"  problem: {problem}")
+
+
+def verify_command(args) -> int:
+    """`symattn verify SPEC --target cuda`: exit 0 when everything passes, 1 otherwise."""
+    from .cli import _load  # the command line's own loading rules (--dim, '-' for stdin)
+
+    spec = _load(args)
+    if find_cxx() is None:
+        print("verify --target cuda needs a C++20 compiler (g++) to run the kernels on the CPU; none found")
+        return 1
+    cache = os.environ.get("SYMATTN_CUDA_BUILD_DIR")  # reuse builds across runs (tests set it)
+    with tempfile.TemporaryDirectory(prefix="symattn-cuda-") as work:
+        report = verify_cuda(spec, seed=getattr(args, "seed", 0), workdir=cache or work, out=print,
+                             fused=getattr(args, "cuda_path", "auto") != "generic")
+    return 0 if report.ok else 1

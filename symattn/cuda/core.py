@@ -19,7 +19,6 @@ the entry formula; the fused backward multiplies dS by it.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from dataclasses import dataclass
 
 from .. import build as b
@@ -83,25 +82,6 @@ def references(node: t.Node) -> list[str]:
     return found
 
 
-def _uses(spec: t.TypedSpec) -> Counter:
-    """How many times each tensor is read, by any definition or as an output."""
-    count: Counter = Counter()
-    for info in spec.tensors.values():
-        if info.expr is None:
-            continue
-        stack = [info.expr]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, t.Tensor):
-                count[n.name] += 1
-            elif isinstance(n, t.Entry):
-                count[n.tensor] += 1
-            stack.extend(n.children)
-    for out in spec.outputs:
-        count[out] += 1
-    return count
-
-
 class _NotFusable(Exception):
     pass
 
@@ -109,7 +89,6 @@ class _NotFusable(Exception):
 class _Matcher:
     def __init__(self, spec: t.TypedSpec) -> None:
         self.spec = spec
-        self.uses = _uses(spec)
 
     def pure(self, node: t.Node) -> bool:
         """A value of constants and indices only: it can be recomputed inside the kernel."""
@@ -122,16 +101,28 @@ class _Matcher:
             return all(self.pure(c) for c in node.children)
         return False
 
-    def private(self, name: str) -> bool:
-        """An intermediate read exactly once and not an output: it may vanish into a kernel."""
+    def intermediate(self, name: str) -> bool:
         info = self.spec.tensors.get(name)
-        return bool(info and info.expr is not None and not info.is_output and self.uses[name] == 1)
+        return bool(info and info.expr is not None and not info.is_output)
 
     def follow(self, node: t.Node, chain: list[str]) -> t.Node:
-        while isinstance(node, t.Tensor) and self.private(node.name) and not self.pure(node):
-            chain.append(node.name)
+        while isinstance(node, t.Tensor) and self.intermediate(node.name) and not self.pure(node):
+            if node.name not in chain:
+                chain.append(node.name)
             node = self.spec.tensors[node.name].expr
         return node
+
+    def check_private(self, chain: list[str], owner: str, core: t.Node) -> None:
+        """Every read of an intermediate on the way to the score happens inside the core."""
+        for name in chain:
+            for user, info in self.spec.tensors.items():
+                if info.expr is None or name not in references(info.expr):
+                    continue
+                if user == owner:
+                    if _count(info.expr, name) != _count(core, name):
+                        raise _NotFusable(f"{owner} reads {name} outside softmax(...) @ V")
+                elif user not in chain:
+                    raise _NotFusable(f"{name} is also read by {user}, so it must be stored")
 
     def score(self, node: t.Node, chain: list[str], pure: dict[str, t.Node], products: list) -> t.Node:
         """The score expression with private intermediates substituted; records the product Q @ K.T."""
@@ -146,7 +137,8 @@ class _Matcher:
         if isinstance(node, t.MatMul):
             if not isinstance(node.b, t.Transpose) or len(node.a.shape) < 2 or len(node.b.x.shape) < 2:
                 raise _NotFusable("the score's product is not of the form Q @ K.T")
-            products.append(node)
+            if node not in products:
+                products.append(node)
             return node
         if isinstance(node, _ELEMENTWISE):
             kids = [self.score(c, chain, pure, products) for c in node.children]
@@ -174,9 +166,20 @@ class _Matcher:
             raise _NotFusable("Q, K and V do not have the same leading (head) axes")
         if tuple(score.shape) != tuple(product.shape):
             raise _NotFusable("the score broadcasts Q @ K.T to a larger shape")
+        self.check_private(chain, owner, node)
+        _forward(score, product)  # the score must be differentiable in s (raises otherwise)
         return dict(product=product, score=score, chain=tuple(chain), pure=tuple(pure.items()), lead=lead,
                     n_q=q.shape[-2], n_k=k.shape[-2], d_qk=q.shape[-1], d_v=v.shape[-1],
                     operands=(q, k, v)), None
+
+
+def _count(node: t.Node, name: str) -> int:
+    stack, count = [node], 0
+    while stack:
+        n = stack.pop()
+        count += isinstance(n, t.Tensor) and n.name == name
+        stack.extend(n.children)
+    return count
 
 
 def _matmuls(node: t.Node):

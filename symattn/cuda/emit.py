@@ -201,8 +201,8 @@ def _readme(p: Program) -> str:
     sig = signatures(p)
     rows = []
 
-    def row(name, shape, role):
-        rows.append(f"| `{name}` | `{shape}` | {role} |")
+    def row(name, shape, role, code=True):
+        rows.append(f"| `{name}` | {f'`{shape}`' if code else shape} | {role} |")
 
     for b in p.inputs:
         row(b.name, _shape(p, b), f"{b.kind} (forward and backward)")
@@ -213,8 +213,8 @@ def _readme(p: Program) -> str:
     for b in p.gradients:
         summed = ", summed over the batch" if not b.batched else ""
         row(b.name, _shape(p, b), f"result {b.note} = dL/d{b.note[5:-1]} (backward{summed})")
-    row(p.workspace_arg, f"`{p.prefix}_workspace_bytes(...)` bytes", "device scratch: the forward fills it, the backward "
-        "reads it (pass the same one, with the same sizes)")
+    row(p.workspace_arg, f"`{p.prefix}_workspace_bytes(...)` bytes", "device scratch: the forward fills it, the "
+        "backward reads it (pass the same one, with the same sizes)", code=False)
     for d in spec.dims:
         row(p.names.spec("dim", d), "int", f"dim {d} (the spec's default is {spec.sizes[d]})")
     row(p.batch, "int", "number of batch entries: a leading axis of inputs, outputs and their gradients")

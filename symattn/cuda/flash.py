@@ -124,7 +124,7 @@ def _variants(name: str, body: str, params: str, args: str, comment: str) -> tup
     wrappers, variants = [], []
     for head_dim in HEAD_DIMS:
         kernel = f"{name}_d{head_dim}"
-        wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS) {kernel}(\n        {params}) {{\n'
+        wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS, 1) {kernel}(\n        {params}) {{\n'
                         f"    {body}<{head_dim}>({args});\n}}")
         variants.append((f"head_dim_ <= {head_dim}", kernel))
     return f"// {comment}\n" + "\n".join(wrappers), variants
@@ -359,7 +359,7 @@ class Sizes:
         self.n_k = dim_c(core.n_k, names)
         self.d_qk = dim_c(core.d_qk, names)
         self.d_v = dim_c(core.d_v, names)
-        self.heads = numel_c(core.lead, names) if core.lead else "1"
+        self.heads = " * ".join(dim_c(d, names) for d in core.lead) if core.lead else "1"
 
     def host_args(self) -> list[tuple[str, str]]:
         return [("n_q_", self.n_q), ("n_k_", self.n_k), ("d_qk_", self.d_qk), ("d_v_", self.d_v),

@@ -23,7 +23,8 @@ from .names import CNames
 from .syntax import dim_c, numel_c, offset_c
 
 __all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "matmul_kernel", "batch_sum_kernel",
-           "unravel", "PRELUDE", "HELPERS", "helpers_for"]
+           "unravel", "PRELUDE", "HELPERS", "helpers_for",
+           "column_reduction"]
 
 MAP_THREADS = 128
 REDUCE_THREADS = 64
@@ -222,6 +223,28 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
                   (f"sa_blocks({outputs}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase)
 
 
+def column_reduction(kind: str, red_coords, red_shape, value: str, names: CNames) -> list[str]:
+    """Statements of a map kernel that leave sum / mean / logsumexp of `value` in `total_` (one thread)."""
+    length = numel_c(red_shape, names)
+    pad = "        "
+
+    def loop(update: str) -> list[str]:
+        return [f"{pad}for (long long r_ = 0; r_ < {length}; ++r_) {{",
+                *unravel("r_", red_coords, red_shape, names, pad + "    "),
+                f"{pad}    {update}",
+                f"{pad}}}"]
+
+    if kind == "logsumexp":
+        return [f"{pad}float top_ = -INFINITY;", *loop(f"top_ = fmaxf(top_, {value});"),
+                f"{pad}if (!sa_finite(top_)) top_ = 0.0f;  // an all -inf line: log(0) = -inf, not NaN",
+                f"{pad}float total_ = 0.0f;", *loop(f"total_ += expf({value} - top_);"),
+                f"{pad}total_ = logf(total_) + top_;"]
+    lines = [f"{pad}float total_ = 0.0f;", *loop(f"total_ += {value};")]
+    if kind == "mean":
+        lines.append(f"{pad}total_ /= (float)({length});")
+    return lines
+
+
 def softmax_kernel(name, comment, out: Buffer, reads, dims, row_coords, axis_coord, length, value, out_offset,
                    names: CNames, batch: str, phase: str, row_shape) -> Kernel:
     """out = softmax(value) along one axis, stably; an all -inf row gives zeros. One block per row."""
@@ -260,6 +283,7 @@ class MatmulTerm:
     inner: str        # the contraction length (C int expression)
     a_entry: str
     b_entry: str
+    outer: tuple = ()  # (coordinate, size): leading axes summed too (sum(A @ B, axis=-3) over heads)
 
 
 def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_shape, rows: str, cols: str,
@@ -286,8 +310,10 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
     for term in terms:
         acc = term.acc
         lines += [f"    // {acc} = {term.formula}",
-                  f"    float {acc}[SA_MICRO][SA_MICRO] = {{}};",
-                  f"    for (int k0_ = 0; k0_ < {term.inner}; k0_ += SA_TILE_K) {{",
+                  f"    float {acc}[SA_MICRO][SA_MICRO] = {{}};"]
+        lines += [f"    for (int {coord} = 0; {coord} < {size}; ++{coord})  // summed leading axis"
+                  for coord, size in term.outer]
+        lines += [f"    for (int k0_ = 0; k0_ < {term.inner}; k0_ += SA_TILE_K) {{",
                   "        for (int e_ = tid_; e_ < SA_TILE * SA_TILE_K; e_ += SA_TILE_THREADS * SA_TILE_THREADS) {",
                   "            const int row_ = row0_ + e_ / SA_TILE_K, k_ = k0_ + e_ % SA_TILE_K;",
                   f"            a_tile_[e_ / SA_TILE_K][e_ % SA_TILE_K] = row_ < {rows} && k_ < {term.inner} ? {term.a_entry} : 0.0f;",

@@ -34,8 +34,8 @@ from ..derive import derive
 from ..printing import to_spec
 from . import flash
 from .core import AttentionCore, find_cores, references
-from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, map_kernel, matmul_kernel, reduce_kernel,
-                      softmax_kernel)
+from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
+                      reduce_kernel, softmax_kernel)
 from .names import CNames, c_identifier
 from .syntax import CPrinter, CudaCodegenError, align, dim_c, offset_c
 
@@ -217,7 +217,8 @@ class _Planner:
         accumulators = _accumulators(expr)
         if accumulators:
             self._prepare(expr, skip=accumulators)
-            for m in accumulators:
+            for node in accumulators:
+                m = node.x if isinstance(node, t.SumTo) else node
                 self._prepare(m.a)
                 self._prepare(m.b)
             return self._matmul(out, expr, accumulators, comment)
@@ -262,8 +263,16 @@ class _Planner:
         printer = CPrinter(self.names, scope)
         value = printer.entry(x, x_coords)
         _no_statements(printer)
+        red_shape = [x.shape[k] for k in reduced]
+        if rank and rank - 1 not in reduced:
+            # A column reduction (the last axis kept): one thread per output entry loops over the
+            # reduced entries, and neighbouring threads read neighbouring memory.
+            statements = column_reduction(kind, red_coords, red_shape, value, self.names)
+            self._emit(map_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, out_coords,
+                                  statements, "total_", self.names, self.batch, self.phase))
+            return
         self._emit(reduce_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, out_coords, red_coords,
-                                 [x.shape[k] for k in reduced], value, kind, self.names, self.batch, self.phase))
+                                 red_shape, value, kind, self.names, self.batch, self.phase))
 
     def _softmax(self, out, expr: t.Softmax, comment):
         x, axis = expr.x, expr.axis
@@ -281,7 +290,8 @@ class _Planner:
                                   row_shape))
 
     def _matmul(self, out, expr, accumulators, comment):
-        for m in accumulators:
+        for node in accumulators:
+            m = node.x if isinstance(node, t.SumTo) else node
             if len(m.a.shape) < 2 or len(m.b.shape) < 2:
                 raise CudaCodegenError("@ with a 1-D operand is not generated yet; write the vector as a [1, n] "
                                        "or [n, 1] matrix")
@@ -291,12 +301,23 @@ class _Planner:
         scope = _Scope(self)
         printer = CPrinter(self.names, scope, special=special)
         terms = []
-        for m in accumulators:
-            a_lead = align(m.a.shape[:-2], lead_shape, lead)
-            b_lead = align(m.b.shape[:-2], lead_shape, lead)
-            terms.append(MatmulTerm(f"acc{len(terms)}_", to_spec(m, self.order), dim_c(m.a.shape[-1], self.names),
+        for node in accumulators:
+            k = len(terms)
+            outer = ()
+            m_lead_shape, m_lead = lead_shape, lead
+            if isinstance(node, t.SumTo):  # the summed leading axes become loops around the contraction
+                m = node.x
+                summed = len(m.shape) - len(node.shape)
+                outer = tuple((f"s{k}{j}_", dim_c(m.shape[j], self.names)) for j in range(summed))
+                m_lead_shape = tuple(m.shape[:-2])
+                m_lead = [c for c, _ in outer] + list(lead)
+            else:
+                m = node
+            a_lead = align(m.a.shape[:-2], m_lead_shape, m_lead)
+            b_lead = align(m.b.shape[:-2], m_lead_shape, m_lead)
+            terms.append(MatmulTerm(f"acc{k}_", to_spec(node, self.order), dim_c(m.a.shape[-1], self.names),
                                     printer.entry(m.a, (*a_lead, "row_", "k_")),
-                                    printer.entry(m.b, (*b_lead, "k_", "col_"))))
+                                    printer.entry(m.b, (*b_lead, "k_", "col_")), outer))
         value = printer.entry(expr, (*lead, "row_", "col_"))
         _no_statements(printer)
         self._emit(matmul_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, lead, lead_shape,
@@ -474,14 +495,23 @@ def _no_statements(printer: CPrinter) -> None:
         raise CudaCodegenError("internal: an index sum outside index notation")
 
 
-def _accumulators(expr: t.Node) -> list[t.MatMul]:
-    """Matrix products of the root's own shape reachable through elementwise operations only."""
-    found: list[t.MatMul] = []
+def _summed_product(n: t.Node) -> bool:
+    """sum(A @ B) over leading axes only (the heads of grad(X) in multi-head attention)."""
+    if not isinstance(n, t.SumTo) or not isinstance(n.x, t.MatMul):
+        return False
+    lead = len(n.x.shape) - len(n.shape)
+    return n.axes == tuple(range(lead)) and lead <= len(n.x.shape) - 2 and lead > 0
+
+
+def _accumulators(expr: t.Node) -> list[t.Node]:
+    """Matrix products of the root's own shape reachable through elementwise operations only,
+    each a MatMul or a SumTo of one over its leading axes (then the kernel loops over those too)."""
+    found: list[t.Node] = []
 
     def walk(n: t.Node) -> None:
         if tuple(n.shape) != tuple(expr.shape):
             return
-        if isinstance(n, t.MatMul):
+        if isinstance(n, t.MatMul) or _summed_product(n):
             if n not in found:
                 found.append(n)
         elif isinstance(n, (t.Unary, t.Binary)):

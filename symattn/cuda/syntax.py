@@ -84,10 +84,22 @@ def dim_c(dim: sympy.Expr, names: CNames) -> str:
         return names.spec("dim", str(dim))
     if dim.is_Add:
         return "(" + " + ".join(dim_c(a, names) for a in dim.args) + ")"
-    if dim.is_Mul:
-        return "(" + " * ".join(dim_c(a, names) for a in dim.args) + ")"
-    if dim.is_Pow and dim.exp.is_Integer and dim.exp > 0:
-        return "(" + " * ".join([dim_c(dim.base, names)] * int(dim.exp)) + ")"
+    if dim.is_Mul or dim.is_Rational or (dim.is_Pow and dim.exp.is_Integer):
+        # Integer arithmetic; a divisor (d / h, from split_heads) divides exactly for valid sizes.
+        top, bottom = [], []
+        for factor in sympy.Mul.make_args(dim):
+            if factor.is_Rational:
+                if factor.p != 1:
+                    top.append(str(factor.p))
+                if factor.q != 1:
+                    bottom.append(str(factor.q))
+            elif factor.is_Pow and factor.exp.is_Integer:
+                side = top if factor.exp > 0 else bottom
+                side += [dim_c(factor.base, names)] * abs(int(factor.exp))
+            else:
+                top.append(dim_c(factor, names))
+        text = " * ".join(top) or "1"
+        return f"({text} / ({' * '.join(bottom)}))" if bottom else f"({text})"
     raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
 
 

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -55,10 +56,10 @@ inline dim3 block_dim{1, 1, 1};
 inline dim3 grid_dim{1, 1, 1};
 inline std::barrier<>* block_barrier = nullptr;
 
-// Run `kernel` over `grid` x `block`: blockDim threads, each running the blocks
-// in order; the barrier at the end of each block keeps blocks from overlapping.
-template <typename Kernel, typename... Args>
-void launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
+// Run `body` (one kernel launch, arguments bound) over `grid` x `block`: blockDim
+// threads, each running the blocks in order; the barrier at the end of each block
+// keeps blocks from overlapping. Not a template, so it is compiled once per file.
+inline void run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     const unsigned int threads = block.x * block.y * block.z;
     const unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
     if (threads == 0 || blocks == 0) return;
@@ -69,19 +70,25 @@ void launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
     std::vector<std::thread> workers;
     workers.reserve(threads);
     for (unsigned int t = 0; t < threads; ++t) {
-        workers.emplace_back([=, &barrier] {
+        workers.emplace_back([=, &barrier, &body] {
             thread_idx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
             for (unsigned int z = 0; z < grid.z; ++z)
                 for (unsigned int y = 0; y < grid.y; ++y)
                     for (unsigned int x = 0; x < grid.x; ++x) {
                         block_idx = uint3{x, y, z};
-                        kernel(args...);
+                        body();
                         barrier.arrive_and_wait();
                     }
         });
     }
     for (auto& w : workers) w.join();
     block_barrier = nullptr;
+}
+
+// launch(kernel, grid, block, args...): what `kernel<<<grid, block>>>(args...)` does on a GPU.
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
+    run_grid(grid, block, [=] { kernel(args...); });
 }
 }  // namespace sa_host
 
