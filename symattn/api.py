@@ -15,7 +15,7 @@ from typing import Mapping
 
 from . import typed as t
 from .ir import NOWHERE
-from .errors import SpecSyntaxError, SymAttnError, UsageError
+from .errors import SpecSyntaxError, UsageError
 from .parse import parse
 from .printing import to_spec
 from .shapes import format_shape
@@ -163,14 +163,18 @@ class Spec:
 
         return load_module(self.emit("numpy"), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
 
-    def emit(self, target: str = "numpy") -> str:
-        """The generated code as text: the NumPy module for target "numpy"."""
+    def emit(self, target: str = "numpy"):
+        """The generated code: the NumPy module's text for "numpy"; for "cuda" a `symattn.cuda.CudaCode`
+        whose `files` maps each file name (.cu, .h, cuda_host.h, README.md) to its text and whose
+        `write(directory)` writes them."""
         if target == "numpy":
             from .codegen_numpy import numpy_source
 
             return numpy_source(self.typed, derivation=self.derive())
         if target == "cuda":
-            raise SymAttnError("emit('cuda'): CUDA code generation is not implemented yet")
+            from .cuda import emit_cuda
+
+            return emit_cuda(self.typed)
         raise UsageError(f"emit: unknown target {target!r}; expected 'numpy' or 'cuda'")
 
     def document(self, fmt: str = "md", force: bool = False) -> str:

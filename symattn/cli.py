@@ -114,12 +114,28 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_emit(args: argparse.Namespace) -> int:
+    if args.target == "cuda":
+        from .cuda import emit_command as emit_cuda_command
+
+        return emit_cuda_command(args)
+    return emit_command(args)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    if args.target == "cuda":
+        from .verify_cuda import verify_command as verify_cuda_command
+
+        return verify_cuda_command(args)
+    return verify_command(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": _cmd_show,
     "derive": _cmd_derive,
     "check": _cmd_check,
-    "emit": emit_command,
-    "verify": verify_command,
+    "emit": _cmd_emit,
+    "verify": _cmd_verify,
 }
 
 
@@ -164,9 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("spec", metavar="SPEC", help="the .attn file")
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
                       help="FILE.py for numpy ('-': standard output), a directory for cuda")
+    emit.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
+                      help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
     verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
     verify.add_argument("--target", choices=("numpy", "cuda"), default="numpy")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    verify.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
+                        help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
     return parser
 
 
