@@ -215,6 +215,9 @@ def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
 
 
+_MAX_CONDITIONS = 4
+
+
 def zero_test(expr: sympy.Expr) -> bool:
     """True if `expr` is identically zero as a rational function of its symbols and function atoms.
 
@@ -225,10 +228,15 @@ def zero_test(expr: sympy.Expr) -> bool:
         return True
     expr = sympy.sympify(expr)
     if expr.has(sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
-        folded = sympy.piecewise_fold(expr.rewrite(sympy.Piecewise) if expr.has(sympy.sign) else expr)
-        if isinstance(folded, sympy.Piecewise):
-            return all(zero_test(branch) for branch, _ in folded.args)
-        expr = folded
+        if expr.has(sympy.sign):
+            expr = expr.rewrite(sympy.Piecewise)
+        # Folding multiplies out the branches (up to 2^k for k distinct conditions); beyond a few
+        # conditions, leave the pieces as atoms.
+        if len(expr.atoms(sympy.core.relational.Relational)) <= _MAX_CONDITIONS:
+            folded = sympy.piecewise_fold(expr)
+            if isinstance(folded, sympy.Piecewise):
+                return all(zero_test(branch) for branch, _ in folded.args)
+            expr = folded
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
