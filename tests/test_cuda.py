@@ -1,0 +1,403 @@
+"""CUDA generation: the path chosen, the nvcc compile gate, and the same kernels run on the CPU.
+
+Every spec in derivations/ is emitted once per session; its CPU build (ctypes), its
+ThreadSanitizer build and its nvcc compile gate run two at a time in the background
+while the first tests start, cached in one temporary directory. Results are compared
+with the float64 reference evaluator (`symattn.verify_cuda.reference`), an independent
+op-by-op computation, never with the generated code itself. A missing nvcc or g++
+skips the tests that need it, with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import symattn
+from conftest import EXAMPLES, REPO, run_cli
+from symattn.cuda import emit_cuda
+from symattn.verify_cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
+                                 parse_ptxas, reference, verify_cuda, verify_sizes)
+
+pytestmark = pytest.mark.slow
+
+NVCC = find_nvcc()
+CXX = find_cxx()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found: the compile gate needs the CUDA toolkit")
+needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found: running the kernels on the CPU needs C++20")
+
+FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attention": "O", "multi_head": "Z"}
+STEMS = [p.stem for p in EXAMPLES]
+
+
+class Session:
+    """Emitted code per spec, and background builds: (stem, kind) -> Future (kind: plain, tsan, gate)."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self.specs = {p.stem: symattn.load(p) for p in EXAMPLES}
+        self.codes = {stem: emit_cuda(spec) for stem, spec in self.specs.items()}
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.jobs = {}
+        for code in self.codes.values():  # write every build directory before any job reads one
+            build_directory(code, root)
+        for stem, code in self.codes.items():  # the slowest (TSan) builds first
+            if CXX:
+                self.jobs[(stem, "tsan")] = self.pool.submit(build_cpu, code, root, True)
+        for stem, code in self.codes.items():
+            if CXX:
+                self.jobs[(stem, "plain")] = self.pool.submit(build_cpu, code, root, False)
+            if NVCC:
+                self.jobs[(stem, "gate")] = self.pool.submit(gate_cached, code, root)
+
+    def result(self, stem: str, kind: str):
+        return self.jobs[(stem, kind)].result()
+
+
+@pytest.fixture(scope="session")
+def session(tmp_path_factory):
+    built = Session(tmp_path_factory.mktemp("cuda"))
+    yield built
+    built.pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --- which path -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_path_choice(session, stem):
+    code = session.codes[stem]
+    if stem in FUSED:
+        assert code.path == "fused"
+        assert [c.output for c in code.program.cores] == [FUSED[stem]]
+        assert any("_attn_fwd_d64" in name for name in code.kernel_names())
+    else:
+        assert code.path == "generic" and not code.program.cores
+
+
+def test_multi_head_heads_are_a_grid_axis(session):
+    code = session.codes["multi_head"]
+    (core,) = code.program.cores
+    assert [str(d) for d in core.lead] == ["h"]
+    (forward,) = [k for k in code.program.forward if k.variants]
+    assert forward.grid[1] == "(unsigned int)(h)" and forward.grid[2] == code.program.batch
+
+
+def test_fused_path_never_stores_the_attention_matrix(session):
+    for stem in FUSED:
+        program = session.codes[stem].program
+        n2 = [b for b in program.workspace if len(b.shape) >= 2 and b.shape[-1] == b.shape[-2]
+              and str(b.shape[-1]) in ("N", "M")]
+        assert not n2, f"{stem}: {[b.name for b in n2]} are N x N buffers"
+
+
+# --- the compile gate -----------------------------------------------------------------------
+
+
+@needs_nvcc
+@pytest.mark.parametrize("stem", STEMS)
+def test_compile_gate(session, stem):
+    gate = session.result(stem, "gate")
+    assert gate.ok, gate.problems
+    names = {k.name for k in gate.kernels}
+    assert set(session.codes[stem].kernel_names()) <= names
+    for kernel in gate.kernels:
+        assert kernel.spill_stores == kernel.spill_loads == 0
+        assert kernel.shared_bytes <= 48 * 1024 and 0 < kernel.registers <= 255
+
+
+def test_parse_ptxas():
+    text = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'spec_O_attn_fwd_d64' for 'sm_90'
+ptxas info    : Function properties for spec_O_attn_fwd_d64
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 16384 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'spec_delta' for 'sm_90'
+ptxas info    : Function properties for spec_delta
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 29 registers, used 0 barriers, 384 bytes cmem[0]
+"""
+    fwd, delta = parse_ptxas(text)
+    assert (fwd.name, fwd.registers, fwd.shared_bytes, fwd.spill_stores, fwd.spill_loads, fwd.stack_bytes) == \
+        ("spec_O_attn_fwd_d64", 168, 16384, 4, 12, 8)
+    assert (delta.name, delta.registers, delta.shared_bytes, delta.spill_stores) == ("spec_delta", 29, 0, 0)
+
+
+def test_compile_gate_skips_without_nvcc(tmp_path):
+    gate = compile_gate(tmp_path / "x.cu", nvcc=None) if NVCC is None else None
+    if gate is None:
+        from symattn import verify_cuda
+
+        original = verify_cuda.find_nvcc
+        verify_cuda.find_nvcc = lambda: None
+        try:
+            gate = verify_cuda.compile_gate(tmp_path / "x.cu")
+        finally:
+            verify_cuda.find_nvcc = original
+    assert gate.ok and "nvcc not found" in gate.skipped
+
+
+# --- running on the CPU -------------------------------------------------------------------
+
+
+@needs_cxx
+@pytest.mark.parametrize("stem", STEMS)
+def test_verify_forward_backward_with_and_without_tsan(session, stem):
+    session.result(stem, "plain"), session.result(stem, "tsan")
+    spec, code = session.specs[stem], session.codes[stem]
+    report = verify_cuda(spec, code=code, gate=False, tsan=True, workdir=session.root)
+    expected = {*spec.outputs, *(f"grad({x})" for x in spec.typed.leaves)}
+    assert set(report.errors) == expected == set(report.tsan_errors)
+    assert report.ok, report.problems
+    assert report.tsan_report == ""
+    assert all(n % 16 for n in report.sizes.values()) and max(report.sizes.values()) > 64
+
+
+@needs_cxx
+def test_tsan_catches_a_missing_syncthreads(session):
+    """Remove the barrier that keeps the next K/V tile from overwriting the one other threads still read."""
+    code = emit_cuda(session.specs["self_attention"])
+    source = code.source_name
+    text = code.files[source]
+    marker = "__syncthreads();  // every thread is done with the tiles before they are overwritten"
+    at = text.index(marker, text.index("_forward("))
+    code.files[source] = text[:at] + "/* planted: no barrier */" + text[at + len(marker):]
+    report = verify_cuda(session.specs["self_attention"], code=code, gate=False, tsan=True, workdir=session.root)
+    assert report.tsan_report and "data race" in report.tsan_report
+    assert "self_attention_O_attn_forward" in report.tsan_report
+    assert "ThreadSanitizer reported a data race" in report.problems and not report.ok
+
+
+@needs_cxx
+def test_head_dim_64_instantiation_and_the_limit(session):
+    """d_k = 40 runs the HEAD_DIM = 64 kernels (same build); d_k = 70 is refused with status -2."""
+    spec, code = session.specs["self_attention"], session.codes["self_attention"]
+    session.result("self_attention", "plain")
+    sizes = {**verify_sizes(spec.typed), "d_k": 40}
+    report = verify_cuda(spec, code=code, sizes=sizes, gate=False, tsan=False, workdir=session.root)
+    assert report.ok, report.problems
+    runner = _Runner(build_cpu(code, session.root), code)
+    p = code.program
+    sizes = {"N": 5, "d": 3, "d_k": 70}
+    arrays = {id(b): np.zeros(_concrete(b, sizes, 1), np.float32)
+              for b in (*p.inputs, *p.outputs, *p.upstream, *p.gradients)}
+    with pytest.raises(RuntimeError, match="returned -2"):
+        runner(arrays, [5, 3, 70, 1])
+
+
+@needs_cxx
+@pytest.mark.parametrize("stem", ["causal", "multi_head"])
+def test_generic_path_for_attention(session, stem):
+    """The generic path is correct for attention too (masks, heads), not just where it is chosen."""
+    report = verify_cuda(session.specs[stem], fused=False, gate=False, tsan=False, workdir=session.root)
+    assert report.path == "generic" and report.ok, report.problems
+
+
+NEW_SPECS = {
+    # Operands written inline, a per-head index-notation bias (ALiBi): fused, heads on the grid.
+    "alibi_inline": """
+dim N = 6, d = 4, h = 2, k = 3
+input X[N, d]
+param W_q[h, d, k], W_k[h, d, k], W_v[h, d, k], W_o[h * k, d]
+B[g:h, i:N, j:N] = -(2 ^ (-(g + 1))) * abs(i - j)
+Z = softmax((X @ W_q) @ (X @ W_k).T / sqrt(k) + B, axis=-1) @ (X @ W_v)
+O = merge_heads(Z) @ W_o
+output O
+""",
+    # A nonlinear score read three times (soft-capping) and a where on it: fused, d score/ds by forward mode.
+    "softcap": """
+dim N = 5, M = 7, d = 3
+input Q[N, d], K[M, d], V[M, d]
+S = 3 * tanh(Q @ K.T / 3)
+O = softmax(where(S > 1, S, S * 0.5), axis=-1) @ V
+output O
+""",
+    # Everything else: generic kernels for relu, sigmoid, logsumexp, mean, split/merge heads, concat, powers,
+    # scalar and vector params, index notation with sums, softmax over axis 0, two outputs.
+    "assorted": """
+dim N = 6, d = 4, h = 2
+input X[N, d], Y[N, d]
+param w[d], b, W[d, d]
+H = relu(X @ W) + sigmoid(Y) * b
+L = logsumexp(H, axis=-1)
+m = mean(H, axis=0)
+T = split_heads(H, h)
+C = concat(H, Y, axis=-1)
+U = sum(C ^ 2, axis=-1) - L + exp(-abs(b))
+R = merge_heads(T * 2) + X * sin(w) + cos(m)
+E[i, j] = sum(k, X[i, k] * Y[j, k]) + where(i == j, 1, 0)
+O = softmax(E, axis=0) @ R
+output O, U
+""",
+    # Row 0 has no allowed key: zero weights, zero output, zero gradients, never NaN (both paths).
+    "masked_rows": """
+dim N = 5, d = 3
+input Q[N, d], K[N, d], V[N, d]
+M[i:N, j:N] = where(j < i, 0, -inf)
+O = softmax(Q @ K.T + M, axis=-1) @ V
+output O
+""",
+    # Logits in the hundreds: the online softmax stays finite and as accurate as float32 allows.
+    "large_logits": """
+dim N = 5, d = 3
+input Q[N, d], K[N, d], V[N, d]
+O = softmax(Q @ K.T * 100, axis=-1) @ V
+output O
+""",
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", list(NEW_SPECS))
+def test_specs_beyond_the_examples(session, name):
+    spec = symattn.load(NEW_SPECS[name], filename=f"{name}.attn")
+    report = verify_cuda(spec, gate=False, tsan=name == "softcap", workdir=session.root)
+    assert report.path == ("generic" if name == "assorted" else "fused")
+    assert report.ok, report.problems
+    if name == "masked_rows":
+        generic = verify_cuda(spec, fused=False, gate=False, tsan=False, workdir=session.root)
+        assert generic.ok, generic.problems
+
+
+@pytest.mark.parametrize("stem", ["causal", "additive", "multi_head"])
+def test_reference_gradients_match_finite_differences(stem):
+    """The reference that the CUDA results are held to, checked against central differences (float64)."""
+    spec = symattn.load(REPO / "derivations" / f"{stem}.attn").typed
+    rng = np.random.default_rng(1)
+    sizes = dict(spec.sizes)
+    leaves = {x: rng.standard_normal(((2,) if spec.tensors[x].kind == "input" else ())
+                                     + spec.concrete_shape(spec.tensors[x].shape)) for x in spec.leaves}
+    upstream = {o: rng.standard_normal((2,) + spec.concrete_shape(spec.tensors[o].shape)) for o in spec.outputs}
+
+    def loss(values):
+        outputs, _ = reference(spec, sizes, values, upstream, 2)
+        return sum(float(np.sum(outputs[o] * upstream[o])) for o in spec.outputs)
+
+    _, grads = reference(spec, sizes, leaves, upstream, 2)
+    for name, value in leaves.items():
+        numeric = np.zeros_like(value)
+        for index in np.ndindex(value.shape):
+            for sign in (1, -1):
+                moved = {**leaves, name: value.copy()}
+                moved[name][index] += sign * 1e-6
+                numeric[index] += sign * loss(moved) / 2e-6
+        np.testing.assert_allclose(grads[name], numeric, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# --- the emitted files ----------------------------------------------------------------------
+
+
+def test_readme_and_header_name_every_argument(session):
+    for stem, code in session.codes.items():
+        readme = code.files["README.md"]
+        header = code.files[f"{code.prefix}.h"]
+        p = code.program
+        for buffer in (*p.inputs, *p.outputs, *p.upstream, *p.gradients):
+            assert f"`{buffer.name}`" in readme and f"float* {buffer.name}" in header
+        for dim in (*p.dims, p.batch, p.workspace_arg, p.stream_arg):
+            assert f"`{dim}`" in readme
+        for kernel in (*p.forward, *p.backward):
+            assert f"`{kernel.name}`" in readme
+            assert kernel.comment[0] in code.files[code.source_name]
+
+
+def test_generated_code_embeds_only_identifiers(tmp_path):
+    """Hostile names and comments: C keywords as tensor names, comment text that would end a C comment."""
+    text = """# */ #include <evil> \\n
+attention int
+dim float = 3, threadIdx = 2   # */ system("rm");
+input x_[float, threadIdx], expf[float, threadIdx], sa_q[float, threadIdx]
+O = softmax(x_ @ expf.T, axis=-1) @ sa_q
+output O
+"""
+    code = emit_cuda(symattn.load(text, filename="my spec-1.attn"))
+    everything = "".join(code.files.values())
+    assert "evil" not in everything and "rm" not in re.findall(r"\w+", everything)
+    source = code.files[code.source_name]
+    declared = re.findall(r"\b(?:int|float\*|float\* __restrict__)\s+(\w+)", source)
+    assert not {"float", "int", "threadIdx", "expf", "x_"} & set(declared)
+    assert {"float_v", "threadIdx_v", "expf_v", "x_v"} <= set(declared)
+    if CXX:
+        code.write(tmp_path)
+        done = subprocess.run([CXX, "-std=c++20", "-fsyntax-only", "-Wno-unknown-pragmas", "-x", "c++",
+                               str(tmp_path / code.source_name)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def test_spec_emit_cuda_api(tmp_path):
+    spec = symattn.load(REPO / "derivations" / "causal.attn")
+    code = spec.emit("cuda")
+    assert set(code.files) == {"causal.cu", "causal.h", "cuda_host.h", "README.md"}
+    written = code.write(tmp_path)
+    assert sorted(p.name for p in written) == sorted(code.files)
+    assert "SA_LAUNCH" in (tmp_path / "cuda_host.h").read_text()
+
+
+def test_cli_emit_cuda(tmp_path):
+    out = tmp_path / "kernels"
+    done = run_cli("emit", "cuda", "derivations/multi_head.attn", "-o", str(out), "--dim", "N=8")
+    assert done.returncode == 0, done.stderr
+    assert "fused path" in done.stdout
+    assert {p.name for p in out.iterdir()} == {"multi_head.cu", "multi_head.h", "cuda_host.h", "README.md"}
+    generic = run_cli("emit", "cuda", "derivations/multi_head.attn", "-o", str(tmp_path / "g"), "--cuda-path",
+                      "generic")
+    assert generic.returncode == 0 and "generic path" in generic.stdout
+
+
+@needs_cxx
+def test_cli_verify_cuda(session, monkeypatch):
+    for kind in ("plain", "tsan", "gate"):
+        if ("cross_attention", kind) in session.jobs:
+            session.result("cross_attention", kind)
+    monkeypatch.setenv("SYMATTN_CUDA_BUILD_DIR", str(session.root))  # the session's builds, not new ones
+    done = run_cli("verify", "derivations/cross_attention.attn", "--target", "cuda", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"grad\(Y\)\s+\d\.\d\de-\d\d\s+ok", done.stdout)
+    assert "ThreadSanitizer: no race" in done.stdout and "result: ok" in done.stdout
+
+
+# --- benchmarks/gpu.py as far as a CPU goes ------------------------------------------------------
+
+
+def _gpu_script():
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_benchmark_plans_and_skips_without_a_gpu():
+    gpu = _gpu_script()
+    runs = gpu.plan_runs([1024, 4096, 16384], 64, 8)
+    assert [r.n for r in runs] == [1024, 4096, 16384] and runs[0].forward_flops == 4.0 * 8 * 1024 ** 2 * 64
+    if gpu.missing() is None:
+        pytest.skip("a GPU is here: run benchmarks/gpu.py itself")
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "skipped:" in done.stdout, done.stdout + done.stderr
+
+
+@needs_cxx
+def test_gpu_benchmark_plumbing_on_the_cpu_build(tmp_path):
+    """The script's ctypes calls, run on a CPU build with torch CPU tensors, agree with torch SDPA."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    gpu = _gpu_script()
+    code = gpu.emit(tmp_path)
+    emitted = gpu.Emitted(build_cpu(code, tmp_path), code.prefix)
+    run = gpu.Run(n=37, d=20, batch=2)
+    q, k, v, d_o, out, grads, workspace = emitted.arguments(run, torch, device="cpu")
+    emitted.forward(run, q, k, v, out, workspace, None)
+    emitted.backward(run, q, k, v, out, d_o, grads, workspace, None)
+    qt, kt, vt = (x.clone().double().requires_grad_(True) for x in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+    want.backward(d_o.double())
+    assert torch.allclose(out.double(), want, atol=1e-5)
+    for ours, theirs in zip(grads, (qt.grad, kt.grad, vt.grad)):
+        assert torch.allclose(ours.double(), theirs, atol=1e-4)
