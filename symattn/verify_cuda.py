@@ -365,7 +365,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     if not np.all(np.isfinite(got) == np.isfinite(want)):
         return float("inf")
     finite = np.isfinite(want)
-    if not np.array_equal(got[~finite], want[~finite]):
+    if not np.array_equal(got[~finite], want[~finite], equal_nan=True):
         return float("inf")
     scale = float(np.max(np.abs(want[finite]), initial=0.0))
     diff = float(np.max(np.abs(got[finite] - want[finite]), initial=0.0))

@@ -292,10 +292,11 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
 
     Thread (tx, ty) of a block owns the outputs (row0 + ty + 8 r, col0 + tx + 8 c), r, c < SA_MICRO.
     Inside `value` and the operand entries, row_ and col_ (and k_) are the coordinates of one entry.
+    `__launch_bounds__(64, 8)` lets ptxas use up to 128 registers; its default capped some at 64 and spilled.
     """
     # 32-bit index arithmetic here: a 64-bit division is a call with a stack frame on the GPU.
     lead = " * ".join(dim_c(d, names) for d in lead_shape) if lead_shape else "1"
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_TILE_THREADS * SA_TILE_THREADS") + " {"]
+    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_TILE_THREADS * SA_TILE_THREADS, 8") + " {"]
     if lead_shape:
         lines += [f"    const int lead_ = {lead};  // the product's leading axes ride on blockIdx.z with the batch",
                   "    const long long b_ = (int)blockIdx.z / lead_;  // the batch entry",
