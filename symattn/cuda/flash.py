@@ -29,7 +29,7 @@ from ..printing import to_spec
 from .core import AttentionCore, score_grad
 from .kernels import Buffer, Kernel
 from .names import CNames
-from .syntax import CPrinter, CudaCodegenError, dim_c, numel_c
+from .syntax import CPrinter, CudaCodegenError, dim_c
 
 __all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels"]
 
