@@ -22,6 +22,7 @@ a time, and at each stage replaces every function application (exp, tanh,
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -230,13 +231,12 @@ def zero_test(expr: sympy.Expr) -> bool:
     if expr.has(sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
         if expr.has(sympy.sign):
             expr = expr.rewrite(sympy.Piecewise)
-        # Folding multiplies out the branches (up to 2^k for k distinct conditions); beyond a few
-        # conditions, leave the pieces as atoms.
-        if len(expr.atoms(sympy.core.relational.Relational)) <= _MAX_CONDITIONS:
-            folded = sympy.piecewise_fold(expr)
-            if isinstance(folded, sympy.Piecewise):
-                return all(zero_test(branch) for branch, _ in folded.args)
-            expr = folded
+        # Split into cases: every truth assignment of the k conditions picks one branch of each
+        # piece (2^k cases, so only for a few conditions; beyond that the pieces stay atoms).
+        conditions = list(expr.atoms(sympy.core.relational.Relational))
+        if len(conditions) <= _MAX_CONDITIONS:
+            cases = itertools.product((sympy.true, sympy.false), repeat=len(conditions))
+            return all(zero_test(expr.xreplace(dict(zip(conditions, case)))) for case in cases)
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
