@@ -145,6 +145,9 @@ class _Matcher:
             changes = {f.name: k for f, k in zip([f for f in dataclasses.fields(node)
                                                   if isinstance(getattr(node, f.name), t.Node)], kids)}
             return dataclasses.replace(node, **changes) if changes else node
+        if isinstance(node, t.IndexDef):
+            raise _NotFusable(f"the score is index notation reading {', '.join(references(node))}, not a "
+                              "per-entry function of one product Q @ K.T")
         raise _NotFusable(f"the score contains {type(node).__name__}, which is not a per-entry operation")
 
     def match(self, owner: str, node: t.MatMul) -> tuple[dict, str | None]:

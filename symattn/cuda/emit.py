@@ -148,7 +148,8 @@ def _checks(p: Program) -> list[str]:
     lines = [f"    if ({sizes}) return SYMATTN_BAD_SIZE;"]
     for core in p.cores:
         s = Sizes(core, p.names)
-        lines.append(f"    if ({s.d_qk} > {HEAD_DIMS[-1]} || {s.d_v} > {HEAD_DIMS[-1]}) "
+        dims = dict.fromkeys((s.d_qk, s.d_v))  # once each: d_qk and d_v are often the same dim
+        lines.append(f"    if ({' || '.join(f'{d} > {HEAD_DIMS[-1]}' for d in dims)}) "
                      f"return SYMATTN_HEAD_DIM_TOO_LARGE;  // {core.output}: fused kernels up to {HEAD_DIMS[-1]}")
     return lines
 
@@ -255,6 +256,13 @@ def _readme(p: Program) -> str:
         *rows,
         "",
         "The backward computes the gradients of L = sum over outputs of <O, grad(O)>.",
+        "",
+        "## Limits",
+        "- float32 only; every tensor contiguous and row-major, with the shapes above.",
+        "- The batch (and, for matrix products over leading axes, batch x the product of those axes, and",
+        "  for fused cores the number of heads) rides on a grid dimension: at most 65535.",
+        f"- Fused attention cores: head dims (of Q/K and of V) up to {HEAD_DIMS[-1]}.",
+        "- Generic path: a softmax over N keys stores its N x N weights in the workspace.",
         "",
         "## Path",
         fused or "Generic: per-stage kernels (tiled matmul, fused elementwise, row softmax and reductions).",

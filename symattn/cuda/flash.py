@@ -363,11 +363,11 @@ class Sizes:
 
     def host_args(self) -> list[tuple[str, str]]:
         return [("n_q_", self.n_q), ("n_k_", self.n_k), ("d_qk_", self.d_qk), ("d_v_", self.d_v),
-                ("heads_", f"(int)({self.heads})")]
+                ("heads_", self.heads)]
 
 
 def _grid(rows: str, heads: str, batch: str) -> tuple[str, str, str]:
-    return (f"({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS", f"(unsigned int)({heads})", batch)
+    return (f"({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS", heads, batch)
 
 
 def _common(core, prefix, names, dims, lead):
@@ -413,7 +413,7 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
     delta_text = _DELTA.substitute(common, offsets=delta_offsets, **p)
     delta_kernel = Kernel(f"{prefix}_delta", [f"delta = rowsum(grad({core.output}) * {core.output})"], delta_text,
                           [delta], [out, d_out], grid_q, ("SA_ATTN_ROWS", "1", "1"),
-                          extra=[("n_q_", sizes.n_q), ("d_v_", sizes.d_v), ("heads_", f"(int)({sizes.heads})")],
+                          extra=[("n_q_", sizes.n_q), ("d_v_", sizes.d_v), ("heads_", sizes.heads)],
                           phase="backward", takes_dims=False)
 
     operands = [_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),

@@ -348,7 +348,8 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
               "        }",
               "    }",
               "}"]
-    grid = (f"({cols} + SA_TILE - 1) / SA_TILE", f"({rows} + SA_TILE - 1) / SA_TILE", f"{batch} * ({lead})")
+    grid = (f"({cols} + SA_TILE - 1) / SA_TILE", f"({rows} + SA_TILE - 1) / SA_TILE",
+            batch if lead == "1" else f"{batch} * ({lead})")
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads), grid,
                   ("SA_TILE_THREADS", "SA_TILE_THREADS", "1"), phase=phase)
 
