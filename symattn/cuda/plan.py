@@ -33,7 +33,7 @@ from .. import typed as t
 from ..derive import derive
 from ..printing import to_spec
 from . import flash
-from .core import AttentionCore, find_cores, references
+from .core import AttentionCore, find_cores, references, substitute
 from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
                       reduce_kernel, softmax_kernel)
 from .names import CNames, c_identifier
@@ -117,7 +117,8 @@ class _Planner:
             for owner in (*core.chain, core.output):
                 self.core_of[owner] = core
         self.done_backward: set[str] = set()
-        self.lead_names: dict[str, list[str]] = {}
+        self.lead_names: dict[str, list[str]] = {}   # core output -> its head coordinate names
+        self.core_prefix: dict[str, str] = {}        # core output -> prefix of its kernels
 
     # --- buffers -------------------------------------------------------------------------
 
@@ -331,7 +332,6 @@ class _Planner:
 
     def core_forward(self, core: AttentionCore) -> None:
         prefix = self._core_prefix(core)
-        self.core_prefix = getattr(self, "core_prefix", {})
         self.core_prefix[core.output] = prefix
         text, lead = flash.score_functions(core, prefix, self.names, self.dims, self.order)
         self.lead_names[core.output] = lead
@@ -473,8 +473,7 @@ def _definition(name: str, expr: t.Node, order) -> str:
 
 
 def _grad_text(expr: t.Node, order) -> str:
-    from .core import substitute
-
+    """A gradient formula as spec text; a fused kernel's result reads dQ_<core> (dK_, dV_)."""
     stored = {}
     stack = [expr]
     while stack:
