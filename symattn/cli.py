@@ -53,15 +53,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_implemented(name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        _load(args, default_example=True)
-        print(f"symattn {name}: not implemented yet", file=sys.stderr)
-        return 2
-
-    return run
-
-
 def _compact(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 400 else text[:397] + "..."

@@ -29,7 +29,7 @@ from .element import ElementModel
 from .equivariance import LEMMAS
 from .errors import SizeGuardError
 from .evaluate import NUMERIC, Evaluator
-from .mathbox import Box, Ident, Op, Sub, row, to_latex, to_mathml
+from .mathbox import Box, Ident, Op, ident, row, to_latex, to_mathml
 from .mathprint import Names, dim_box, entry_box, grad_box, matrix_box
 from .shapes import format_shape
 
@@ -164,13 +164,7 @@ def _definition_math(name: str, info: t.TensorInfo, dims) -> Math:
     if isinstance(info.expr, t.IndexDef):
         head = Names().entry(name, [i.name for i in info.expr.indices])
         return _eq(head, matrix_box(info.expr.body, dims))
-    return _eq(_name_box(name), matrix_box(info.expr, dims))
-
-
-def _name_box(name: str) -> Box:
-    from .mathbox import ident
-
-    return ident(name)
+    return _eq(ident(name), matrix_box(info.expr, dims))
 
 
 def _forward(doc: Document, spec: t.TypedSpec) -> None:
@@ -316,7 +310,7 @@ def _loss_box(spec: t.TypedSpec) -> Box:
     for k, out in enumerate(spec.outputs):
         if k:
             parts.append(Op("+", "+"))
-        parts += [Op("⟨", "\\langle "), _name_box(out), Op(",", ","), grad_box(out), Op("⟩", "\\rangle ")]
+        parts += [Op("⟨", "\\langle "), ident(out), Op(",", ","), grad_box(out), Op("⟩", "\\rangle ")]
     return row(*parts)
 
 

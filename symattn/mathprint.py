@@ -209,7 +209,7 @@ def _(node: t.Constant):
 @_m.register
 def _(node: t.SumTo):
     names = [dim_box(node.x.shape[a])[0] for a in node.axes]
-    over = names[0] if len(names) == 1 else row(*[x for n in names for x in (n, Op(",", ","))][:-1])
+    over = _commas(names)
     return row(Sub(Op("∑", "\\sum"), over), _wrap(_m(node.x), MUL)), MUL
 
 
@@ -226,14 +226,7 @@ def _(node: t.IndexDef):
 
 @_m.register
 def _(node: t.Entry):
-    head = grad_box(node.tensor) if node.grad else ident(node.tensor)
-    sub = row(*[x for i in node.indices for x in (ident(i), Op(",", ","))][:-1])
-    if isinstance(head, Sup):  # W^{q} with indices: W^{q}_{k,c}
-        from .mathbox import SubSup
-        return SubSup(head.base, sub, head.sup), ATOM
-    if isinstance(head, Sub):
-        return Sub(Fence(head), sub), ATOM
-    return Sub(head, sub), ATOM
+    return Names().entry(node.tensor, node.indices, grad=node.grad), ATOM
 
 
 @_m.register
@@ -275,14 +268,21 @@ class Names:
             head = grad_box(tensor)
         else:
             head = self.names.get(tensor) or ident(tensor)
-        sub = row(*[x for i in indices for x in (_index(i), Op(",", ","))][:-1]) if indices else None
-        if sub is None:
+        if not indices:
             return head
+        sub = _commas([_index(i) for i in indices])
         if isinstance(head, Sup):
             return SubSup(head.base, sub, head.sup)
         if isinstance(head, Sub):
             return Sub(Fence(head), sub)
         return Sub(head, sub)
+
+
+def _commas(items: Sequence[Box]) -> Box:
+    """`a, b, c` as one box (a single item stays itself)."""
+    if len(items) == 1:
+        return items[0]
+    return row(*[x for item in items for x in (item, Op(",", ","))][:-1])
 
 
 def _index(name: str) -> Box:
@@ -350,5 +350,5 @@ def _e(node, idx, nm: Names) -> tuple[Box, int]:
         return _m(rename_indices(node.body, mapping))
     # Anything else (heads, constants, reductions over every axis): the matrix form, indexed.
     inner = _m(node)[0]
-    sub = row(*[x for i in idx if i is not None for x in (ident(i), Op(",", ","))][:-1])
+    sub = _commas([ident(i) for i in idx if i is not None])
     return Sub(Fence(inner, "[", "]"), sub), ATOM

@@ -31,7 +31,6 @@ from .shapes import (
     format_dim,
     format_shape,
     matmul_shape,
-    normalize_axis,
     same_dim,
 )
 
