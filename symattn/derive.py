@@ -247,23 +247,10 @@ def _consumers(spec: t.TypedSpec) -> dict[str, list[str]]:
     for name, info in spec.tensors.items():
         if info.expr is None:
             continue
-        for ref in _referenced(info.expr):
+        for ref in t.tensors_read(info.expr):
             if name not in users[ref]:
                 users[ref].append(name)
     return users
-
-
-def _referenced(node: t.Node) -> list[str]:
-    found: list[str] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, t.Tensor) and n.name not in found:
-            found.append(n.name)
-        elif isinstance(n, t.Entry) and n.tensor not in found:
-            found.append(n.tensor)
-        stack.extend(reversed(n.children))
-    return found
 
 
 def derive(spec: t.TypedSpec) -> Derivation:
@@ -297,13 +284,7 @@ def derive(spec: t.TypedSpec) -> Derivation:
 
 
 def _contains(node: t.Node, part: t.Node) -> bool:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n == part:
-            return True
-        stack.extend(n.children)
-    return False
+    return any(n == part for n in t.walk(node))
 
 
 def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -> None:

@@ -283,25 +283,16 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
 
 
 def _first_index_def(node: t.Node) -> t.IndexDef | None:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, t.IndexDef):
-            return n
-        stack.extend(n.children)
-    return None
+    return next((n for n in t.walk(node) if isinstance(n, t.IndexDef)), None)
 
 
 def _used_indices(node: t.Node) -> list[str]:
     found = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
+    for n in t.walk(node):
         if isinstance(n, t.IndexSum):
             found.append(n.index.name)
         elif isinstance(n, t.IndexDef):
             found += [i.name for i in n.indices]
-        stack.extend(n.children)
     return found
 
 

@@ -290,16 +290,8 @@ def _(node: t.IndexDef, ty):
 
 def _index_uses(node: t.Node):
     """(entries, names whose values are used) in an index-notation body."""
-    entries, values = [], set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, t.Entry):
-            entries.append(n)
-        elif isinstance(n, t.IndexVar):
-            values.add(n.name)
-        stack.extend(n.children)
-    return entries, values
+    nodes = list(t.walk(node))
+    return [n for n in nodes if isinstance(n, t.Entry)], {n.name for n in nodes if isinstance(n, t.IndexVar)}
 
 
 def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:

@@ -389,12 +389,7 @@ class Evaluator:
 
 
 def _sum_indices(node: t.Node):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, t.IndexSum):
-            yield n
-        stack.extend(n.children)
+    return (n for n in t.walk(node) if isinstance(n, t.IndexSum))
 
 
 class _Grid:

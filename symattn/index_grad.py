@@ -33,16 +33,13 @@ Term = tuple[dict[str, str], t.Node]
 
 def _index_names(node: t.Node) -> set[str]:
     names: set[str] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
+    for n in t.walk(node):
         if isinstance(n, t.IndexVar):
             names.add(n.name)
         elif isinstance(n, t.Entry):
             names.update(n.indices)
         elif isinstance(n, t.IndexSum):
             names.add(n.index.name)
-        stack.extend(n.children)
     return names
 
 
@@ -174,17 +171,8 @@ def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[
         raise SymbolicError("index notation is differentiated only as the definition of a named tensor")
     lhs = [i for i in node.indices]
     used = _index_names(node.body) | {i.name for i in lhs} | set(reserved)
-    read: list[str] = []
-    stack = [node.body]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, t.Entry) and not n.grad and n.tensor not in read:
-            read.append(n.tensor)
-        elif isinstance(n, t.Tensor) and n.name not in read:
-            read.append(n.name)
-        stack.extend(reversed(n.children))
     out = []
-    for name in read:
+    for name in t.tensors_read(node.body):
         shape = spec.tensors[name].shape
         targets = _fresh(len(shape), used)
         terms = _Differentiator(name, targets, unary_rules).d(node.body)

@@ -13,7 +13,7 @@ so one printer (`symattn.printing`) shows specs, derivations and claims.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import sympy
 
@@ -52,6 +52,8 @@ __all__ = [
     "ELEMENTWISE",
     "REDUCTIONS",
     "CONSTANTS",
+    "walk",
+    "tensors_read",
 ]
 
 Shape = tuple  # tuple[sympy.Expr, ...]
@@ -367,6 +369,25 @@ class IndexSum(Node):
     @property
     def children(self):
         return (self.body,)
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node of a tree, in preorder, left to right (a shared subtree is visited each time)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
+
+
+def tensors_read(node: Node) -> list[str]:
+    """The tensors a node reads (whole, or entry by entry in index notation), in order of first read."""
+    found: list[str] = []
+    for n in walk(node):
+        name = n.name if isinstance(n, Tensor) else n.tensor if isinstance(n, Entry) and not n.grad else None
+        if name is not None and name not in found:
+            found.append(name)
+    return found
 
 
 # --- the whole spec ------------------------------------------------------------
