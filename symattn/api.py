@@ -121,11 +121,15 @@ class Spec:
             self._derivation = derive(self.typed)
         return self._derivation
 
-    def check(self, force: bool = False):
-        """One `Verdict` per `check` statement: proved, refuted (with a counterexample) or unknown."""
+    def check(self, force: bool = False, budget: float | None = None):
+        """One `Verdict` per `check` statement: proved, refuted (with a counterexample) or unknown.
+
+        Each claim gets `budget` seconds (default `symattn.budget.DEFAULT_SECONDS`; 0 means no
+        limit); a claim over it is unknown, "gave up after ... s"."""
+        from .budget import DEFAULT_SECONDS
         from .claims import check_spec
 
-        return check_spec(self.typed, force=force)
+        return check_spec(self.typed, force=force, budget=DEFAULT_SECONDS if budget is None else (budget or None))
 
     def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
                      force: bool = False):

@@ -59,6 +59,7 @@ import sympy
 
 from . import typed as t
 from .printing import to_spec
+from .finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
 from .shapes import same_dim
 
 __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
@@ -71,7 +72,6 @@ MAX_LABELLINGS = 2000  # relabellings tried per term before settling for one
 ONE = sympy.Integer(1)
 ZERO_INDEX = "_"       # the only index of a size-1 axis: always 0
 
-FINITE, MINUS_INF, ANY = 0, 1, 2  # what a node's entries may be, for finite inputs
 
 DELTA = "$delta"       # from index maps: selects entries, no arithmetic
 EYE = "$eye"           # eye(N): selects by multiplying with 0 and 1
@@ -113,170 +113,6 @@ def definitions_for(spec: t.TypedSpec, derivation=None) -> dict[str, t.Node | No
     return defs
 
 
-# --- constants ------------------------------------------------------------------
-
-_SYMPY_FN = {
-    "neg": lambda x: -x,
-    "exp": sympy.exp,
-    "log": sympy.log,
-    "sqrt": sympy.sqrt,
-    "abs": sympy.Abs,
-    "tanh": sympy.tanh,
-    "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
-    "relu": lambda x: sympy.Max(x, 0),
-    "sin": sympy.sin,
-    "cos": sympy.cos,
-}
-_SYMPY_OP = {
-    "add": lambda a, b: a + b,
-    "sub": lambda a, b: a - b,
-    "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b,
-    "pow": lambda a, b: a ** b,
-}
-
-
-def _const_value(node: t.Node) -> sympy.Expr | None:
-    """The exact value of a node made only of numbers and dims, or None."""
-    if isinstance(node, t.Scalar):
-        return sympy.sympify(node.value)
-    if isinstance(node, t.DimValue):
-        return sympy.sympify(node.dim)
-    if isinstance(node, t.Unary) and node.shape == ():
-        x = _const_value(node.x)
-        return None if x is None else _SYMPY_FN[node.fn](x)
-    if isinstance(node, t.Binary) and node.shape == ():
-        a = _const_value(node.a)
-        if a is None:
-            return None
-        b = _const_value(node.b)
-        return None if b is None else _SYMPY_OP[node.op](a, b)
-    return None
-
-
-def _finite_real(value: sympy.Expr) -> bool:
-    return value.is_finite is True and value.is_extended_real is True
-
-
-# --- which nodes may be non-finite ----------------------------------------------
-
-
-class _Risk:
-    """FINITE / MINUS_INF / ANY for every node, following tensors through their definitions."""
-
-    def __init__(self, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None]) -> None:
-        self.spec = spec
-        self.defs = definitions
-        self.memo: dict[int, tuple[t.Node, int]] = {}
-        self.named: dict[str, int] = {}
-
-    def tensor(self, name: str) -> int:
-        if name not in self.named:
-            self.named[name] = ANY  # a cycle (impossible in a valid spec) stays conservative
-            info = self.spec.tensors.get(name)
-            expr = info.expr if info is not None else None
-            if expr is None and name in self.defs and (info is None or info.kind == "intermediate"):
-                expr = self.defs[name]
-            if info is None and expr is None:
-                self.named[name] = ANY
-            else:
-                self.named[name] = FINITE if expr is None else self.node(expr)
-        return self.named[name]
-
-    def grad(self, name: str) -> int:
-        key = f"grad({name})"
-        if key not in self.named:
-            self.named[key] = ANY
-            output = name in self.spec.outputs
-            if key in self.defs:
-                expr = self.defs[key]
-                if expr is None:
-                    value = FINITE
-                elif isinstance(expr, t.Grad) and expr.name == name:
-                    value = FINITE if output else ANY
-                else:
-                    value = self.node(expr)
-            else:
-                value = FINITE if output else ANY
-            self.named[key] = value
-        return self.named[key]
-
-    def node(self, node: t.Node) -> int:
-        hit = self.memo.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        value = self._node(node)
-        self.memo[id(node)] = (node, value)
-        return value
-
-    def _node(self, n: t.Node) -> int:
-        if isinstance(n, t.Tensor):
-            return self.tensor(n.name)
-        if isinstance(n, t.Grad):
-            return self.grad(n.name)
-        if isinstance(n, t.Entry):
-            return self.grad(n.tensor) if n.grad else self.tensor(n.tensor)
-        if isinstance(n, t.Scalar):
-            value = sympy.sympify(n.value)
-            if _finite_real(value):
-                return FINITE
-            return MINUS_INF if value == -sympy.oo else ANY
-        if isinstance(n, (t.DimValue, t.IndexVar, t.Compare)):
-            return FINITE
-        if isinstance(n, t.Constant):
-            return MINUS_INF if n.kind == "causal_mask" else FINITE
-        const = _const_value(n) if n.shape == () and isinstance(n, (t.Unary, t.Binary)) else None
-        if const is not None:
-            if _finite_real(const):
-                return FINITE
-            return MINUS_INF if const == -sympy.oo else ANY
-        if isinstance(n, t.Unary):
-            x = self.node(n.x)
-            if n.fn in ("log", "sqrt"):
-                return ANY
-            if n.fn in ("exp", "tanh", "sigmoid", "relu"):  # each maps -inf to a finite value
-                return FINITE if x <= MINUS_INF else ANY
-            return FINITE if x == FINITE else ANY  # neg, abs, sin, cos
-        if isinstance(n, t.Binary):
-            a, b = self.node(n.a), self.node(n.b)
-            if n.op == "add":
-                return max(a, b)
-            if n.op == "sub":
-                return a if b == FINITE else ANY
-            if n.op in ("mul", "div"):
-                cb = _const_value(n.b)
-                ca = _const_value(n.a) if n.op == "mul" else None
-                for value, other in ((cb, a), (ca, b)):
-                    if value is not None and _finite_real(value) and value.is_zero is False:
-                        if value.is_positive:
-                            return other
-                        return FINITE if other == FINITE else ANY
-                if n.op == "div":
-                    return ANY
-                return FINITE if a == b == FINITE else ANY
-            if n.op == "pow":
-                exponent = _const_value(n.b)
-                if exponent is not None and exponent.is_Integer and exponent >= 0 and a == FINITE:
-                    return FINITE
-                return ANY
-        if isinstance(n, t.MatMul):
-            return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY
-        if isinstance(n, t.Reduce):
-            x = self.node(n.x)  # sums of finite and -inf values are finite or -inf
-            return x
-        if isinstance(n, t.Softmax):
-            return FINITE if self.node(n.x) <= MINUS_INF else ANY
-        if isinstance(n, t.Where):
-            return max(self.node(n.a), self.node(n.b))
-        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum)):
-            return self.node(n.children[0])
-        if isinstance(n, t.Concat):
-            return max(self.node(p) for p in n.parts)
-        if isinstance(n, t.IndexDef):
-            return self.node(n.body)
-        return ANY
-
-
 # --- index forms ------------------------------------------------------------------
 
 
@@ -310,7 +146,7 @@ class _Converter:
     """Typed nodes -> index forms, with a fixed set of unfolded references."""
 
     def __init__(self, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None],
-                 unfold: frozenset[str], risk: _Risk) -> None:
+                 unfold: frozenset[str], risk: Finiteness) -> None:
         self.spec = spec
         self.defs = definitions
         self.unfold = unfold
@@ -332,8 +168,8 @@ class _Converter:
         if len(idx) != len(node.shape):
             raise _Unsupported(f"rank mismatch at {type(node).__name__}")
         if node.shape == () and isinstance(node, (t.Unary, t.Binary)):
-            value = _const_value(node)
-            if value is not None and _finite_real(value):
+            value = const_value(node)
+            if value is not None and finite_real(value):
                 return [] if value == 0 else [(value, (), ())]
         method = getattr(self, "_" + type(node).__name__, None)
         if method is None:
@@ -387,7 +223,7 @@ class _Converter:
         value = sympy.sympify(node.value)
         if value == 0:
             return []
-        if _finite_real(value):
+        if finite_real(value):
             return [(value, (), ())]
         if value == sympy.oo:
             return [(ONE, (("$inf", (), ANY, None),), ())]
@@ -431,13 +267,13 @@ class _Converter:
         if op == "mul":
             return _mul_forms(self.conv(a, ia, env), self.conv(b, ib, env))
         if op == "div":
-            value = _const_value(b)
-            if value is not None and _finite_real(value) and value.is_zero is False:
+            value = const_value(b)
+            if value is not None and finite_real(value) and value.is_zero is False:
                 return _scale(self.conv(a, ia, env), 1 / value)
             recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY)  # 1/0 is inf
             return _mul_forms(self.conv(a, ia, env), recip)
         if op == "pow":
-            value = _const_value(b)
+            value = const_value(b)
             if value is not None and value.is_Integer and 0 <= value <= 6:
                 form = [(ONE, (), ())]
                 for _ in range(int(value)):
@@ -987,7 +823,7 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
         return None
     dims = list(spec.dims)
     order = {name: k for k, name in enumerate(spec.tensors)}
-    risk = _Risk(spec, definitions)
+    risk = Finiteness(spec, definitions)
     unfolded: list[str] = []
     steps: list[tuple[str, str, str]] = []
     try:
@@ -1020,5 +856,5 @@ def index_form_text(node: t.Node, spec: t.TypedSpec, definitions: Mapping[str, t
     None when it cannot be formed. For documents and debugging."""
     definitions = definitions or {}
     shape = _aligned(node.shape, node.shape)
-    left, _, _ = _forms(node, node, shape, spec, definitions, list(unfold), _Risk(spec, definitions))
+    left, _, _ = _forms(node, node, shape, spec, definitions, list(unfold), Finiteness(spec, definitions))
     return None if left is None else _display(left)

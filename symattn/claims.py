@@ -1,22 +1,32 @@
 """Answer `check` statements: proved, refuted (with a counterexample) or unknown.
 
 Contract: `check_spec(spec)` returns one `Verdict` per `check`, in order.
-An equality `A == B` climbs the verification ladder, cheapest first, and the
-verdict names the rung that settled it:
+"Equal" means equal at every point under IEEE float64 semantics, NaN and
+infinities included (see `symattn.finiteness`). An equality `A == B` climbs
+the verification ladder, cheapest first, and the verdict names the rung that
+settled it:
 
 1. matrix level, dims symbolic: canonical index forms agree -> proved for all sizes;
-2. element level, at the spec's sizes: exact identity of every entry -> proved at those sizes;
-3. concrete integer inputs at which the two sides differ (evaluated exactly,
-   then to 30 digits) -> refuted, with the inputs and both values;
-4. otherwise unknown, saying how far the search went (agreement at random
-   points is reported as such, never as a proof).
+2. element level, at the spec's sizes: exact identity of every entry -> proved at
+   those sizes; only for sides whose values cannot be NaN or +-inf for finite
+   inputs (`Finiteness.deep`), since SymPy rewrites exp(log(x)) to x and x/x to 1;
+3. concrete inputs (multiples of 1/2 in [-1, 1], zeros and negatives included) at
+   which the two sides differ at 30 digits *and* in plain float64, re-evaluated by
+   the float64 evaluator (independent of SymPy, with gradients from the matrix-level
+   derivation) -> refuted, with the inputs and both float64 values;
+4. otherwise unknown, saying why (agreement at random points is reported as such,
+   never as a proof).
 
+Every claim runs under a time budget (`budget` seconds, default
+`symattn.budget.DEFAULT_SECONDS`); a claim over it is unknown, "gave up after
+5.0 s". A derivation that fails costs only the claims that need gradients.
 `check not CLAIM` inverts proved and refuted. Equivariance claims are
 delegated to `symattn.equivariance`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,16 +35,35 @@ import numpy as np
 import sympy
 
 from . import typed as t
+from .budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from .derive import Derivation, derive
 from .element import ElementModel
 from .errors import SizeGuardError, SymAttnError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
+from .finiteness import ANY, Finiteness
 
-__all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck"]
+__all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number"]
 
-POINTS = 4          # random integer points tried for a counterexample
+POINTS = 4          # random rational points tried for a counterexample
 DIGITS = 30         # precision of the values compared at a point
 SEPARATION = 1e-12  # relative gap that counts as a difference at 30 digits
+FLOAT64_GAP = 1e-8  # relative gap that counts as a difference in float64 (rounding is ~1e-15)
+MATRIX_SHARE = 0.5  # of a claim's time budget, the most the matrix-level prover may take
+
+
+def json_number(value):
+    """A float for JSON: non-finite values as the strings "inf", "-inf", "nan" (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _strict(value):
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return json_number(value)
 
 
 @dataclass
@@ -49,8 +78,8 @@ class Counterexample:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"sizes": self.sizes, "inputs": self.inputs, "lhs": self.lhs, "rhs": self.rhs, "note": self.note,
-                **self.extra}
+        return _strict({"sizes": self.sizes, "inputs": self.inputs, "lhs": self.lhs, "rhs": self.rhs,
+                        "note": self.note, **self.extra})
 
 
 @dataclass
@@ -90,6 +119,8 @@ def _tolist(array) -> Any:
 
 
 def _number(value):
+    if isinstance(value, (float, np.floating)):
+        return float(value)
     if isinstance(value, (mpmath.mpf, mpmath.mpc)):
         return float(value.real) if isinstance(value, mpmath.mpc) else float(value)
     value = sympy.sympify(value)
@@ -99,33 +130,61 @@ def _number(value):
 
 
 class _Session:
-    """Shared work for all checks of one spec: derivation, element model, evaluator."""
+    """Shared work for all checks of one spec: derivation, element model, evaluators."""
 
-    def __init__(self, spec: t.TypedSpec, force: bool = False) -> None:
+    def __init__(self, spec: t.TypedSpec, force: bool = False, budget: float | None = None) -> None:
         self.spec = spec
         self.force = force
+        self.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
+        self.matrix_gave_up = ""
         self.compared = 0     # entries evaluated at concrete points for the current claim
         self.uncompared = 0   # entries that could not be (a function mpmath is not given)
+        self.unreproduced = ""  # a 30-digit difference that float64 did not reproduce
         self._derivation: Derivation | None = None
+        self.derive_error: str | None = None
         self._model: ElementModel | None = None
+        self.model_error: str | None = None
+        self._finiteness: Finiteness | None = None
 
     @property
-    def derivation(self) -> Derivation:
-        if self._derivation is None:
-            self._derivation = derive(self.spec)
+    def derivation(self) -> Derivation | None:
+        """The matrix-level derivation, or None when it fails (derive_error says why)."""
+        if self._derivation is None and self.derive_error is None:
+            try:
+                self._derivation = derive(self.spec)
+            except SymAttnError as err:
+                self.derive_error = str(err)
         return self._derivation
 
     @property
     def model(self) -> ElementModel:
+        """The element model; raises SizeGuardError, or OutOfTime the first time building it runs
+        out of time (then every later claim is told so at once instead of trying again)."""
+        if self.model_error is not None:
+            raise SizeGuardError(self.model_error)
         if self._model is None:
-            self._model = ElementModel(self.spec, force=self.force)
+            try:
+                self._model = ElementModel(self.spec, force=self.force)
+            except SizeGuardError as err:
+                self.model_error = str(err)
+                raise
+            except OutOfTime as err:
+                self.model_error = f"building the element model {err}"
+                raise
         return self._model
 
+    @property
+    def finiteness(self) -> Finiteness:
+        if self._finiteness is None:
+            self._finiteness = Finiteness(self.spec, self.definitions())
+        return self._finiteness
+
     def symbolic(self, node: t.Node) -> np.ndarray:
-        """A node's entries in the element model's slots and gradient symbols."""
+        """A node's entries in the element model's slots and gradient symbols; tensors that
+        may be -inf enter with their exact entries, never as finite symbols."""
         model = self.model
         ev = Evaluator(self.spec, SYMBOLIC)
-        ev.values = {**model.leaf, **model.slot}
+        ev.values = {**model.leaf, **model.slot, **{n: model.forward[n] for n in model.risky}}
         ev.grads = model.upstream
         shape = self.spec.concrete_shape(node.shape)
         value = np.asarray(ev.evaluate(node), dtype=object)
@@ -133,107 +192,257 @@ class _Session:
 
     def definitions(self) -> dict[str, t.Node]:
         defs = {n: i.expr for n, i in self.spec.tensors.items() if i.expr is not None}
-        for name, grad in self.derivation.gradients.items():
-            if grad.expr is not None and name not in self.spec.outputs:
-                defs[f"grad({name})"] = grad.expr
+        if self.derivation is not None:
+            for name, grad in self.derivation.gradients.items():
+                if grad.expr is not None and name not in self.spec.outputs:
+                    defs[f"grad({name})"] = grad.expr
         return defs
+
+    def at_point(self, values: dict, upstream: dict, digits: int | None = None,
+                 subs: dict | None = None) -> Evaluator | None:
+        """An evaluator holding every tensor and gradient at a point: in float64 (digits None, the
+        NUMERIC backend) or in SymPy floats of `digits` digits (the same rules, to rule out rounding).
+        Gradients come from the derived matrix-level formulas, or, without a derivation, from the
+        element level's values at the point (`subs`); None when neither is available."""
+        spec = self.spec
+        if digits is None:
+            ev = Evaluator(spec, NUMERIC)
+
+            def convert(array):
+                return np.asarray(np.asarray(array, dtype=object).astype(float), dtype=np.float64)
+        else:
+            ev = Evaluator(spec, SYMBOLIC)
+
+            def convert(array):
+                return np.vectorize(lambda v: sympy.Float(v, digits + 10), otypes=[object])(
+                    np.asarray(array, dtype=object))
+        ev.run({n: convert(v) for n, v in values.items()})
+        ev.grads = {n: convert(v) for n, v in upstream.items()}
+        derivation = self.derivation
+        for name in reversed(list(spec.tensors)):
+            if name in spec.outputs:
+                continue
+            shape = spec.concrete_shape(spec.tensors[name].shape)
+            if derivation is not None and name in derivation.gradients:
+                expr = derivation.gradients[name].expr
+                value = np.zeros(shape, dtype=object) if expr is None else ev.evaluate(expr)
+            elif subs is not None:
+                value = np.array([_number(subs[s]) for s in self.model.upstream[name].flat]).reshape(shape)
+            else:
+                return None
+            value = np.broadcast_to(np.asarray(value, dtype=object), shape)
+            ev.grads[name] = value.astype(np.float64) if digits is None else value
+        return ev
 
 
 def _matrix_proof(session: _Session, lhs: t.Node, rhs: t.Node):
+    """The canonical-form proof, or None; it gets a share of the claim's budget so that the
+    element level still has time when the index forms grow large."""
+    from .canonical import prove_equal
+
     try:
-        from .canonical import prove_equal
-    except ImportError:  # pragma: no cover - the matrix-level prover is optional
-        return None
-    try:
-        return prove_equal(lhs, rhs, session.spec, session.definitions())
+        with time_budget(session.matrix_seconds) as mine:
+            return prove_equal(lhs, rhs, session.spec, session.definitions())
     except SymAttnError:
         return None
+    except OutOfTime as err:
+        if mine is None or err.budget is not mine:
+            raise
+        session.matrix_gave_up = f"the matrix level gave up after {err.seconds:.1f} s"
+        return None
 
 
-def _rational_point(session: _Session, rng: np.random.Generator) -> tuple[dict, dict]:
-    """Small exact inputs: multiples of 1/2 in [-1, 1], so softmax stays far from saturation."""
+def _rational_point(session: _Session, rng: np.random.Generator, kind: str = "random") -> tuple[dict, dict]:
+    """Small exact inputs: multiples of 1/2 in [-1, 1] (zeros and negatives included), so softmax
+    stays far from saturation; `zeros` and `negative` are the points where log, sqrt and
+    division by a tensor leave the reals."""
     spec = session.spec
     halves = np.array([sympy.Rational(k, 2) for k in range(-2, 3)], dtype=object)
-    values = {n: rng.choice(halves, size=spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
+    fixed = {"zeros": sympy.Integer(0), "negative": sympy.Rational(-1, 2)}
+
+    def leaf(name):
+        shape = spec.concrete_shape(spec.tensors[name].shape)
+        if kind in fixed:
+            return np.full(shape, fixed[kind], dtype=object)
+        return rng.choice(halves, size=shape)
+
+    values = {n: leaf(n) for n in spec.leaves}
     nonzero = np.array([sympy.Rational(k, 2) for k in (-2, -1, 1, 2)], dtype=object)
     upstream = {n: rng.choice(nonzero, size=spec.concrete_shape(spec.tensors[n].shape)) for n in spec.outputs}
     return values, upstream
 
 
-def _differs(a, b) -> bool:
-    if a is None or b is None:
-        return False
-    a, b = complex(a), complex(b)
-    if not (np.isfinite(a) and np.isfinite(b)):
-        return a != b and not (np.isnan(a) or np.isnan(b))
-    return abs(a - b) > SEPARATION * max(1.0, abs(a), abs(b))
+def _same_float(a: float, b: float, gap: float) -> bool:
+    """Equal under float64 semantics: the same non-finite value, or finite and within `gap` (relative)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    return abs(a - b) <= gap * max(1.0, abs(a), abs(b))
 
 
-def _search_counterexample(session: _Session, lhs: np.ndarray, rhs: np.ndarray,
-                           points: int = POINTS) -> Counterexample | None:
-    model = session.model
+def _mp_float(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, mpmath.mpc):
+        return float(value.real) if value.imag == 0 else math.nan
+    return float(value)
+
+
+def _float_of(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # a complex or symbolic leftover is NaN under float64
+        return math.nan
+
+
+def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = POINTS,
+                           special: bool = False) -> Counterexample | None:
+    """Inputs at which plain float64 (the float64 evaluator on the spec's nodes, independent of
+    SymPy's algebra) shows the sides differ, confirmed by the same evaluation at 30 digits so
+    that rounding never refutes; None when no such point turns up. A difference in which side is
+    NaN or infinite must show at 30 digits as the same kind of difference."""
+    spec = session.spec
     rng = np.random.default_rng(20261129)
-    lhs, rhs = np.broadcast_arrays(np.asarray(lhs, dtype=object), np.asarray(rhs, dtype=object))
-    for _ in range(points):
-        values, upstream = _rational_point(session, rng)
-        subs = model.point(values, upstream, DIGITS)
-        left = model.evaluate_at(lhs, subs, DIGITS)
-        right = model.evaluate_at(rhs, subs, DIGITS)
-        indices = list(np.ndindex(*left.shape) if left.shape else [()])
-        comparable = [i for i in indices if left[i] is not None and right[i] is not None]
-        session.compared += len(comparable)
-        session.uncompared += len(indices) - len(comparable)
-        gaps = {index: abs(complex(left[index]) - complex(right[index]))
-                for index in comparable if _differs(left[index], right[index])}
-        if gaps:
-            index = max(gaps, key=gaps.get)
-            inputs = {n: _tolist(v) for n, v in values.items()}
-            inputs.update({f"grad({n})": _tolist(v) for n, v in upstream.items()})
-            where = "[" + ", ".join(str(i) for i in index) + "]"
-            return Counterexample(
-                sizes=dict(session.spec.sizes), inputs=inputs, lhs=_tolist(left), rhs=_tolist(right),
-                note=f"largest gap at entry {where} (0-based): left side {float(complex(left[index]).real):.6g}, "
-                     f"right side {float(complex(right[index]).real):.6g}",
-            )
+    kinds = ["random"] * points + (["zeros", "negative"] if special else [])
+    shape = spec.concrete_shape(_broadcast_shape(check))
+    for kind in kinds:
+        values, upstream = _rational_point(session, rng, kind)
+        subs = None
+        if session.derivation is None and _reads_grads(check):
+            subs = session.model.point(values, upstream, DIGITS)
+        ev = session.at_point(values, upstream, subs=subs)
+        left64 = np.broadcast_to(np.asarray(ev.evaluate(check.lhs), dtype=np.float64), shape)
+        right64 = np.broadcast_to(np.asarray(ev.evaluate(check.rhs), dtype=np.float64), shape)
+        indices = list(np.ndindex(*shape) if shape else [()])
+        session.compared += len(indices)
+        candidates = [i for i in indices if not _same_float(float(left64[i]), float(right64[i]), FLOAT64_GAP)]
+        if not candidates:
+            continue
+        exact = session.at_point(values, upstream, DIGITS, subs=subs)
+        left = np.broadcast_to(np.asarray(exact.evaluate(check.lhs), dtype=object), shape)
+        right = np.broadcast_to(np.asarray(exact.evaluate(check.rhs), dtype=object), shape)
+        gaps = [i for i in candidates if not _same_float(_float_of(left[i]), _float_of(right[i]), SEPARATION)]
+        if not gaps:
+            i = candidates[0]
+            session.unreproduced = (f"float64 gives {float(left64[i]):.6g} and {float(right64[i]):.6g} at entry "
+                                    f"{list(i)}, but at {DIGITS} digits the sides agree there (rounding)")
+            continue
+
+        def size(i):
+            a, b = float(left64[i]), float(right64[i])
+            return math.inf if not (math.isfinite(a) and math.isfinite(b)) else abs(a - b)
+
+        index = max(gaps, key=size)
+        inputs = {n: _tolist(v) for n, v in values.items()}
+        inputs.update({f"grad({n})": _tolist(v) for n, v in upstream.items()})
+        where = "[" + ", ".join(str(i) for i in index) + "]"
+        return Counterexample(
+            sizes=dict(spec.sizes), inputs=inputs, lhs=_tolist(left64), rhs=_tolist(right64),
+            note=f"largest gap at entry {where} (0-based): left side {float(left64[index]):.6g}, "
+                 f"right side {float(right64[index]):.6g} in float64",
+        )
     return None
+
+
+def _reads_grads(check: t.CheckInfo) -> bool:
+    return any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
+               for side in (check.lhs, check.rhs) for n in t.walk(side))
+
+
+def _broadcast_shape(check: t.CheckInfo) -> tuple:
+    a, b = check.lhs.shape, check.rhs.shape
+    if len(a) < len(b):
+        a, b = b, a
+    b = (1,) * (len(a) - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def _refuted(check: t.CheckInfo, spec: t.TypedSpec, counter: Counterexample) -> Verdict:
     return Verdict(check.line, check.text, "refuted",
-                   f"counterexample at {_sizes_text(spec)}: exact inputs (multiples of 1/2), both sides "
-                   f"evaluated to {DIGITS} digits", counter)
+                   f"counterexample at {_sizes_text(spec)}: inputs that are multiples of 1/2, at which the "
+                   f"sides differ in plain float64 (and at {DIGITS} digits where both are finite)", counter)
+
+
+def _float64_contradicts(session: _Session, check: t.CheckInfo) -> str | None:
+    """Defence in depth for an element-level proof: evaluate both sides in float64 at three
+    points (zeros and negatives included) and say where they disagree, if they do."""
+    rng = np.random.default_rng(7)
+    for kind in ("random", "zeros", "negative"):
+        values, upstream = _rational_point(session, rng, kind)
+        try:
+            ev = session.at_point(values, upstream)
+            if ev is None:
+                return None
+            left = np.asarray(ev.evaluate(check.lhs), dtype=np.float64)
+            right = np.asarray(ev.evaluate(check.rhs), dtype=np.float64)
+        except (SymAttnError, KeyError):
+            return None  # a gradient the float64 evaluator cannot produce: nothing to compare
+        left, right = np.broadcast_arrays(left, right)
+        for index in np.ndindex(*left.shape):
+            if not _same_float(float(left[index]), float(right[index]), 1e-6):
+                return f"float64 gives {left[index]} and {right[index]} at entry {list(index)} ({kind} inputs)"
+    return None
+
+
+# Entries of every tensor at the spec's sizes above which the counterexample search does not
+# run (its float64 and 30-digit evaluations hold every tensor).
+SEARCH_ENTRIES = 200_000
+
+
+def _search_entries(spec: t.TypedSpec) -> int:
+    return sum(math.prod(spec.concrete_shape(info.shape)) for info in spec.tensors.values())
 
 
 def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     spec = session.spec
+    finiteness = session.finiteness
+    may_be_nan = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs)) == ANY
+    session.compared = 0
+    session.unreproduced = ""
+    session.matrix_gave_up = ""
+    searchable = _search_entries(spec) <= SEARCH_ENTRIES
+    # A difference at a concrete point settles it in milliseconds; the proofs are for claims that hold.
+    if searchable:
+        counter = _search_counterexample(session, check, points=1, special=may_be_nan)
+        if counter is not None:
+            return _refuted(check, spec, counter)
     proof = _matrix_proof(session, check.lhs, check.rhs)
     if proof is not None:
         return Verdict(check.line, check.text, "proved", proof.method, steps=tuple(proof.steps))
-    try:
-        lhs, rhs = session.symbolic(check.lhs), session.symbolic(check.rhs)
-    except SizeGuardError as err:
-        return Verdict(check.line, check.text, "unknown", f"no matrix-level proof, and {err}")
-    session.compared = session.uncompared = 0
-    # A difference at a concrete point settles it quickly; the exact test is for claims that hold.
-    counter = _search_counterexample(session, lhs, rhs, points=1)
-    if counter is not None:
-        return _refuted(check, spec, counter)
-    same, unfolded = session.model.identical(lhs, rhs)
-    if same:
-        how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
-        return Verdict(check.line, check.text, "proved",
-                       f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
-                       "(not shown for all sizes)")
-    counter = _search_counterexample(session, lhs, rhs)
-    if counter is not None:
-        return _refuted(check, spec, counter)
-    if session.uncompared:
+    why = session.matrix_gave_up or "no matrix-level proof"
+    if _reads_grads(check) and session.derivation is None:
+        why = f"the derivation failed ({session.derive_error}), so no matrix-level proof"
+    if not may_be_nan:
+        try:
+            lhs, rhs = session.symbolic(check.lhs), session.symbolic(check.rhs)
+        except SizeGuardError as err:
+            return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
+        same, unfolded = session.model.identical(lhs, rhs)
+        if same:
+            contradiction = _float64_contradicts(session, check) if searchable else None
+            if contradiction is not None:  # a bug in the element level: never a proof
+                return Verdict(check.line, check.text, "unknown",
+                               f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
+                               f"{contradiction}; this is a bug in symattn, please report it")
+            how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+            return Verdict(check.line, check.text, "proved",
+                           f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
+                           "(not shown for all sizes)")
+        why += f", no exact proof at {_sizes_text(spec)}"
+    else:
+        why += (", and the element level does not compare values that may be NaN or infinite for finite "
+                "inputs (log, sqrt, division by a tensor, powers, or what reads them)")
+    if not searchable:
         return Verdict(check.line, check.text, "unknown",
-                       f"no exact proof at {_sizes_text(spec)}, and {session.uncompared} entries could not be "
-                       "evaluated at concrete points, so no counterexample could be looked for there")
+                       f"{why}; the sizes are too large to search for a counterexample ({_search_entries(spec):,} "
+                       f"entries, limit {SEARCH_ENTRIES:,}): try smaller --dim values")
+    counter = _search_counterexample(session, check)
+    if counter is not None:
+        return _refuted(check, spec, counter)
+    if session.unreproduced:
+        return Verdict(check.line, check.text, "unknown", f"{why}; {session.unreproduced}")
     return Verdict(check.line, check.text, "unknown",
-                   f"no exact proof at {_sizes_text(spec)}, and the two sides agree at {POINTS} random rational "
-                   f"points to {DIGITS} digits (agreement at points is not a proof)")
+                   f"{why}; the two sides agree at {POINTS + 1} random rational points in float64 and to "
+                   f"{DIGITS} digits (agreement at points is not a proof)")
 
 
 def _negate(verdict: Verdict) -> Verdict:
@@ -247,51 +456,61 @@ def _negate(verdict: Verdict) -> Verdict:
     return Verdict(verdict.line, text, "unknown", verdict.method, verdict.counterexample, verdict.steps)
 
 
-def check_spec(spec: t.TypedSpec, force: bool = False) -> list[Verdict]:
-    """One verdict per `check` statement of the spec."""
-    session = _Session(spec, force)
+def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DEFAULT_SECONDS) -> list[Verdict]:
+    """One verdict per `check` statement of the spec, each within `budget` seconds (None: no limit)."""
+    session = _Session(spec, force, budget)
     verdicts = []
     for check in spec.checks:
-        if check.kind == "equal":
-            verdict = _check_equal(session, check)
-        else:
-            verdict = _check_symmetry(session, check)
+        try:
+            with time_budget(budget):
+                if check.kind == "equal":
+                    verdict = _check_equal(session, check)
+                else:
+                    verdict = _check_symmetry(session, check)
+        except OutOfTime as err:
+            verdict = Verdict(check.line, check.text, "unknown", f"{err} (the time budget per claim; "
+                              "raise it with --budget)")
         verdicts.append(_negate(verdict) if check.negated else verdict)
     return verdicts
 
 
 def _check_symmetry(session: _Session, check: t.CheckInfo) -> Verdict:
-    try:
-        from .equivariance import check_symmetry
-    except ImportError:
-        return Verdict(check.line, check.text, "unknown", "equivariance checks are not available yet")
+    from .equivariance import check_symmetry
+
     return check_symmetry(session.spec, check, force=session.force)
 
 
-def verify_gradients(spec: t.TypedSpec, force: bool = False,
-                     derivation: Derivation | None = None) -> list[GradientCheck]:
-    """Every matrix-level grad(T) against the element-level chain rule, exactly, at the spec's sizes."""
+def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivation | None = None,
+                     budget: float | None = None) -> list[GradientCheck]:
+    """Every matrix-level grad(T) against the element-level chain rule, exactly, at the spec's sizes,
+    each within `budget` seconds (None, the default: no limit, so documents do not depend on the
+    machine's load). A gradient that reads values that may be NaN or infinite is compared as
+    rational functions (the method says so)."""
     session = _Session(spec, force)
     if derivation is not None:
         session._derivation = derivation
+    if session.derivation is None:
+        raise SymAttnError(f"cannot verify gradients: {session.derive_error}")
     model = session.model
+    finiteness = session.finiteness
     out = []
     for name, grad in session.derivation.gradients.items():
         shape = spec.concrete_shape(spec.tensors[name].shape)
-        if grad.expr is None:
-            matrix = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
-        else:
-            matrix = session.symbolic(grad.expr)
-        truth = model.ground_truth(name)
-        ok, unfolded = model.identical(matrix, truth, unfold_grads=False)
+        try:
+            with time_budget(budget):
+                if grad.expr is None:
+                    matrix = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
+                else:
+                    matrix = session.symbolic(grad.expr)
+                truth = model.ground_truth(name)
+                ok, unfolded = model.identical(matrix, truth, unfold_grads=False)
+        except OutOfTime as err:
+            out.append(GradientCheck(name, False, f"not checked: {err}"))
+            continue
         how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
-        out.append(GradientCheck(name, ok, f"exact identity of every entry at {_sizes_text(spec)}{how}" if ok
-                                 else f"NOT shown equal at {_sizes_text(spec)}"))
+        caveat = ""
+        if grad.expr is not None and finiteness.deep(grad.expr) == ANY:
+            caveat = " (as rational functions: where an entry is NaN or infinite the formulas are not compared)"
+        out.append(GradientCheck(name, ok, f"exact identity of every entry at {_sizes_text(spec)}{how}{caveat}"
+                                 if ok else f"not shown equal at {_sizes_text(spec)}"))
     return out
-
-
-def numeric_values(spec: t.TypedSpec, node: t.Node, leaves: dict, grads: dict) -> np.ndarray:
-    """float64 value of a node (used by tests and counterexample re-checks)."""
-    ev = Evaluator(spec, NUMERIC)
-    ev.run(leaves, grads)
-    return ev.evaluate(node)

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .api import Spec, example_path, example_text, load
+from .budget import DEFAULT_SECONDS
 from .codegen_numpy import emit_command
 from .verify import verify_command
 from .errors import SpecError, SymAttnError, UsageError
@@ -35,6 +36,16 @@ def _dim_override(text: str) -> tuple[str, int]:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"{name}: size {size} is not positive")
     return name, size
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value or None
 
 
 def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
@@ -60,9 +71,9 @@ def _compact(value) -> str:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     spec = _load(args)
-    verdicts = spec.check(force=args.force)
-    if args.json:
-        print(json.dumps([v.to_json() for v in verdicts], indent=2))
+    verdicts = spec.check(force=args.force, budget=args.budget)
+    if args.json:  # strict JSON: non-finite numbers are written as strings by to_json
+        print(json.dumps([v.to_json() for v in verdicts], indent=2, allow_nan=False))
     else:
         for v in verdicts:
             print(f"{spec.filename}:{v.line}: {v.verdict}: {v.claim}")
@@ -165,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list")
     check.add_argument("--force", action="store_true",
                        help="run element-level work even when the size guard says it would take minutes")
+    check.add_argument("--budget", type=_seconds, default=DEFAULT_SECONDS, metavar="SECONDS",
+                       help=f"time allowed per claim; a claim over it is unknown (default {DEFAULT_SECONDS:g}; "
+                            "0 means no limit)")
     emit = sub.add_parser("emit", parents=[common], help="Generate NumPy or CUDA code from the spec.",
                           description="Generate NumPy or CUDA code from the spec.")
     emit.add_argument("target", choices=("numpy", "cuda"), help="what to generate")

@@ -255,11 +255,6 @@ def _consumers(spec: t.TypedSpec) -> dict[str, list[str]]:
 
 def derive(spec: t.TypedSpec) -> Derivation:
     """Reverse-mode derivation of every grad(T), in matrix form, with steps."""
-    users = _consumers(spec)
-    for out in spec.outputs:
-        if users.get(out):
-            raise SymbolicError(f"output {out} is also used to compute {', '.join(users[out])}; deriving specs "
-                                "whose outputs feed other tensors is not supported yet")
     cx = _Context(spec)
     paths: dict[str, list[tuple[str, t.Node]]] = defaultdict(list)
     steps: dict[str, list[Step]] = defaultdict(list)
@@ -276,10 +271,16 @@ def derive(spec: t.TypedSpec) -> Derivation:
         if len(paths[name]) > 1:
             steps[name].append(Step(f"sum over the {len(paths[name])} paths from {name} to the outputs",
                                     name, t.Grad(name, info.shape), total))
+        adjoint = t.Grad(name, info.shape)
+        if name in spec.outputs and len(paths[name]) > 1:
+            # An output that other tensors read: grad(O) names its upstream gradient (the
+            # language's convention), and what flows into its definition is the sum of
+            # that and every other path, written out.
+            adjoint, total = total, adjoint
         result.gradients[name] = Gradient(name, total, tuple(paths[name]), tuple(steps[name]))
         if info.expr is None or total is None:
             continue
-        _backprop(name, info.expr, t.Grad(name, info.shape), cx, paths, steps)
+        _backprop(name, info.expr, adjoint, cx, paths, steps)
     return result
 
 

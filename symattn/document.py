@@ -279,7 +279,7 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
         if steps:
             doc.add(Items(steps))
         if name in verified:
-            doc.add(Para([f"Checked: {verified[name]}."]))
+            doc.add(Para([verified[name]]))
 
 
 def _first_index_def(node: t.Node) -> t.IndexDef | None:
@@ -396,7 +396,7 @@ def build(spec, force: bool = False) -> Document:
     verified = {}
     if model is not None:
         for check in verify_gradients(typed, force=force, derivation=derivation):
-            verified[check.tensor] = check.method if check.ok else f"FAILED: {check.method}"
+            verified[check.tensor] = f"Checked: {check.method}." if check.ok else f"Unknown: {check.method}."
     _backward(doc, typed, derivation, verified)
     verdicts = spec.check(force=force)
     _checks(doc, typed, verdicts)

@@ -18,6 +18,29 @@ a time, and at each stage replaces every function application (exp, tanh,
 ...) by an independent symbol and tests the rational function for zero, so
 "identical" is an exact proof at these sizes. It never claims a difference;
 `evaluate_at` supplies concrete values for counterexamples.
+
+What "equal" means (the same everywhere in symattn, see `symattn.finiteness`):
+equal at every point of the domain (finite real values of every input, param
+and upstream gradient) under IEEE float64 semantics, NaN and infinities
+included, two entries being the same non-finite value counting as equal;
+rounding and overflow are not modelled. The element level honours it so:
+
+- a slot symbol stands for a finite real, so only tensors that the shared
+  static analysis classifies FINITE get slots that may stay symbols; a tensor
+  that may be -inf (a mask, scores plus a mask) is always replaced by its
+  exact entries (`forward`: -inf as SymPy's -oo, a fully masked softmax row
+  as 0, the generated code's convention) before two entries are compared;
+- an entry that still holds an infinity or NaN inside an expression after
+  that is not settled: it is never cancelled (SymPy would say -oo*x - -oo*x
+  is 0), and the identity is not proved;
+- values that may be NaN or +-inf for finite inputs (`log`, `sqrt`, division
+  by a tensor, and what reads them) are never compared here at all: SymPy
+  already rewrote exp(log(x)) to x and x/x to 1 when it built them. The
+  caller (`symattn.claims`) asks `Finiteness.deep` first.
+
+An output that other tensors read has two gradients: `upstream[O]` is its
+upstream gradient grad(O) (what a claim's `grad(O)` means), and the chain
+rule into its definition uses the sum of that and every other path (`adjoint`).
 """
 
 from __future__ import annotations
@@ -34,10 +57,12 @@ import sympy
 from sympy.functions.elementary.piecewise import ExprCondPair
 
 from . import typed as t
+from .budget import checkpoint
 from .errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
+from .finiteness import FINITE, Finiteness
 
-__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "ELEMENT_BUDGET"]
+__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "ELEMENT_BUDGET"]
 
 def symbol_name(tensor: str, index: tuple[int, ...], grad: bool = False) -> str:
     """`X_{1,2}`, `W^{q}_{2,1}`, `\\bar{O}_{1,1}`: 1-based, LaTeX-friendly."""
@@ -128,8 +153,33 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
     return walk(expr)
 
 
+def _mp_log(x):
+    """log with float64's answers at the edges: -inf at 0, NaN below (not a complex number)."""
+    if mpmath.isnan(x) or x < 0:
+        return mpmath.nan
+    return -mpmath.inf if x == 0 else mpmath.log(x)
+
+
+def _mp_pow(base, exponent):
+    """base**exponent as float64 has it: 0**-k is inf, a negative base with a fractional exponent NaN."""
+    if mpmath.isnan(base) or mpmath.isnan(exponent):
+        return mpmath.nan
+    if base == 0 and exponent < 0:
+        return mpmath.inf
+    if base < 0 and not mpmath.isint(exponent):
+        return mpmath.nan
+    return base**exponent
+
+
+def _mp_real(value):
+    """A complex intermediate is NaN under float64 semantics."""
+    if isinstance(value, mpmath.mpc):
+        return value.real if value.imag == 0 else mpmath.nan
+    return value
+
+
 _MP_FUNCS = {
-    sympy.exp: mpmath.exp, sympy.log: mpmath.log, sympy.tanh: mpmath.tanh, sympy.sin: mpmath.sin,
+    sympy.exp: mpmath.exp, sympy.log: _mp_log, sympy.tanh: mpmath.tanh, sympy.sin: mpmath.sin,
     sympy.cos: mpmath.cos, sympy.Abs: abs, sympy.sign: mpmath.sign,
 }
 # The conditions of where / relu / abs (sympy.Piecewise), evaluated to Python booleans.
@@ -162,6 +212,8 @@ def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
         if node.is_Number or node.is_NumberSymbol:
             if node in (sympy.oo, -sympy.oo):
                 memo[node] = mpmath.inf if node == sympy.oo else -mpmath.inf
+            elif node is sympy.nan:
+                memo[node] = mpmath.nan
             else:
                 memo[node] = mpmath.mpf(node.evalf(mpmath.mp.dps + 5)) if node.is_finite else None
             continue
@@ -181,12 +233,11 @@ def _mp_value(expr: sympy.Expr, subs: dict, memo: dict):
         elif node.is_Mul:
             memo[node] = mpmath.fprod(args)
         elif node.is_Pow:
-            base, exponent = args
-            memo[node] = None if base == 0 and exponent < 0 else base**exponent
+            memo[node] = _mp_real(_mp_pow(*args))
         elif isinstance(node, sympy.core.relational.Relational) and node.rel_op in _MP_RELATIONS:
             memo[node] = bool(_MP_RELATIONS[node.rel_op](*args))
         elif type(node) in _MP_FUNCS:
-            memo[node] = _MP_FUNCS[type(node)](args[0])
+            memo[node] = _mp_real(_MP_FUNCS[type(node)](args[0]))
         else:
             memo[node] = None
     return memo[expr]
@@ -237,6 +288,7 @@ def zero_test(expr: sympy.Expr) -> bool:
         if len(conditions) <= _MAX_CONDITIONS:
             cases = itertools.product((sympy.true, sympy.false), repeat=len(conditions))
             return all(zero_test(expr.xreplace(dict(zip(conditions, case)))) for case in cases)
+    checkpoint()
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
@@ -244,8 +296,43 @@ def zero_test(expr: sympy.Expr) -> bool:
         return False
     if sympy.expand(atomized) == 0:
         return True
+    checkpoint()
     numer, _ = sympy.fraction(sympy.together(atomized))
     return sympy.expand(numer) == 0
+
+
+_NON_FINITE = (sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
+
+
+def settled(entry) -> bool:
+    """Whether an entry is a non-finite number or an expression free of infinities and NaN.
+
+    An expression such as `-oo*x` or `exp(x - oo) + nan*y` is not settled: its value
+    under float64 depends on signs and zeros SymPy does not track, so nothing about
+    it is concluded.
+    """
+    entry = sympy.sympify(entry)
+    if entry.is_number:
+        return True
+    return not (entry.has(*_NON_FINITE) or entry.has(sympy.I) or entry.has(sympy.AccumBounds))
+
+
+def _non_finite_number(entry: sympy.Expr) -> bool:
+    return entry.is_number and (entry in _NON_FINITE or entry.has(sympy.I) or entry.has(sympy.AccumBounds))
+
+
+def same_entry(a, b) -> bool:
+    """Exactly equal under float64 semantics: the same non-finite value (NaN counts as equal to
+    NaN, complex infinity or an imaginary part as NaN), or finite and identically equal.
+    False means not shown, never "different"."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if not (settled(a) and settled(b)):
+        return False
+    if _non_finite_number(a) or _non_finite_number(b):
+        def key(x):
+            return x if x in (sympy.oo, -sympy.oo) else sympy.nan if _non_finite_number(x) else None
+        return key(a) is not None and key(a) == key(b)
+    return zero_test(a - b)
 
 
 def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
@@ -280,16 +367,32 @@ class ElementModel:
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
         self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()}
-        values = {**self.leaf, **self.slot}
+        # Tensors that may be -inf or NaN never stand as finite slot symbols in a comparison.
+        finiteness = Finiteness(spec, {n: i.expr for n, i in spec.tensors.items() if i.expr is not None})
+        self.risky = tuple(n for n in self.slot if finiteness.tensor(n) != FINITE)
+        # local: entries in the slots of the tensors a definition reads (for the chain rule);
+        # forward: the same with every risky tensor replaced by its exact entries (for values).
         self.local: dict[str, np.ndarray] = {}
-        ev = Evaluator(spec, SYMBOLIC)
-        ev.values = values
+        self.forward: dict[str, np.ndarray] = {}
+        slotted = Evaluator(spec, SYMBOLIC)
+        slotted.values = {**self.leaf, **self.slot}
+        exact = Evaluator(spec, SYMBOLIC)
+        exact.values = dict(slotted.values)
         for name, info in spec.tensors.items():
-            if info.expr is not None:
-                self.local[name] = np.asarray(ev.evaluate(info.expr), dtype=object).reshape(
-                    spec.concrete_shape(info.shape))
+            if info.expr is None:
+                continue
+            shape = spec.concrete_shape(info.shape)
+            checkpoint()
+            self.local[name] = np.asarray(slotted.evaluate(info.expr), dtype=object).reshape(shape)
+            reads_risky = any(r in self.risky for r in t.tensors_read(info.expr))
+            self.forward[name] = (np.asarray(exact.evaluate(info.expr), dtype=object).reshape(shape)
+                                  if reads_risky else self.local[name])
+            if name in self.risky:
+                exact.values[name] = self.forward[name]
+        self.exact_values = {s: v for n in self.risky for s, v in zip(self.slot[n].flat, self.forward[n].flat)}
         self.consumers = {n: [c for c, e in self.local.items() if self._reads(e, n)] for n in spec.tensors}
         self._truth: dict[str, np.ndarray] = {}
+        self._adjoint: dict[str, np.ndarray] = {}
 
     def _reads(self, entries: np.ndarray, name: str) -> bool:
         own = set(self.values_of(name).flat)
@@ -300,6 +403,7 @@ class ElementModel:
         return self.leaf[name] if name in self.leaf else self.slot[name]
 
     def _tick(self, what: str) -> None:
+        checkpoint()
         elapsed = time.perf_counter() - self.started
         if self.progress and elapsed > 2:
             print(f"\rsymattn: element level: {what} ({elapsed:.0f} s)", end="", file=sys.stderr, flush=True)
@@ -307,27 +411,41 @@ class ElementModel:
     # --- exact gradients ----------------------------------------------------------------
 
     def ground_truth(self, name: str) -> np.ndarray:
-        """dL/dT entries in the slots of T's consumers' gradients (\\bar symbols) and forward slots."""
-        if name in self._truth:
-            return self._truth[name]
-        info = self.spec.tensors[name]
-        shape = self.spec.concrete_shape(info.shape)
+        """grad(T) entry by entry, in the gradient symbols of T's consumers and forward slots.
+
+        For an output this is its upstream gradient grad(O), as claims write it; see `adjoint`.
+        """
         if name in self.spec.outputs:
-            result = self.upstream[name]
-        else:
-            result = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
-            own = self.values_of(name)
-            position = {s: idx for idx, s in np.ndenumerate(own)}
-            for consumer in self.consumers[name]:
-                self._tick(f"d{consumer}/d{name}")
-                bars = self.upstream[consumer]
-                for c_index, entry in np.ndenumerate(self.local[consumer]):
-                    if not isinstance(entry, sympy.Basic):
-                        continue
-                    for sym in entry.free_symbols & position.keys():
-                        result[position[sym]] += bars[c_index] * _diff(entry, sym)
-        self._truth[name] = np.asarray(result, dtype=object)
+            return self.upstream[name]
+        if name not in self._truth:
+            self._truth[name] = self._paths(name)
         return self._truth[name]
+
+    def adjoint(self, name: str) -> np.ndarray:
+        """dL/dT: what the chain rule carries into T's definition. For an output that other
+        tensors read, its upstream gradient plus every path through them."""
+        if name not in self.spec.outputs:
+            return self.upstream[name]
+        if name not in self._adjoint:
+            paths = self._paths(name) if self.consumers[name] else None
+            self._adjoint[name] = self.upstream[name] if paths is None else self.upstream[name] + paths
+        return self._adjoint[name]
+
+    def _paths(self, name: str) -> np.ndarray:
+        """Sum over consumers C of T, entries c: grad(C)[c] * d local[C][c] / d slot[T]."""
+        shape = self.spec.concrete_shape(self.spec.tensors[name].shape)
+        result = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
+        own = self.values_of(name)
+        position = {s: idx for idx, s in np.ndenumerate(own)}
+        for consumer in self.consumers[name]:
+            self._tick(f"d{consumer}/d{name}")
+            bars = np.broadcast_to(np.asarray(self.adjoint(consumer), dtype=object), self.local[consumer].shape)
+            for c_index, entry in np.ndenumerate(self.local[consumer]):
+                if not isinstance(entry, sympy.Basic):
+                    continue
+                for sym in entry.free_symbols & position.keys():
+                    result[position[sym]] += bars[c_index] * _diff(entry, sym)
+        return np.asarray(result, dtype=object)
 
     # --- exact comparison ------------------------------------------------------------------
 
@@ -342,36 +460,46 @@ class ElementModel:
         return out
 
     def _forward_unfolding(self) -> list[tuple[dict, str]]:
-        """Substitutions slot -> local formula, latest tensor first."""
-        return [({s: v for s, v in zip(self.slot[n].flat, self.local[n].flat)}, n)
-                for n in reversed(list(self.local))]
+        """Substitutions slot -> local formula, latest tensor first (risky tensors are always
+        substituted by their exact entries, so they are not a stage of their own)."""
+        return [({s: v for s, v in zip(self.slot[n].flat, self.forward[n].flat)}, n)
+                for n in reversed(list(self.local)) if n not in self.risky]
+
+    def _exact(self, entry):
+        """An entry with every risky slot replaced by its exact value (-oo where masked)."""
+        entry = sympy.sympify(entry)
+        if self.exact_values and entry.free_symbols & self.exact_values.keys():
+            return entry.xreplace(self.exact_values)
+        return entry
 
     def identical(self, a: np.ndarray, b: np.ndarray, unfold_grads: bool = True) -> tuple[bool, list[str]]:
-        """(True, unfolded) if a == b entry by entry, exactly; (False, ...) if not shown."""
+        """(True, unfolded) if a == b entry by entry, exactly, under float64 semantics
+        (see the module docstring); (False, ...) if not shown."""
         a, b = np.broadcast_arrays(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
-        diffs = [sympy.sympify(x - y) for x, y in zip(a.flat, b.flat)]
         unfolded: list[str] = []
         stages = (self._grad_unfolding() if unfold_grads else []) + self._forward_unfolding()
-        pending = [d for d in diffs if not zero_test(d)]
+        pending = [(self._exact(x), self._exact(y)) for x, y in zip(a.flat, b.flat)]
+        pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         for mapping, label in stages:
             if not pending:
                 break
             keys = set(mapping)
-            if not any(keys & d.free_symbols for d in pending):
+            if not any(keys & (x.free_symbols | y.free_symbols) for x, y in pending):
                 continue
             self._tick(f"unfolding {label}")
             unfolded.append(label)
-            pending = [d.xreplace(mapping) for d in pending]
-            pending = [d for d in pending if not zero_test(d)]
+            pending = [(self._exact(x.xreplace(mapping)), self._exact(y.xreplace(mapping))) for x, y in pending]
+            pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         return (not pending), unfolded
 
     # --- concrete values -------------------------------------------------------------------
 
     def point(self, values: Mapping[str, np.ndarray], upstream: Mapping[str, np.ndarray],
               digits: int = 30) -> dict:
-        """Every slot and gradient symbol at concrete inputs, in mpmath at `digits` digits.
+        """Every slot and gradient symbol at concrete inputs, in mpmath at `digits` digits,
+        with float64's answers for -inf, NaN and division by zero.
 
-        Forward slots are computed in definition order from the local formulas,
+        Forward slots are computed in definition order from the exact formulas,
         then gradient symbols in reverse order from the exact chain rule.
         """
         with mpmath.workdps(digits + 10):
@@ -382,7 +510,7 @@ class ElementModel:
             for name, array in upstream.items():
                 for sym, v in zip(self.upstream[name].flat, np.asarray(array, dtype=object).flat):
                     subs[sym] = mpmath.mpf(sympy.Rational(v).p) / sympy.Rational(v).q
-            for name, entries in self.local.items():
+            for name, entries in self.forward.items():
                 memo: dict = {}
                 for sym, entry in zip(self.slot[name].flat, entries.flat):
                     subs[sym] = _mp_value(sympy.sympify(entry), subs, memo)

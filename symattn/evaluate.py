@@ -102,6 +102,25 @@ def _elementwise(func):
     return lambda x: ufunc(np.asarray(x, dtype=object)) if np.ndim(x) else func(x)
 
 
+def _ieee(value):
+    """A SymPy number as float64 would have it: complex infinity, an imaginary part or an
+    interval (sin(oo)) is NaN. Expressions are left alone."""
+    if isinstance(value, sympy.Basic) and value.is_number and (
+            value is sympy.zoo or value.has(sympy.I) or value.has(sympy.AccumBounds)):
+        return sympy.nan
+    return value
+
+
+def _ieee_divide(a, b):
+    """a / b with float64's answers when b is exactly 0: +-inf, or NaN for 0 / 0."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if b.is_zero and a.is_number:
+        if a.is_zero or a is sympy.nan:
+            return sympy.nan
+        return sympy.oo if a.is_positive else -sympy.oo if a.is_negative else sympy.nan
+    return _ieee(a / b)
+
+
 class _Symbolic(_Backend):
     exact = True
 
@@ -123,13 +142,20 @@ class _Symbolic(_Backend):
         return value
 
     def unary(self, fn, x):
-        return _elementwise(self._FUNCS[fn])(x)
+        func = self._FUNCS[fn]
+        if fn == "log":  # log(0) is -inf in float64, not complex infinity
+            return _elementwise(lambda u: -sympy.oo if sympy.sympify(u).is_zero else _ieee(func(u)))(x)
+        return _elementwise(lambda u: _ieee(func(u)))(x)
 
     def binary(self, op, a, b):
         a, b = self._obj(a), self._obj(b)
         if op == "pow":
-            return np.frompyfunc(lambda u, v: u**v, 2, 1)(a, b)
-        return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](a, b)
+            return np.frompyfunc(lambda u, v: _ieee(u**v) if not (sympy.sympify(u).is_zero and
+                                                                  sympy.sympify(v).is_negative)
+                                 else sympy.oo, 2, 1)(a, b)
+        if op == "div":
+            return np.frompyfunc(_ieee_divide, 2, 1)(a, b)
+        return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](a, b)
 
     def compare(self, op, a, b):
         rel = self._REL[op]
@@ -147,7 +173,10 @@ class _Symbolic(_Backend):
 
     def softmax(self, x, axis):
         e = self.unary("exp", x)
-        return e / np.sum(e, axis=axis, keepdims=True)
+        total = np.sum(e, axis=axis, keepdims=True)
+        # A fully masked row (every entry -oo) sums to exactly 0: its weights are 0, as in
+        # the numeric backend and the generated code, not 0 / 0.
+        return np.frompyfunc(lambda u, s: sympy.Integer(0) if sympy.sympify(s).is_zero else u / s, 2, 1)(e, total)
 
     def logsumexp(self, x, axis):
         return self.unary("log", np.sum(self.unary("exp", x), axis=axis, keepdims=True))

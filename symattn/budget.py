@@ -1,0 +1,109 @@
+"""Time budgets for symbolic work that can grow without bound.
+
+Contract: `with time_budget(seconds):` runs its body until it finishes or the
+budget is spent; then `OutOfTime` is raised inside the body and leaves the
+`with` statement. `OutOfTime` derives from BaseException, so no
+`except Exception` inside SymPy or symattn can swallow it; callers catch it
+where the work is one answer (a claim, one gradient's check) and report
+"gave up after 5.0 s" instead of a verdict.
+
+The budget is enforced two ways: a real-time interval timer (SIGALRM, which
+interrupts pure-Python work such as SymPy's expansion, in the main thread
+on POSIX), re-firing every half second until the body has left, so an
+interruption swallowed by a bare `except` comes back; and `checkpoint()`,
+which long loops call, for threads and platforms without the timer.
+`seconds=None` means no budget. Budgets nest: the inner one ends no later
+than the outer.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["Budget", "OutOfTime", "time_budget", "checkpoint", "DEFAULT_SECONDS"]
+
+DEFAULT_SECONDS = 5.0  # per claim and per gradient check, unless --budget says otherwise
+
+
+class Budget:
+    """One running budget: `seconds` allowed, ending at the monotonic time `deadline`."""
+
+    __slots__ = ("seconds", "deadline")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+
+
+class OutOfTime(BaseException):
+    """The time budget of a piece of symbolic work is spent; `budget` says which one."""
+
+    def __init__(self, budget: Budget) -> None:
+        super().__init__(f"gave up after {budget.seconds:.1f} s")
+        self.budget = budget
+        self.seconds = budget.seconds
+
+
+_running: list[Budget] = []  # innermost last
+
+
+def _first() -> Budget:
+    return min(_running, key=lambda b: b.deadline)
+
+
+def checkpoint() -> None:
+    """Raise OutOfTime when a running budget is spent (cheap; call it in long loops)."""
+    if _running:
+        first = _first()
+        if time.monotonic() >= first.deadline:
+            raise OutOfTime(first)
+
+
+def _on_alarm(signum, frame) -> None:  # noqa: ARG001 - the signal handler's signature
+    checkpoint()
+
+
+def _can_use_timer() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def time_budget(seconds: float | None) -> Iterator[Budget | None]:
+    """Run the body within `seconds` of wall time (None: unbounded), else raise OutOfTime.
+    Yields the Budget, so a caller can tell its own OutOfTime from an outer one's."""
+    if seconds is None:
+        yield None
+        return
+    entry = Budget(seconds)
+    _running.append(entry)
+    timer = _can_use_timer()
+    if timer:
+        previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+        previous_timer = signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_REAL, max(_first().deadline - time.monotonic(), 1e-3), 0.5)
+    try:
+        yield entry
+    finally:
+        while True:  # a tick that lands during the clean-up must not cut it short
+            try:
+                _close(entry, timer, previous_handler if timer else None, previous_timer if timer else None)
+                break
+            except OutOfTime:
+                continue
+
+
+def _close(entry, timer: bool, previous_handler, previous_timer) -> None:
+    if timer:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if entry in _running:
+        _running.remove(entry)
+    if timer:
+        signal.signal(signal.SIGALRM, previous_handler)
+        if _running:  # an outer budget is still running: re-arm its timer
+            signal.setitimer(signal.ITIMER_REAL, max(_first().deadline - time.monotonic(), 1e-3), 0.5)
+        elif previous_timer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
