@@ -38,9 +38,11 @@ merged with a like term of the other sign, and never selected through
 `eye(N) @` (which multiplies by 0); the argument of an opaque function that
 may be NaN is compared structurally rather than by its expansion, and the
 row-sum rule `sum(softmax(x), axis) = 1` needs a finite `x` (a fully masked
-row has softmax 0). So a Proof means: at every point, with float64 semantics
-aside from rounding and overflow, both sides are equal or both are non-finite
-(`(A + B) * M` and `A * M + B * M` may be -inf and NaN where M is -inf).
+row has softmax 0), and a factor that may be non-finite is never distributed
+over a sum (`(A + B) * M` is -inf where `A * M + B * M` is NaN). So a Proof
+means: at every point, with float64 semantics aside from rounding and
+overflow, both sides are equal, or the same non-finite value (see
+`symattn.finiteness`).
 
 Incomplete by design: no algebra inside opaque functions (`exp(a + b)` is
 not `exp(a) * exp(b)`, `P = softmax(S)` is not expanded into `exp`), no
@@ -133,6 +135,10 @@ def _mul_forms(a: list, b: list) -> list:
         if any(_risky(term) for term in a + b):
             raise _Unsupported("a possibly non-finite term would be multiplied by zero")
         return []
+    if (len(a) > 1 and any(_risky(term) for term in b)) or (len(b) > 1 and any(_risky(term) for term in a)):
+        # (A + B) * M is not A * M + B * M where M is -inf: 0 * -inf is NaN, -inf + NaN is NaN
+        # but 1 * -inf + 0 * -inf is NaN too while (1 + 0) * -inf is -inf.
+        raise _Unsupported("a possibly non-finite factor would be distributed over a sum")
     if len(a) * len(b) > MAX_TERMS:
         raise _TooBig("the expansion is too large")
     return [(ca * cb, fa + fb, sa + sb) for ca, fa, sa in a for cb, fb, sb in b]

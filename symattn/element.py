@@ -121,7 +121,8 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
     """Replace every function application (and irrational power of a non-number) by a symbol.
 
     exp is split first, exp(2*s + t/2) = E_s^2 * E_t^(1/2) with E_s = exp(s) > 0, so that
-    the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom.
+    the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom; tanh
+    is written through exp first (its argument is finite here), so it meets sigmoid.
     """
     atoms: dict[sympy.Expr, sympy.Dummy] = {}
 
@@ -133,6 +134,9 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
     def walk(node: sympy.Expr) -> sympy.Expr:
         if not node.args or node.is_Atom:
             return node
+        if isinstance(node, sympy.tanh):  # tanh(u) = (E^2 - 1) / (E^2 + 1), E = exp(u) > 0: meets sigmoid
+            e2 = sympy.exp(2 * node.args[0])
+            return walk((e2 - 1) / (e2 + 1))
         if isinstance(node, sympy.exp):
             result = sympy.Integer(1)
             for term in sympy.Add.make_args(sympy.expand(walk(node.args[0]))):
