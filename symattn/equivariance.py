@@ -295,6 +295,7 @@ def _index_uses(node: t.Node):
 
 
 def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
+    node = t.scope_sum_indices(node)  # sibling sums may reuse a name for different axes
     entries, values = _index_uses(node.body)
     tensors = sorted({e.tensor for e in entries})
     lhs = [i.name for i in node.indices]

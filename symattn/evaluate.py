@@ -10,6 +10,10 @@ of the spec op by op, written for obviousness rather than speed, and
 - `NUMERIC`: float64 arrays (the reference evaluator used by checks of
   generated code; stable softmax, a fully masked row gives zeros).
 
+Index notation is evaluated on a grid with one axis per index; every
+`sum(k, ...)` gets an axis of its own (`typed.scope_sum_indices`), so sibling
+sums may reuse a name over different ranges.
+
 Extra leading batch axes on the leaves broadcast through every operation.
 Dim sizes are bound from the leaves' shapes (`bind_sizes`).
 """
@@ -400,6 +404,7 @@ class Evaluator:
 
     @_eval.register
     def _(self, node: t.IndexDef):
+        node = t.scope_sum_indices(node)  # one grid axis per index name, so one name per sum
         names = [i.name for i in node.indices]
         ranges = {i.name: self.size(i.range) for i in node.indices}
         for n in _sum_indices(node.body):
