@@ -395,6 +395,10 @@ class ElementModel:
                 exact.values[name] = self.forward[name]
         self.exact_values = {s: v for n in self.risky for s, v in zip(self.slot[n].flat, self.forward[n].flat)}
         self.consumers = {n: [c for c, e in self.local.items() if self._reads(e, n)] for n in spec.tensors}
+        self.live = set(spec.outputs)  # tensors with a path to an output
+        for name in reversed(list(spec.tensors)):
+            if any(c in self.live for c in self.consumers[name]):
+                self.live.add(name)
         self._truth: dict[str, np.ndarray] = {}
         self._adjoint: dict[str, np.ndarray] = {}
 
@@ -429,6 +433,8 @@ class ElementModel:
         """dL/dT: what the chain rule carries into T's definition. For an output that other
         tensors read, its upstream gradient plus every path through them."""
         if name not in self.spec.outputs:
+            if name not in self.live:  # no path to an output: L does not depend on it
+                return np.zeros(self.upstream[name].shape, dtype=object) + sympy.Integer(0)
             return self.upstream[name]
         if name not in self._adjoint:
             paths = self._paths(name) if self.consumers[name] else None

@@ -307,7 +307,8 @@ class Evaluator:
         a, b = self._eval(node.a), self._eval(node.b)
         if self.backend.exact:
             a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
-        return np.matmul(a, b)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 is NaN, as float64 says
+            return np.matmul(a, b)
 
     @_eval.register
     def _(self, node: t.Transpose):

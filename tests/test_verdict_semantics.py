@@ -337,3 +337,25 @@ def test_check_json_is_strict_json_with_non_finite_numbers_as_strings(tmp_path):
 def test_budget_flag_is_validated():
     result = run_cli("check", "derivations/self_attention.attn", "--budget", "soon")
     assert result.returncode == 2 and "seconds" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- tensors that reach no output -----------------------------------------------------------
+
+DEAD = """\
+dim N = 2, d = 2
+input X[N, d]
+T = X * 2
+D = exp(T)
+O = X * 3
+output O
+"""
+
+
+def test_a_tensor_that_reaches_no_output_has_gradient_zero_at_both_levels():
+    spec = symattn.load(DEAD)
+    checks = {c.tensor: c for c in spec.verify_gradients()}
+    assert all(c.ok for c in checks.values()), [c.method for c in checks.values()]
+    assert spec.derive().gradients["T"].expr is None
+    # and grad(X) is 3 * grad(O): finite differences of L = <O, G> through X alone
+    found = {v.claim: v for v in symattn.load(DEAD + "check grad(X) == 3 * grad(O)\n").check()}
+    assert found["grad(X) == 3 * grad(O)"].verdict == "proved"
