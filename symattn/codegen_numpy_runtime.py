@@ -144,8 +144,14 @@ def _logsumexp(x, axis):
 
 
 def _sigmoid(x):
-    """1 / (1 + exp(-x)), written with tanh so that it never overflows."""
-    return 0.5 * np.tanh(0.5 * x) + 0.5
+    """1 / (1 + exp(-x)), stably: exp only of -|x|, so it neither overflows nor underflows early.
+
+    For x < 0 it is e / (1 + e) with e = exp(x), accurate down to the smallest
+    subnormal (the tanh form 0.5 * tanh(x / 2) + 0.5 rounds to 0 below x = -37 in
+    float64, so log(sigmoid(x)) became -inf and its gradient NaN).
+    """
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, e) / (1 + e)
 
 
 def _merge_heads(x):
