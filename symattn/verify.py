@@ -8,9 +8,11 @@ configuration and tensor: the forward outputs against the plain reference
 evaluator (`Evaluator` with the NUMERIC backend, run on each batch element on
 its own, so the batch semantics are checked too), and the gradient of every
 input and param against central finite differences of that reference forward
-pass. The error of a tensor is its max relative error,
-`max |generated - reference| / max(max |reference|, 1e-3)`; a row fails past
-its tolerance. Nothing here trusts the code under test.
+pass. The error of a tensor is `relative_error`: its max relative error,
+`max |generated - reference| / max(max |reference|, 1e-3)`, where entries
+that are non-finite in the same way on both sides (the same infinity, or NaN)
+count as equal and any other disagreement about finiteness as an infinite
+error; a row fails past its tolerance. Nothing here trusts the code under test.
 """
 
 from __future__ import annotations
@@ -72,18 +74,38 @@ class Report:
         return out
 
 
-def relative_error(got, want) -> float:
+def relative_error(got, want, floor: float = 1e-3) -> float:
+    """How far `got` is from `want`: 0 when equal, inf when they disagree about which entries are finite.
+
+    Equal means equal within tolerance, or both non-finite in the same way: an
+    entry that is the same infinity on both sides, or NaN on both, counts as
+    exact (a fully masked row's logsumexp is -inf in both, and -inf - -inf is
+    not a difference). An entry finite on one side only, or non-finite in
+    different ways, gives inf. Over the rest the error is
+    `max |got - want| / max(max |want|, floor)` (floor 0: the absolute error
+    when every finite `want` is 0). `got` may lack leading axes that `want`
+    has (an output that reads no batched tensor comes back unbatched); it is
+    broadcast. Any other difference of shape gives inf.
+    """
     import numpy as np
 
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
-        return float("inf")
+        if got.ndim > want.ndim or want.shape[want.ndim - got.ndim:] != got.shape:
+            return float("inf")
+        got = np.broadcast_to(got, want.shape)
     if got.size == 0:
         return 0.0
-    if np.isnan(got).any() or np.isnan(want).any():
-        return 0.0 if np.array_equal(np.isnan(got), np.isnan(want)) and np.allclose(
-            np.nan_to_num(got), np.nan_to_num(want)) else float("nan")
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-3))
+    finite = np.isfinite(want)
+    if not np.array_equal(np.isfinite(got), finite):
+        return float("inf")
+    if not np.array_equal(got[~finite], want[~finite], equal_nan=True):
+        return float("inf")  # +inf against -inf, or an infinity against NaN
+    if not finite.any():
+        return 0.0
+    diff = float(np.max(np.abs(got[finite] - want[finite])))
+    scale = max(float(np.max(np.abs(want[finite]))), floor)
+    return diff / scale if scale > 0 else diff
 
 
 def _sum_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -135,9 +157,14 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
         weights = {o: np.broadcast_to(upstream[o], batch + upstream[o].shape[upstream[o].ndim
                                       - len(spec.tensors[o].shape):])[idx] for o in spec.outputs}
 
+        # An output entry that is non-finite at the base point (a fully masked row's logsumexp, -inf)
+        # does not move under a small step: it is left out of L, as its zero derivative says.
+        base_values = Evaluator(spec, NUMERIC, sizes).run(base)
+        counted = {o: np.isfinite(base_values[o]) for o in spec.outputs}
+
         def loss(values: dict[str, np.ndarray]) -> float:
             result = Evaluator(spec, NUMERIC, sizes).run(values)
-            return float(sum(np.sum(result[o] * weights[o]) for o in spec.outputs))
+            return float(sum(np.sum(np.where(counted[o], result[o] * weights[o], 0.0)) for o in spec.outputs))
 
         for name in spec.leaves:
             array = base[name]
