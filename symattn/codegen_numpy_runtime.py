@@ -69,6 +69,12 @@ def _size(name, value):
     return int(value)
 
 
+def _exact(dim, numerator, denominator):
+    """A quotient of sizes such as (N + 1) / 2 must be a whole number; ValueError naming it otherwise."""
+    if numerator % denominator:
+        raise ValueError(f"{dim} is {numerator} / {denominator} at these sizes, not an integer")
+
+
 def _upstream(name, array, shape, expected, dtype):
     """An upstream gradient: the shape of its output (batch axes broadcast), in the forward pass's dtype."""
     array = np.asarray(array)
@@ -193,7 +199,7 @@ def _causal_mask(n, dtype):
 
 
 HELPERS = (  # in the order generated modules list them
-    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_upstream", "_sum_to",
+    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask",
 )
