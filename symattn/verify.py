@@ -29,11 +29,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["Row", "Report", "verify_numpy", "reference_forward", "finite_difference_gradients",
-           "relative_error", "FORWARD_TOLERANCE", "BACKWARD_TOLERANCE"]
+           "relative_error", "FORWARD_TOLERANCE", "BACKWARD_TOLERANCE", "USER_BUDGET"]
 
 FORWARD_TOLERANCE = 1e-9  # float64 against float64, the same formulas in another order
 BACKWARD_TOLERANCE = 1e-6  # against central differences, step 1e-5: truncation and rounding both ~1e-10
 STEP = 1e-5
+USER_BUDGET = 1_000_000  # entries: sizes given with --dim stand up to this; beyond it the size guard shrinks them
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,15 @@ class Row:
 class Report:
     spec: str
     rows: list[Row] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)  # the base sizes verified at
+    notes: list[str] = field(default_factory=list)       # e.g. that the size guard chose smaller sizes
 
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
 
     def lines(self) -> list[str]:
-        out = []
+        out = list(self.notes)
         config = None
         for row in self.rows:
             if row.config != config:
@@ -179,9 +182,11 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
     return {n: _sum_to(grads[n], leaves[n].shape) for n in spec.leaves}
 
 
-def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
-    defaults = dict(spec.sizes)
-    larger = {name: 2 * size for name, size in defaults.items()}  # doubling keeps split_heads divisible
+def _configs(spec: t.TypedSpec, base: dict[str, int]) -> list[tuple[str, dict[str, int], Callable]]:
+    from .sizes import repair
+
+    # Doubling keeps split_heads divisible; (N + 1) / 2 needs N odd again, hence the repair.
+    larger = repair(spec, {name: 2 * size for name, size in base.items()})
     inputs = set(spec.inputs)
 
     def none(name):
@@ -196,26 +201,37 @@ def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
     def show(sizes):
         return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
+    which = "default" if base == dict(spec.sizes) else "size-guarded"
     return [
-        (f"default sizes ({show(defaults)})", defaults, none),
-        (f"larger sizes ({show(larger)})", larger, none),
-        ("batch axis [2] on the inputs", defaults, inputs_only),
-        ("batch axes [2, 3] on the inputs, [3] on the params", defaults, broadcast),
+        (f"{which} sizes ({show(base)})", base, none),
+        *([(f"larger sizes ({show(larger)})", larger, none)] if larger is not None else []),
+        ("batch axis [2] on the inputs", base, inputs_only),
+        ("batch axes [2, 3] on the inputs, [3] on the params", base, broadcast),
     ]
 
 
-def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None) -> Report:
-    """Run the generated NumPy module against the reference evaluator and finite differences."""
+def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | None = None) -> Report:
+    """Run the generated NumPy module against the reference evaluator and finite differences.
+
+    Sizes are the spec's unless their work exceeds `budget` entries (default
+    `sizes.VERIFY_BUDGET`; sizes given with --dim stand up to `USER_BUDGET`):
+    then smaller valid ones (`sizes.fit_sizes`), and `report.notes` says which.
+    """
     import numpy as np
 
     from .codegen_numpy import load_module, numpy_source, size_keywords
     from .evaluate import random_leaves
+    from .sizes import VERIFY_BUDGET, fit_sizes, user_sizes
 
+    budget = budget or VERIFY_BUDGET
+    choice = fit_sizes(spec, budget, fixed=user_sizes(spec), fixed_budget=max(budget, USER_BUDGET))
     module = module or load_module(numpy_source(spec), f"symattn_verify_{spec.name}")
-    report = Report(spec.name)
+    report = Report(spec.name, sizes=choice.sizes)
+    if choice.shrunk:
+        report.notes.append(choice.note("verify"))
     rng = np.random.default_rng(seed)
     keywords = size_keywords(spec)  # dims no input's shape has: passed to the module by name
-    for title, sizes, batch_of in _configs(spec):
+    for title, sizes, batch_of in _configs(spec, choice.sizes):
         dims = {name: sizes[name] for name in keywords}
         leaves = {}
         for name in spec.leaves:
