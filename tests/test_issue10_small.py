@@ -94,6 +94,25 @@ def test_reference_evaluator_log_sigmoid_is_finite():
     np.testing.assert_allclose(out, -np.logaddexp(0, -z), rtol=1e-14, atol=1e-15)
 
 
+@needs_cxx
+def test_cuda_log_sigmoid_is_finite_in_float32(tmp_path):
+    """The emitted CUDA, built for the CPU: sa_sigmoid never rounds sigmoid(-80) to 0 in float32."""
+    from symattn.verify_cuda import _concrete, _Runner, build_cpu
+
+    code = symattn.load(LOG_SIGMOID).emit("cuda")
+    p = code.program
+    z = np.array([[-80.0, -40.0, -20.0, 0.0, 5.0, 35.0]], dtype=np.float32)
+    arrays = {id(p.inputs[0]): z, id(p.upstream[0]): np.ones_like(z)}
+    for b in (*p.outputs, *p.gradients):
+        arrays[id(b)] = np.full(_concrete(b, {"N": 6}, 1), np.nan, np.float32)
+    _Runner(build_cpu(code, tmp_path), code)(arrays, [6, 1])
+    out, grad = arrays[id(p.outputs[0])][0], arrays[id(p.gradients[0])][0]
+    z64 = z[0].astype(np.float64)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(grad))
+    np.testing.assert_allclose(out, -np.logaddexp(0, -z64), rtol=1e-6, atol=2e-7)
+    np.testing.assert_allclose(grad, stable_sigmoid(-z64), rtol=1e-6, atol=2e-7)
+
+
 # --- 2. dim arithmetic ----------------------------------------------------------------------------
 
 
