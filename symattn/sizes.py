@@ -196,21 +196,18 @@ class _Model:
                 shapes.append(tuple(node.shape))
         self.shapes = [[_compile(d) for d in shape] for shape in shapes]
 
+    @staticmethod
+    def _holds(check, sizes: Mapping[str, int]) -> bool:
+        value, least = check
+        v = value(sizes)
+        return v.denominator == 1 and v >= least
+
     def broken(self, sizes: Mapping[str, int]) -> list[int]:
         """The constraints that do not hold at `sizes`, by position."""
-        out = []
-        for k, (value, least) in enumerate(self.checks):
-            v = value(sizes)
-            if v.denominator != 1 or v < least:
-                out.append(k)
-        return out
+        return [k for k, check in enumerate(self.checks) if not self._holds(check, sizes)]
 
     def valid(self, sizes: Mapping[str, int]) -> bool:
-        for value, least in self.checks:
-            v = value(sizes)
-            if v.denominator != 1 or v < least:
-                return False
-        return True
+        return all(self._holds(check, sizes) for check in self.checks)
 
     def entries(self, sizes: Mapping[str, int]) -> int:
         total = 0

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import symattn
 from conftest import run_cli
@@ -179,7 +181,7 @@ def test_cli_verify_numpy_dim_arithmetic(tmp_path):
     assert bad.returncode == 2 and "(N + 1) / 2 is 5/2" in bad.stderr
 
 
-def test_cuda_prints_exact_integer_division(tmp_path):
+def test_cuda_prints_exact_integer_division():
     code = symattn.load(HALF).emit("cuda")
     source = code.files[code.source_name]
     assert "((1 + N) / 2)" in source and "1 / 2" not in source.replace("(1 + N) / 2", "")
@@ -354,6 +356,20 @@ def test_fit_sizes_shrinks_and_keeps_split_heads_divisible():
     assert not valid_sizes(spec, {"N": 4, "d": 5, "h": 3})
     fixed = repair(spec, {"N": 4, "d": 5, "h": 3}, movable=["d"])
     assert fixed == {"N": 4, "d": 6, "h": 3} or fixed == {"N": 4, "d": 3, "h": 3}
+
+
+@settings(max_examples=40, deadline=None)
+@given(budget=st.integers(min_value=60, max_value=10**6), start=st.integers(min_value=1, max_value=10**9))
+def test_fit_sizes_property(budget, start):
+    """Whatever the budget and the requested N: whole sizes (h divides d), within the budget by hand."""
+    spec = symattn.load(HEADS_HUGE).typed
+    choice = fit_sizes(spec, budget, sizes={"N": start, "d": 6, "h": 3})
+    n, d, h = (choice.sizes[k] for k in ("N", "d", "h"))
+    assert min(n, d, h) >= 1 and d % h == 0
+    assert by_hand_entries(n, d, h) <= budget
+    assert n <= start and d <= 6 and h <= 3
+    if by_hand_entries(start, 6, 3) <= budget:
+        assert not choice.shrunk
 
 
 def test_fit_sizes_keeps_an_odd_n_for_half():
