@@ -28,7 +28,7 @@ import sympy
 
 from . import __version__
 from . import typed as t
-from .shapes import format_shape
+from .shapes import format_dim, format_shape
 
 # The printer, the program builder and the runtime helpers (which import NumPy) are imported where they
 # are used: the command line imports this module to dispatch `symattn emit`, and every other command
@@ -179,11 +179,36 @@ def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> li
         lines.append(f'{var} = _size("{name}", {var})  # no array has an axis of size {name} alone: a keyword')
         printer.helpers.add("_size")
         bound.add(spec.dims[name].symbol)
+    lines += _exact_dims(spec, printer)
     for leaf in later:
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
     ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
                       for leaf in spec.leaves)
     lines.append(f"_batch_axes({ranks})")
+    return lines
+
+
+def _exact_dims(spec: t.TypedSpec, printer: NumPyPrinter) -> list[str]:
+    """A check for each quotient of sizes the spec relies on (`d / h`, `(N + 1) / 2`): it must divide.
+
+    Everywhere else such a dim is printed with `//`; this makes a size at which it
+    does not divide a ValueError, as the reference evaluator refuses it too.
+    """
+    from .sizes import constraints
+
+    # split_heads checks its own width ("not a multiple of 3 heads"), unless an input's shape has it too
+    in_leaves = {d for name in spec.leaves for d in spec.tensors[name].shape}
+    seen = {n.shape[-1] for info in spec.tensors.values() if info.expr is not None for n in t.walk(info.expr)
+            if isinstance(n, t.SplitHeads)} - in_leaves
+    lines = []
+    for constraint in constraints(spec):
+        num, den = sympy.fraction(sympy.together(constraint.dim))
+        if den == 1 or constraint.dim in seen:
+            continue
+        seen.add(constraint.dim)
+        printer.helpers.add("_exact")
+        shown = format_dim(constraint.dim, list(spec.dims))
+        lines.append(f'_exact("{shown}", {printer.dim(num).text}, {printer.dim(den).text})')
     return lines
 
 

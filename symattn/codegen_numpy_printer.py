@@ -87,8 +87,21 @@ class NumPyPrinter:
     # --- dims and scalars -----------------------------------------------------------------
 
     def dim(self, expr, integer: bool = True) -> Code:
-        """A dim expression as Python arithmetic on the size variables."""
+        """A dim expression as Python arithmetic on the size variables.
+
+        A quotient is printed over one common denominator, `(N + 1) // 2` (exact
+        integer division where a size is meant: the module checks up front that
+        it divides, see `codegen_numpy._exact_dims`), or `(N + 1) / 2` where the value is a number.
+        """
         expr = sympy.sympify(expr)
+        num, den = sympy.fraction(sympy.together(expr))
+        if den != 1 and not expr.is_Rational:
+            top, bottom = self._polynomial(num, integer), self._polynomial(den, integer)
+            text = f"{_wrap(top, MUL)} {'//' if integer else '/'} {_wrap(bottom, MUL + 1)}"
+            return Code(text, MUL, carrying=False)
+        return self._polynomial(expr, integer)
+
+    def _polynomial(self, expr, integer: bool) -> Code:
         if expr.is_Integer:
             return Code(str(int(expr)), ATOM if expr >= 0 else UNARY_PREC, carrying=False)
         if expr.is_Rational:

@@ -69,6 +69,12 @@ def _size(name, value):
     return int(value)
 
 
+def _exact(dim, numerator, denominator):
+    """A quotient of sizes such as (N + 1) / 2 must be a whole number; ValueError naming it otherwise."""
+    if numerator % denominator:
+        raise ValueError(f"{dim} is {numerator} / {denominator} at these sizes, not an integer")
+
+
 def _upstream(name, array, shape, expected, dtype):
     """An upstream gradient: the shape of its output (batch axes broadcast), in the forward pass's dtype."""
     array = np.asarray(array)
@@ -144,8 +150,14 @@ def _logsumexp(x, axis):
 
 
 def _sigmoid(x):
-    """1 / (1 + exp(-x)), written with tanh so that it never overflows."""
-    return 0.5 * np.tanh(0.5 * x) + 0.5
+    """1 / (1 + exp(-x)), stably: exp only of -|x|, so it neither overflows nor underflows early.
+
+    For x < 0 it is e / (1 + e) with e = exp(x), accurate down to the smallest
+    subnormal (the tanh form 0.5 * tanh(x / 2) + 0.5 rounds to 0 below x = -37 in
+    float64, so log(sigmoid(x)) became -inf and its gradient NaN).
+    """
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, e) / (1 + e)
 
 
 def _merge_heads(x):
@@ -187,7 +199,7 @@ def _causal_mask(n, dtype):
 
 
 HELPERS = (  # in the order generated modules list them
-    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_upstream", "_sum_to",
+    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask",
 )

@@ -552,7 +552,10 @@ class _Builder:
             raise CodegenError(f"{name} depends on itself")
         self.building.add(name)
         info = self.spec.tensors[name]
-        lowered = self._lower_inner(self.forward_exprs[name])  # the definition itself, not its name
+        definition = self.forward_exprs[name]
+        # the definition itself, not its name; an alias (`O = X`) is the other tensor's variable
+        lowered = self.lower(definition) if isinstance(definition, (t.Tensor, t.Grad)) \
+            else self._lower_inner(definition)
         dims = list(self.spec.dims)
         if isinstance(info.expr, t.IndexDef):
             idx = ", ".join(i.name for i in info.expr.indices)

@@ -14,12 +14,15 @@ Contract: `check_symmetry(spec, check)` answers `equivariant(O, X[, D])` and
   an n-cycle), which together give every permutation at that size;
 - when the proof fails, a counterexample: a permutation and exact small
   inputs at which the two sides differ by a clearly separated amount, with
-  both values, re-runnable with NumPy. Only a counterexample refutes; a failed
-  proof without one is `unknown`.
+  both values, re-runnable with NumPy. The search runs at the spec's sizes,
+  or at smaller ones the size guard picks (`sizes.fit_sizes`) when those
+  are too large to build arrays at, and the verdict says which. Only a
+  counterexample refutes; a failed proof without one is `unknown`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from functools import singledispatch
@@ -34,8 +37,10 @@ from .errors import SizeGuardError, SymbolicError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .printing import to_spec
 from .shapes import ONE, same_dim
+from .sizes import SEARCH_BUDGET, SizeChoice, fit_sizes, user_sizes
 
-__all__ = ["Lemma", "LEMMAS", "ProofStep", "prove_symmetry", "check_symmetry", "element_witness"]
+__all__ = ["Lemma", "LEMMAS", "ProofStep", "prove_symmetry", "check_symmetry", "element_witness",
+           "find_counterexample", "search_sizes"]
 
 Pattern = tuple[bool, ...]
 
@@ -503,9 +508,24 @@ def _sizes(spec: t.TypedSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in spec.sizes.items())
 
 
+def search_sizes(spec: t.TypedSpec, dim: str) -> SizeChoice:
+    """The sizes of the counterexample search: the spec's, unless the size guard picks smaller ones.
+
+    The permuted dim keeps at least 2 (a permutation of one position is the identity).
+    """
+    return fit_sizes(spec, SEARCH_BUDGET, fixed=user_sizes(spec), at_least={dim: min(2, spec.sizes[dim])})
+
+
 def find_counterexample(spec: t.TypedSpec, output: str, source: str, dim: str,
                         invariant: bool) -> Counterexample | None:
-    """A permutation and exact small inputs at which the claim visibly fails (float64 evaluation)."""
+    """A permutation and exact small inputs at which the claim visibly fails (float64 evaluation).
+
+    It runs at `search_sizes`: the spec's sizes, or smaller ones the size guard
+    picked (the counterexample's note then says so).
+    """
+    choice = search_sizes(spec, dim)
+    if choice.shrunk:
+        spec = dataclasses.replace(spec, sizes=choice.sizes)
     n = spec.sizes[dim]
     if n < 2:
         return None
@@ -557,10 +577,12 @@ def check_symmetry(spec: t.TypedSpec, check: t.CheckInfo, force: bool = False) -
                        f"for every {dim}: matrix-level permutation rules ({len(proof.steps)} steps){extra}",
                        steps=steps)
     counter = find_counterexample(spec, output, source, dim, invariant)
+    choice = search_sizes(spec, dim)
+    where = choice.where()  # "at N=4, d=3", or "at N=59 instead of N=1000000000 (size guard)"
     if counter is not None:
         return Verdict(check.line, check.text, "refuted",
-                       f"the proof stops at {proof.broken_at}: {proof.reason}; counterexample at {_sizes(spec)}",
+                       f"the proof stops at {proof.broken_at}: {proof.reason}; counterexample {where}",
                        counter, steps)
     return Verdict(check.line, check.text, "unknown",
-                   f"the proof stops at {proof.broken_at}: {proof.reason}; no counterexample found at "
-                   f"{_sizes(spec)} in 6 tries", steps=steps)
+                   f"the proof stops at {proof.broken_at}: {proof.reason}; no counterexample found {where} "
+                   "in 6 tries", steps=steps)

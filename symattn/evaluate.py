@@ -21,7 +21,7 @@ Dim sizes are bound from the leaves' shapes (`bind_sizes`).
 from __future__ import annotations
 
 import math
-from functools import singledispatchmethod
+from functools import lru_cache, singledispatchmethod
 from typing import Mapping
 
 import numpy as np
@@ -29,7 +29,7 @@ import sympy
 
 from . import typed as t
 from .errors import SymbolicError, UsageError
-from .shapes import format_shape
+from .shapes import dim_symbol, format_dim, format_shape
 
 __all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "bind_sizes", "sinusoidal_value", "random_leaves"]
 
@@ -227,7 +227,7 @@ def bind_sizes(spec: t.TypedSpec, leaves: Mapping[str, np.ndarray]) -> tuple[dic
     for name in spec.leaves:
         declared = spec.tensors[name].shape
         given = np.shape(leaves[name])
-        expected = tuple(int(sympy.sympify(d).subs(subs)) for d in declared)
+        expected = tuple(_whole(d, subs, sizes, order) for d in declared)
         if tuple(given[len(given) - len(declared):]) != expected:
             raise UsageError(f"{name}: expected shape {format_shape(declared, order)} = {list(expected)}, "
                              f"got {list(given)}")
@@ -237,6 +237,22 @@ def bind_sizes(spec: t.TypedSpec, leaves: Mapping[str, np.ndarray]) -> tuple[dic
         raise UsageError("the leading batch axes of the tensors do not broadcast: "
                          + ", ".join(f"{n} {list(np.shape(leaves[n]))}" for n in spec.leaves)) from None
     return sizes, tuple(batch)
+
+
+def _whole(dim, subs: Mapping, sizes: Mapping[str, int], order: list[str]) -> int:
+    """A dim expression at these sizes, which must be an integer: `d / h` needs h to divide d."""
+    value = sympy.sympify(dim).subs(subs)
+    if not value.is_Integer:
+        shown = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        raise UsageError(f"{format_dim(dim, order)} is {value} at {shown}, not a whole size")
+    return int(value)
+
+
+@lru_cache(maxsize=1024)
+def _shape_at(shape: tuple, sizes: tuple[tuple[str, int], ...], order: tuple[str, ...]) -> tuple[int, ...]:
+    """A declared shape at these sizes (cached: finite differences run the evaluator thousands of times)."""
+    subs = {dim_symbol(name): size for name, size in sizes}
+    return tuple(_whole(d, subs, dict(sizes), list(order)) for d in shape)
 
 
 class Evaluator:
@@ -251,10 +267,24 @@ class Evaluator:
         self.grads: dict[str, np.ndarray] = {}
 
     def size(self, dim) -> int:
-        return int(sympy.sympify(dim).subs(self.subs))
+        """A dim expression at these sizes; division is exact, so `(N + 1) / 2` at an even N is an error."""
+        return _whole(dim, self.subs, self.sizes, list(self.spec.dims))
 
     def run(self, leaves: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray] | None = None):
-        """Every tensor's value, given the inputs and params (and optional grad(T) arrays)."""
+        """Every tensor's value, given the inputs and params (and optional grad(T) arrays).
+
+        A leaf must have its declared shape at these sizes (after any leading batch
+        axes), and each dim of it must be whole (`(N + 1) / 2` refuses an even N),
+        as generated code refuses them too: otherwise a UsageError.
+        """
+        order = tuple(self.spec.dims)
+        for name in self.spec.leaves:
+            declared = tuple(self.spec.tensors[name].shape)
+            expected = _shape_at(declared, tuple(self.sizes.items()), order)
+            given = np.shape(leaves[name])
+            if len(given) < len(declared) or given[len(given) - len(declared):] != expected:
+                raise UsageError(f"{name}: expected shape {format_shape(declared, list(order))} = "
+                                 f"{list(expected)} at these sizes, got {list(given)}")
         self.values = {name: leaves[name] for name in self.spec.leaves}
         self.grads = dict(grads or {})
         for name, info in self.spec.tensors.items():

@@ -62,14 +62,14 @@ def format_dim(dim: sympy.Expr, order: Sequence[str] = ()) -> str:
             return f"{f.base}^{f.exp}"
         return str(f)
 
-    if dim.is_Add:
+    num, den = sympy.fraction(sympy.together(dim))
+    if dim.is_Add and den == 1:
         terms = sorted(sympy.Add.make_args(dim), key=lambda t: (t.is_Number, key(t)))
         out = term(terms[0])
         for t in terms[1:]:
             text = term(t)
             out += f" - {text[1:]}" if text.startswith("-") else f" + {text}"
         return out
-    num, den = sympy.fraction(sympy.together(dim))
     if den != 1:
         def group(part: sympy.Expr) -> str:
             text = format_dim(part, order)

@@ -8,9 +8,11 @@ configuration and tensor: the forward outputs against the plain reference
 evaluator (`Evaluator` with the NUMERIC backend, run on each batch element on
 its own, so the batch semantics are checked too), and the gradient of every
 input and param against central finite differences of that reference forward
-pass. The error of a tensor is its max relative error,
-`max |generated - reference| / max(max |reference|, 1e-3)`; a row fails past
-its tolerance. Nothing here trusts the code under test.
+pass. The error of a tensor is `relative_error`: its max relative error,
+`max |generated - reference| / max(max |reference|, 1e-3)`, where entries
+that are non-finite in the same way on both sides (the same infinity, or NaN)
+count as equal and any other disagreement about finiteness as an infinite
+error; a row fails past its tolerance. Nothing here trusts the code under test.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["Row", "Report", "verify_numpy", "reference_forward", "finite_difference_gradients",
-           "relative_error", "FORWARD_TOLERANCE", "BACKWARD_TOLERANCE"]
+           "relative_error", "FORWARD_TOLERANCE", "BACKWARD_TOLERANCE", "USER_BUDGET"]
 
 FORWARD_TOLERANCE = 1e-9  # float64 against float64, the same formulas in another order
 BACKWARD_TOLERANCE = 1e-6  # against central differences, step 1e-5: truncation and rounding both ~1e-10
 STEP = 1e-5
+USER_BUDGET = 1_000_000  # entries: sizes given with --dim stand up to this; beyond it the size guard shrinks them
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,15 @@ class Row:
 class Report:
     spec: str
     rows: list[Row] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)  # the base sizes verified at
+    notes: list[str] = field(default_factory=list)       # e.g. that the size guard chose smaller sizes
 
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
 
     def lines(self) -> list[str]:
-        out = []
+        out = list(self.notes)
         config = None
         for row in self.rows:
             if row.config != config:
@@ -72,18 +77,38 @@ class Report:
         return out
 
 
-def relative_error(got, want) -> float:
+def relative_error(got, want, floor: float = 1e-3) -> float:
+    """How far `got` is from `want`: 0 when equal, inf when they disagree about which entries are finite.
+
+    Equal means equal within tolerance, or both non-finite in the same way: an
+    entry that is the same infinity on both sides, or NaN on both, counts as
+    exact (a fully masked row's logsumexp is -inf in both, and -inf - -inf is
+    not a difference). An entry finite on one side only, or non-finite in
+    different ways, gives inf. Over the rest the error is
+    `max |got - want| / max(max |want|, floor)` (floor 0: the absolute error
+    when every finite `want` is 0). `got` may lack leading axes that `want`
+    has (an output that reads no batched tensor comes back unbatched); it is
+    broadcast. Any other difference of shape gives inf.
+    """
     import numpy as np
 
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
-        return float("inf")
+        if got.ndim > want.ndim or want.shape[want.ndim - got.ndim:] != got.shape:
+            return float("inf")
+        got = np.broadcast_to(got, want.shape)
     if got.size == 0:
         return 0.0
-    if np.isnan(got).any() or np.isnan(want).any():
-        return 0.0 if np.array_equal(np.isnan(got), np.isnan(want)) and np.allclose(
-            np.nan_to_num(got), np.nan_to_num(want)) else float("nan")
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-3))
+    finite = np.isfinite(want)
+    if not np.array_equal(np.isfinite(got), finite):
+        return float("inf")
+    if not np.array_equal(got[~finite], want[~finite], equal_nan=True):
+        return float("inf")  # +inf against -inf, or an infinity against NaN
+    if not finite.any():
+        return 0.0
+    diff = float(np.max(np.abs(got[finite] - want[finite])))
+    scale = max(float(np.max(np.abs(want[finite]))), floor)
+    return diff / scale if scale > 0 else diff
 
 
 def _sum_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -135,9 +160,14 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
         weights = {o: np.broadcast_to(upstream[o], batch + upstream[o].shape[upstream[o].ndim
                                       - len(spec.tensors[o].shape):])[idx] for o in spec.outputs}
 
+        # An output entry that is non-finite at the base point (a fully masked row's logsumexp, -inf)
+        # does not move under a small step: it is left out of L, as its zero derivative says.
+        base_values = Evaluator(spec, NUMERIC, sizes).run(base)
+        counted = {o: np.isfinite(base_values[o]) for o in spec.outputs}
+
         def loss(values: dict[str, np.ndarray]) -> float:
             result = Evaluator(spec, NUMERIC, sizes).run(values)
-            return float(sum(np.sum(result[o] * weights[o]) for o in spec.outputs))
+            return float(sum(np.sum(np.where(counted[o], result[o] * weights[o], 0.0)) for o in spec.outputs))
 
         for name in spec.leaves:
             array = base[name]
@@ -152,9 +182,11 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
     return {n: _sum_to(grads[n], leaves[n].shape) for n in spec.leaves}
 
 
-def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
-    defaults = dict(spec.sizes)
-    larger = {name: 2 * size for name, size in defaults.items()}  # doubling keeps split_heads divisible
+def _configs(spec: t.TypedSpec, base: dict[str, int]) -> list[tuple[str, dict[str, int], Callable]]:
+    from .sizes import repair
+
+    # Doubling keeps split_heads divisible; (N + 1) / 2 needs N odd again, hence the repair.
+    larger = repair(spec, {name: 2 * size for name, size in base.items()})
     inputs = set(spec.inputs)
 
     def none(name):
@@ -169,26 +201,37 @@ def _configs(spec: t.TypedSpec) -> list[tuple[str, dict[str, int], Callable]]:
     def show(sizes):
         return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
+    which = "default" if base == dict(spec.sizes) else "size-guarded"
     return [
-        (f"default sizes ({show(defaults)})", defaults, none),
-        (f"larger sizes ({show(larger)})", larger, none),
-        ("batch axis [2] on the inputs", defaults, inputs_only),
-        ("batch axes [2, 3] on the inputs, [3] on the params", defaults, broadcast),
+        (f"{which} sizes ({show(base)})", base, none),
+        *([(f"larger sizes ({show(larger)})", larger, none)] if larger is not None else []),
+        ("batch axis [2] on the inputs", base, inputs_only),
+        ("batch axes [2, 3] on the inputs, [3] on the params", base, broadcast),
     ]
 
 
-def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None) -> Report:
-    """Run the generated NumPy module against the reference evaluator and finite differences."""
+def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | None = None) -> Report:
+    """Run the generated NumPy module against the reference evaluator and finite differences.
+
+    Sizes are the spec's unless their work exceeds `budget` entries (default
+    `sizes.VERIFY_BUDGET`; sizes given with --dim stand up to `USER_BUDGET`):
+    then smaller valid ones (`sizes.fit_sizes`), and `report.notes` says which.
+    """
     import numpy as np
 
     from .codegen_numpy import load_module, numpy_source, size_keywords
     from .evaluate import random_leaves
+    from .sizes import VERIFY_BUDGET, fit_sizes, user_sizes
 
+    budget = budget or VERIFY_BUDGET
+    choice = fit_sizes(spec, budget, fixed=user_sizes(spec), fixed_budget=max(budget, USER_BUDGET))
     module = module or load_module(numpy_source(spec), f"symattn_verify_{spec.name}")
-    report = Report(spec.name)
+    report = Report(spec.name, sizes=choice.sizes)
+    if choice.shrunk:
+        report.notes.append(choice.note("verify"))
     rng = np.random.default_rng(seed)
     keywords = size_keywords(spec)  # dims no input's shape has: passed to the module by name
-    for title, sizes, batch_of in _configs(spec):
+    for title, sizes, batch_of in _configs(spec, choice.sizes):
         dims = {name: sizes[name] for name in keywords}
         leaves = {}
         for name in spec.leaves:

@@ -12,7 +12,11 @@ Contract:
   runs forward and backward on random float32 inputs at sizes that are not
   multiples of the tile sizes, with a batch axis, and compares every output
   and every input and param gradient with the float64 reference evaluator
-  (forward op by op; gradients from the derivation, evaluated op by op).
+  (forward op by op; gradients from the derivation, evaluated op by op),
+  equal meaning `verify.relative_error`'s: within tolerance, or non-finite in
+  the same way. Sizes come from `guarded_sizes`: `verify_sizes`, made
+  smaller by the size guard (`sizes.fit_sizes`) when their work exceeds
+  `budget` entries (default `BUDGET`), which the output then says.
   With `tsan=True` it also builds a small driver with -fsanitize=thread and
   runs it in a subprocess (so TSan's runtime owns the process): TSan must
   report no race and the results must match too. Returns a `VerifyReport`;
@@ -41,13 +45,17 @@ from .cuda import CudaCode, emit_cuda
 from .cuda.kernels import Buffer
 from .derive import derive
 from .evaluate import NUMERIC, Evaluator
+from .sizes import SizeChoice, fit_sizes, repair, user_sizes, valid_sizes
+from .verify import relative_error as _relative_error
 
 __all__ = ["KernelResources", "GateResult", "VerifyReport", "compile_gate", "gate_cached", "parse_ptxas",
            "build_cpu", "build_directory",
-           "verify_cuda", "verify_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE", "SHARED_LIMIT"]
+           "verify_cuda", "verify_sizes", "guarded_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE",
+           "SHARED_LIMIT", "BUDGET"]
 
 TOLERANCE = 1e-4              # max |got - want| / max |want|, per tensor (float32 against float64)
 SHARED_LIMIT = 48 * 1024      # static shared memory per block
+BUDGET = 16_000_000           # entries of the spec's arrays: above it the size guard picks smaller sizes
 CXX_FLAGS = ["-O1", "-std=c++20", "-pthread", "-Wno-unknown-pragmas"]
 
 
@@ -331,7 +339,17 @@ def verify_sizes(spec: t.TypedSpec) -> dict[str, int]:
         if not free:
             break
         sizes[free[0]] *= int(denominator.subs(subs))
+    if not valid_sizes(spec, sizes):  # e.g. (N + 1) / 2 needs an odd N: the nearest sizes that fit
+        sizes = repair(spec, sizes, chosen) or repair(spec, sizes) or sizes
     return sizes
+
+
+def guarded_sizes(spec: t.TypedSpec, budget: int = BUDGET) -> SizeChoice:
+    """`verify_sizes`, made smaller by the size guard when their work exceeds `budget` entries.
+
+    Sizes given with --dim stand unless they are over the budget too.
+    """
+    return fit_sizes(spec, budget, sizes=verify_sizes(spec), fixed=user_sizes(spec))
 
 
 def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, np.ndarray],
@@ -361,15 +379,8 @@ def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, 
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    if not np.all(np.isfinite(got) == np.isfinite(want)):
-        return float("inf")
-    finite = np.isfinite(want)
-    if not np.array_equal(got[~finite], want[~finite], equal_nan=True):
-        return float("inf")
-    scale = float(np.max(np.abs(want[finite]), initial=0.0))
-    diff = float(np.max(np.abs(got[finite] - want[finite]), initial=0.0))
-    return diff / scale if scale > 0 else diff
+    """`verify.relative_error` with no floor on the scale: one definition of equal for every target."""
+    return _relative_error(got, want, floor=0.0)
 
 
 # --- the whole check ----------------------------------------------------------------------
@@ -387,6 +398,7 @@ class VerifyReport:
     gate: GateResult | None = None
     problems: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE
+    notes: list[str] = field(default_factory=list)                # e.g. that the size guard chose smaller sizes
 
     @property
     def ok(self) -> bool:
@@ -396,16 +408,23 @@ class VerifyReport:
 def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None, tsan: bool = True,
                 gate: bool = True, fused: bool = True, workdir: str | Path | None = None, seed: int = 0,
                 tolerance: float = TOLERANCE, out: Callable[[str], None] | None = None,
-                code: CudaCode | None = None) -> VerifyReport:
+                code: CudaCode | None = None, budget: int = BUDGET) -> VerifyReport:
     typed: t.TypedSpec = getattr(spec, "typed", spec)
     say = out or (lambda line: None)
     code = code or emit_cuda(typed, fused=fused)
-    sizes = dict(sizes or verify_sizes(typed))
+    guard_note = ""
+    if sizes is None:
+        choice = guarded_sizes(typed, budget)
+        sizes, guard_note = choice.sizes, choice.note("verify")
+    sizes = dict(sizes)
     report = VerifyReport(typed.name, code.path, sizes, batch, tolerance=tolerance)
     cores = ", ".join(c.output for c in code.program.cores)
     say(f"{typed.name}: {code.path} path" + (f" (fused attention core: {cores})" if cores else ""))
     for note in code.program.notes:
         say(f"  note: {note}")
+    if guard_note:
+        say(guard_note)
+        report.notes.append(guard_note)
     say("sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.items()) + f", batch={batch}")
 
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="symattn-cuda-"))

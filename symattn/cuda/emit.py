@@ -22,11 +22,12 @@ from __future__ import annotations
 from importlib import resources
 
 from .. import __version__
-from ..shapes import format_shape
+from ..shapes import format_dim, format_shape
+from ..sizes import constraints
 from .flash import FLASH_PRELUDE, HEAD_DIMS, Sizes
 from .kernels import PRELUDE, Buffer, Kernel, helpers_for
 from .plan import Program
-from .syntax import numel_c
+from .syntax import dim_c, numel_c, quotients
 
 __all__ = ["render", "runtime_header"]
 
@@ -36,7 +37,7 @@ STATUS = """\
 /* Return values of the launch functions; a positive value is a cudaError_t. */
 enum {
     SYMATTN_OK = 0,
-    SYMATTN_BAD_SIZE = -1,              /* a dim or the batch is not positive */
+    SYMATTN_BAD_SIZE = -1,              /* a dim or the batch is not positive, or a quotient of dims is not whole */
     SYMATTN_HEAD_DIM_TOO_LARGE = -2     /* a fused attention core's head dim exceeds the largest instantiated */
 };
 #endif"""
@@ -146,6 +147,9 @@ def _launch(p: Program, kernel: Kernel) -> list[str]:
 def _checks(p: Program) -> list[str]:
     sizes = " || ".join(f"{d} <= 0" for d in [*p.dims, p.batch])
     lines = [f"    if ({sizes}) return SYMATTN_BAD_SIZE;"]
+    for dim, num, den in quotients(c.dim for c in constraints(p.spec)):
+        lines.append(f"    if ({dim_c(num, p.names)} % {dim_c(den, p.names)} != 0) return SYMATTN_BAD_SIZE;"
+                     f"  // {format_dim(dim, list(p.spec.dims))} must be a whole number")
     for core in p.cores:
         s = Sizes(core, p.names)
         dims = dict.fromkeys((s.d_qk, s.d_v))  # once each: d_qk and d_v are often the same dim
@@ -246,8 +250,10 @@ def _readme(p: Program) -> str:
         sig["backward"] + ";",
         "```",
         "Pointers are device pointers to float32, row-major and contiguous. Each returns 0 on success,",
-        "`SYMATTN_BAD_SIZE` (-1) for a non-positive size, `SYMATTN_HEAD_DIM_TOO_LARGE` (-2) when a fused",
-        f"core's head dim exceeds {HEAD_DIMS[-1]} (regenerate with the generic path), or a `cudaError_t`.",
+        "`SYMATTN_BAD_SIZE` (-1) for a non-positive size or a quotient of sizes (`d / h`) that does not",
+        "divide, `SYMATTN_HEAD_DIM_TOO_LARGE` (-2) when a fused core's head dim exceeds "
+        f"{HEAD_DIMS[-1]} (regenerate",
+        "with the generic path), or a `cudaError_t`.",
         "Launches are asynchronous on `stream`.",
         "",
         "## Arguments",

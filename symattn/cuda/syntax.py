@@ -25,7 +25,7 @@ from ..errors import SymAttnError
 from .names import CNames
 
 __all__ = ["CudaCodegenError", "CPrinter", "Source", "UNARY", "BINARY", "COMPARE", "float_literal", "dim_c",
-           "numel_c", "offset_c", "align"]
+           "quotients", "numel_c", "offset_c", "align"]
 
 
 class CudaCodegenError(SymAttnError):
@@ -76,16 +76,36 @@ def float_literal(value: sympy.Expr) -> str:
 
 
 def dim_c(dim: sympy.Expr, names: CNames) -> str:
-    """A dim expression (`h * d_k`) as C int arithmetic over the dim arguments."""
+    """A dim expression (`h * d_k`) as C int arithmetic over the dim arguments.
+
+    A quotient is one integer division over a common denominator, `((N + 1) / 2)`,
+    exact for valid sizes (the host code refuses sizes at which it does not divide).
+    """
     dim = sympy.sympify(dim)
+    num, den = sympy.fraction(sympy.together(dim))
+    if den != 1:
+        return f"({_polynomial_c(num, names)} / {_polynomial_c(den, names)})"
+    return _polynomial_c(dim, names)
+
+
+def quotients(dims) -> list[tuple[str, sympy.Expr, sympy.Expr]]:
+    """(dim, numerator, denominator) of each dim expression that is a quotient (`d / h`), once each."""
+    out = {}
+    for dim in dims:
+        num, den = sympy.fraction(sympy.together(sympy.sympify(dim)))
+        if den != 1:
+            out.setdefault(sympy.sympify(dim), (num, den))
+    return [(dim, num, den) for dim, (num, den) in out.items()]
+
+
+def _polynomial_c(dim: sympy.Expr, names: CNames) -> str:
     if dim.is_Integer:
         return str(int(dim))
     if dim.is_Symbol:
         return names.spec("dim", str(dim))
     if dim.is_Add:
-        return "(" + " + ".join(dim_c(a, names) for a in dim.args) + ")"
+        return "(" + " + ".join(_polynomial_c(a, names) for a in dim.args) + ")"
     if dim.is_Mul or dim.is_Rational or (dim.is_Pow and dim.exp.is_Integer):
-        # Integer arithmetic; a divisor (d / h, from split_heads) divides exactly for valid sizes.
         top, bottom = [], []
         for factor in sympy.Mul.make_args(dim):
             if factor.is_Rational:
@@ -95,9 +115,9 @@ def dim_c(dim: sympy.Expr, names: CNames) -> str:
                     bottom.append(str(factor.q))
             elif factor.is_Pow and factor.exp.is_Integer:
                 side = top if factor.exp > 0 else bottom
-                side += [dim_c(factor.base, names)] * abs(int(factor.exp))
+                side += [_polynomial_c(factor.base, names)] * abs(int(factor.exp))
             else:
-                top.append(dim_c(factor, names))
+                top.append(_polynomial_c(factor, names))
         text = " * ".join(top) or "1"
         return f"({text} / ({' * '.join(bottom)}))" if bottom else f"({text})"
     raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
