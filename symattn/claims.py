@@ -26,6 +26,7 @@ delegated to `symattn.equivariance`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ from .element import ElementModel
 from .errors import SizeGuardError, SymAttnError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .finiteness import ANY, Finiteness
+from .sizes import SEARCH_BUDGET, fit_sizes, user_sizes
 
 __all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number"]
 
@@ -49,6 +51,10 @@ DIGITS = 30         # precision of the values compared at a point
 SEPARATION = 1e-12  # relative gap that counts as a difference at 30 digits
 FLOAT64_GAP = 1e-8  # relative gap that counts as a difference in float64 (rounding is ~1e-15)
 MATRIX_SHARE = 0.5  # of a claim's time budget, the most the matrix-level prover may take
+# Array entries (every tensor and subexpression, `symattn.sizes.entries`) above which a claim's
+# counterexample search moves to smaller sizes: it evaluates the spec at 30 digits in SymPy floats.
+# Sizes given with --dim stand up to the numeric search's budget.
+CLAIM_SEARCH_ENTRIES = 3_000
 
 
 def json_number(value):
@@ -137,14 +143,27 @@ class _Session:
         self.force = force
         self.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
         self.matrix_gave_up = ""
-        self.compared = 0     # entries evaluated at concrete points for the current claim
-        self.uncompared = 0   # entries that could not be (a function mpmath is not given)
         self.unreproduced = ""  # a 30-digit difference that float64 did not reproduce
         self._derivation: Derivation | None = None
         self.derive_error: str | None = None
         self._model: ElementModel | None = None
         self.model_error: str | None = None
         self._finiteness: Finiteness | None = None
+        self._searcher: _Session | None = None
+        self.size_note = ""  # set on a searcher at sizes the size guard picked
+
+    def searcher(self) -> "_Session":
+        """The session the counterexample search runs in: this one, or, when the spec's sizes would
+        make its float64 and 30-digit evaluations too large, one at sizes the size guard picks."""
+        if self._searcher is None:
+            choice = fit_sizes(self.spec, CLAIM_SEARCH_ENTRIES, fixed=user_sizes(self.spec),
+                               fixed_budget=SEARCH_BUDGET)
+            if choice.shrunk:
+                self._searcher = _Session(dataclasses.replace(self.spec, sizes=choice.sizes), self.force)
+                self._searcher.size_note = choice.where()
+            else:
+                self._searcher = self
+        return self._searcher
 
     @property
     def derivation(self) -> Derivation | None:
@@ -313,7 +332,6 @@ def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = 
         left64 = np.broadcast_to(np.asarray(ev.evaluate(check.lhs), dtype=np.float64), shape)
         right64 = np.broadcast_to(np.asarray(ev.evaluate(check.rhs), dtype=np.float64), shape)
         indices = list(np.ndindex(*shape) if shape else [()])
-        session.compared += len(indices)
         candidates = [i for i in indices if not _same_float(float(left64[i]), float(right64[i]), FLOAT64_GAP)]
         if not candidates:
             continue
@@ -356,9 +374,10 @@ def _broadcast_shape(check: t.CheckInfo) -> tuple:
     return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
-def _refuted(check: t.CheckInfo, spec: t.TypedSpec, counter: Counterexample) -> Verdict:
+def _refuted(check: t.CheckInfo, search: "_Session", counter: Counterexample) -> Verdict:
+    where = search.size_note or f"at {_sizes_text(search.spec)}"
     return Verdict(check.line, check.text, "refuted",
-                   f"counterexample at {_sizes_text(spec)}: inputs that are multiples of 1/2, at which the "
+                   f"counterexample {where}: inputs that are multiples of 1/2, at which the "
                    f"sides differ in plain float64 (and at {DIGITS} digits where both are finite)", counter)
 
 
@@ -383,28 +402,17 @@ def _float64_contradicts(session: _Session, check: t.CheckInfo) -> str | None:
     return None
 
 
-# Entries of every tensor at the spec's sizes above which the counterexample search does not
-# run (its float64 and 30-digit evaluations hold every tensor).
-SEARCH_ENTRIES = 200_000
-
-
-def _search_entries(spec: t.TypedSpec) -> int:
-    return sum(math.prod(spec.concrete_shape(info.shape)) for info in spec.tensors.values())
-
-
 def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     spec = session.spec
     finiteness = session.finiteness
     may_be_nan = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs)) == ANY
-    session.compared = 0
-    session.unreproduced = ""
+    search = session.searcher()  # the spec itself, or at sizes the size guard picked
+    search.unreproduced = ""
     session.matrix_gave_up = ""
-    searchable = _search_entries(spec) <= SEARCH_ENTRIES
     # A difference at a concrete point settles it in milliseconds; the proofs are for claims that hold.
-    if searchable:
-        counter = _search_counterexample(session, check, points=1, special=may_be_nan)
-        if counter is not None:
-            return _refuted(check, spec, counter)
+    counter = _search_counterexample(search, check, points=1, special=may_be_nan)
+    if counter is not None:
+        return _refuted(check, search, counter)
     proof = _matrix_proof(session, check.lhs, check.rhs)
     if proof is not None:
         return Verdict(check.line, check.text, "proved", proof.method, steps=tuple(proof.steps))
@@ -418,7 +426,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
             return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
         same, unfolded = session.model.identical(lhs, rhs)
         if same:
-            contradiction = _float64_contradicts(session, check) if searchable else None
+            contradiction = _float64_contradicts(search, check)
             if contradiction is not None:  # a bug in the element level: never a proof
                 return Verdict(check.line, check.text, "unknown",
                                f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
@@ -431,18 +439,15 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     else:
         why += (", and the element level does not compare values that may be NaN or infinite for finite "
                 "inputs (log, sqrt, division by a tensor, powers, or what reads them)")
-    if not searchable:
-        return Verdict(check.line, check.text, "unknown",
-                       f"{why}; the sizes are too large to search for a counterexample ({_search_entries(spec):,} "
-                       f"entries, limit {SEARCH_ENTRIES:,}): try smaller --dim values")
-    counter = _search_counterexample(session, check)
+    counter = _search_counterexample(search, check)
     if counter is not None:
-        return _refuted(check, spec, counter)
-    if session.unreproduced:
-        return Verdict(check.line, check.text, "unknown", f"{why}; {session.unreproduced}")
+        return _refuted(check, search, counter)
+    if search.unreproduced:
+        return Verdict(check.line, check.text, "unknown", f"{why}; {search.unreproduced}")
+    where = search.size_note or f"at {_sizes_text(spec)}"
     return Verdict(check.line, check.text, "unknown",
-                   f"{why}; the two sides agree at {POINTS + 1} random rational points in float64 and to "
-                   f"{DIGITS} digits (agreement at points is not a proof)")
+                   f"{why}; the two sides agree {where} at {POINTS + 1} random rational points in float64 and "
+                   f"to {DIGITS} digits (agreement at points is not a proof)")
 
 
 def _negate(verdict: Verdict) -> Verdict:

@@ -212,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("symattn: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `symattn check ... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except Exception as err:  # a bug in symattn, not the user's mistake: say so without a traceback
         if os.environ.get("SYMATTN_DEBUG"):
             raise

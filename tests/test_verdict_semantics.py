@@ -359,3 +359,41 @@ def test_a_tensor_that_reaches_no_output_has_gradient_zero_at_both_levels():
     # and grad(X) is 3 * grad(O): finite differences of L = <O, G> through X alone
     found = {v.claim: v for v in symattn.load(DEAD + "check grad(X) == 3 * grad(O)\n").check()}
     assert found["grad(X) == 3 * grad(O)"].verdict == "proved"
+
+
+# --- sizes too large to search at -------------------------------------------------------------
+
+HUGE = """\
+dim N = 1000000000, d = 3
+input X[N, d]
+param W[d, d]
+O = softmax(X @ W, axis=-1)
+output O
+check O == softmax(X @ W.T, axis=-1)
+check exp(log(X)) == X
+check sum(O, axis=-1) == ones(N, 1)
+"""
+
+
+def test_huge_dims_search_at_sizes_the_guard_picks_and_say_so():
+    found = symattn.load(HUGE).check()
+    assert [v.verdict for v in found] == ["refuted", "refuted", "proved"], [v.method for v in found]
+    for v in found[:2]:
+        assert "instead of N=1000000000 (size guard)" in v.method
+        ce = v.counterexample
+        n = ce.sizes["N"]
+        assert n < 10_000 and np.shape(ce.inputs["X"]) == (n, 3)
+    # the first refutation reproduces in plain NumPy at the reported inputs
+    ce = found[0].counterexample
+    x, w = np.array(ce.inputs["X"]), np.array(ce.inputs["W"])
+    assert not np.allclose(softmax_rows(x @ w), softmax_rows(x @ w.T))
+    np.testing.assert_allclose(np.array(ce.lhs), softmax_rows(x @ w), atol=1e-12)
+
+
+def test_check_into_a_closed_pipe_is_quiet():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m symattn check derivations/self_attention.attn | head -c 10",
+                          shell=True, capture_output=True, text=True, timeout=120)
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
