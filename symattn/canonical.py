@@ -135,9 +135,10 @@ def _mul_forms(a: list, b: list) -> list:
         if any(_risky(term) for term in a + b):
             raise _Unsupported("a possibly non-finite term would be multiplied by zero")
         return []
-    if (len(a) > 1 and any(_risky(term) for term in b)) or (len(b) > 1 and any(_risky(term) for term in a)):
-        # (A + B) * M is not A * M + B * M where M is -inf: 0 * -inf is NaN, -inf + NaN is NaN
-        # but 1 * -inf + 0 * -inf is NaN too while (1 + 0) * -inf is -inf.
+    if (len(a) > 1 and any(_risky(term) for term in b)) or (len(b) > 1 and any(_risky(term) for term in a)) \
+            or any(ta[2] and _risky(tb) or tb[2] and _risky(ta) for ta in a for tb in b):
+        # (A + B) * M is not A * M + B * M where M is -inf or 1/0: (1 + 0) * inf is inf while
+        # 1 * inf + 0 * inf is NaN; likewise a contracted sum, sum(X) / w vs sum(X / w).
         raise _Unsupported("a possibly non-finite factor would be distributed over a sum")
     if len(a) * len(b) > MAX_TERMS:
         raise _TooBig("the expansion is too large")

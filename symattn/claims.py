@@ -47,6 +47,8 @@ from .sizes import SEARCH_BUDGET, fit_sizes, user_sizes
 __all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number"]
 
 POINTS = 4          # random rational points tried for a counterexample
+# Where log, sqrt and division by a tensor leave the reals: tried too when a claim's values may be NaN.
+SPECIAL_POINTS = ["zeros", "negative", "zero scalars", "sparse", "sparse", "sparse", "sparse"]
 DIGITS = 30         # precision of the values compared at a point
 SEPARATION = 1e-12  # relative gap that counts as a difference at 30 digits
 FLOAT64_GAP = 1e-8  # relative gap that counts as a difference in float64 (rounding is ~1e-15)
@@ -209,11 +211,11 @@ class _Session:
         value = np.asarray(ev.evaluate(node), dtype=object)
         return value.reshape(shape) if value.size == int(np.prod(shape, dtype=int)) else value
 
-    def definitions(self) -> dict[str, t.Node]:
+    def definitions(self) -> dict[str, t.Node | None]:
         defs = {n: i.expr for n, i in self.spec.tensors.items() if i.expr is not None}
         if self.derivation is not None:
             for name, grad in self.derivation.gradients.items():
-                if grad.expr is not None and name not in self.spec.outputs:
+                if name not in self.spec.outputs:  # None: L does not depend on it, grad is 0
                     defs[f"grad({name})"] = grad.expr
         return defs
 
@@ -283,6 +285,10 @@ def _rational_point(session: _Session, rng: np.random.Generator, kind: str = "ra
         shape = spec.concrete_shape(spec.tensors[name].shape)
         if kind in fixed:
             return np.full(shape, fixed[kind], dtype=object)
+        if kind == "sparse":  # half the entries 0: divisions by 0 meet numerators that are not
+            return np.where(rng.random(shape) < 0.5, sympy.Integer(0), rng.choice(halves, size=shape))
+        if kind == "zero scalars" and not shape:
+            return np.array(sympy.Integer(0), dtype=object)
         return rng.choice(halves, size=shape)
 
     values = {n: leaf(n) for n in spec.leaves}
@@ -321,7 +327,7 @@ def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = 
     NaN or infinite must show at 30 digits as the same kind of difference."""
     spec = session.spec
     rng = np.random.default_rng(20261129)
-    kinds = ["random"] * points + (["zeros", "negative"] if special else [])
+    kinds = ["random"] * points + (SPECIAL_POINTS if special else [])
     shape = spec.concrete_shape(_broadcast_shape(check))
     for kind in kinds:
         values, upstream = _rational_point(session, rng, kind)
@@ -439,7 +445,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     else:
         why += (", and the element level does not compare values that may be NaN or infinite for finite "
                 "inputs (log, sqrt, division by a tensor, powers, or what reads them)")
-    counter = _search_counterexample(search, check)
+    counter = _search_counterexample(search, check, special=may_be_nan)
     if counter is not None:
         return _refuted(check, search, counter)
     if search.unreproduced:

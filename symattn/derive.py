@@ -146,6 +146,8 @@ def _(node: t.Binary, g, cx):
                  "A / B: B gets -(G * (A / B)) / B")]
     if node.op == "pow":
         out = []
+        if isinstance(y, t.Scalar) and y.value == 0:  # A^0 = 1 for every A, 0 and inf included
+            return out
         if isinstance(y, t.Scalar):
             exponent = b.scalar(y.value - 1)
             grad_x = b.mul(g, b.mul(y, b.power(x, exponent, r), r), r)

@@ -103,7 +103,8 @@ class _Numeric(_Backend):
 
 def _elementwise(func):
     ufunc = np.frompyfunc(func, 1, 1)
-    return lambda x: ufunc(np.asarray(x, dtype=object)) if np.ndim(x) else func(x)
+    return lambda x: ufunc(np.asarray(x, dtype=object)) if np.ndim(x) else func(
+        x.item() if isinstance(x, np.ndarray) else x)
 
 
 def _ieee(value):
@@ -136,7 +137,7 @@ class _Symbolic(_Backend):
         "abs": sympy.Abs,
         "tanh": sympy.tanh,
         "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
-        "relu": lambda x: sympy.Piecewise((x, x > 0), (0, True)),
+        "relu": lambda x: sympy.nan if x is sympy.nan else sympy.Piecewise((x, x > 0), (0, True)),
         "sin": sympy.sin,
         "cos": sympy.cos,
     }
@@ -163,7 +164,14 @@ class _Symbolic(_Backend):
 
     def compare(self, op, a, b):
         rel = self._REL[op]
-        return np.frompyfunc(lambda u, v: rel(sympy.sympify(u), sympy.sympify(v)), 2, 1)(self._obj(a), self._obj(b))
+
+        def compare(u, v):
+            u, v = sympy.sympify(u), sympy.sympify(v)
+            if u is sympy.nan or v is sympy.nan:  # every comparison with NaN is false but !=
+                return sympy.true if op == "!=" else sympy.false
+            return rel(u, v)
+
+        return np.frompyfunc(compare, 2, 1)(self._obj(a), self._obj(b))
 
     def where(self, cond, a, b):
         def pick(c, u, v):
@@ -293,7 +301,8 @@ class Evaluator:
         return self.values
 
     def evaluate(self, node: t.Node):
-        return self._eval(node)
+        with np.errstate(all="ignore"):  # NaN and infinities are values here, as in float64
+            return self._eval(node)
 
     # Axes in the typed IR count from the front of the spec's shape; leading batch axes
     # shift them, so every rule works with negative axes.
@@ -351,7 +360,8 @@ class Evaluator:
         axis = tuple(range(-rank, 0)) if node.axis is None else node.axis - rank
         if node.kind == "logsumexp":
             return self.backend.logsumexp(x, axis)
-        total = np.sum(x, axis=axis, keepdims=True)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf is NaN, as float64 says
+            total = np.sum(x, axis=axis, keepdims=True)
         if node.kind == "mean":
             count = 1
             for k in (range(rank) if node.axis is None else [node.axis]):

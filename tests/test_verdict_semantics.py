@@ -397,3 +397,73 @@ def test_check_into_a_closed_pipe_is_quiet():
     proc = subprocess.run(f"{sys.executable} -m symattn check derivations/self_attention.attn | head -c 10",
                           shell=True, capture_output=True, text=True, timeout=120)
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- found by an adversarial review: division by a tensor inside a sum, NaN in relu, X^0 ---
+
+DIVIDED = """\
+dim N = 3, d = 2
+input X[N, d], Y[N, d]
+param w
+O = X / w
+output O
+check sum(X / w, axis=-1) == sum(X, axis=-1) / w
+check (X / w) @ Y.T == (X @ Y.T) / w
+check mean(X / w, axis=-1) == mean(X, axis=-1) / w
+check X @ (Y / w).T == (X @ Y.T) / w
+"""
+
+
+def test_a_divisor_that_may_be_zero_is_not_pulled_out_of_a_sum():
+    found = symattn.load(DIVIDED).check()
+    for v in found:
+        assert v.verdict == "refuted", (v.claim, v.method)
+    x, y, w = np.array([[1.0, 0.0], [0.5, -1.0], [0.0, 0.0]]), np.ones((3, 2)), 0.0
+    with np.errstate(all="ignore"):
+        assert not same_ieee(np.sum(x / w, axis=-1), np.sum(x, axis=-1) / w).all()
+        assert not same_ieee((x / w) @ y.T, (x @ y.T) / w).all()
+    ce = found[0].counterexample
+    x, w = np.array(ce.inputs["X"], dtype=float), float(ce.inputs["w"])
+    with np.errstate(all="ignore"):
+        lhs, rhs = np.sum(x / w, axis=-1, keepdims=True), np.sum(x, axis=-1, keepdims=True) / w
+    assert not same_ieee(lhs, rhs).all()
+    assert same_ieee(lhs, np.array(ce.lhs, dtype=float)).all() and same_ieee(rhs, np.array(ce.rhs, dtype=float)).all()
+
+
+NAN_INSIDE = """\
+dim N = 2
+input X[N, N]
+param w
+O = relu(causal_mask(N) * 0) + X * log(w)
+output O
+check O == relu(causal_mask(N) * 0) + X * log(w)
+check O == 2 * log(w) * X
+"""
+
+
+def test_nan_in_relu_and_log_of_a_scalar_param_are_values_not_crashes():
+    found = symattn.load(NAN_INSIDE).check()
+    assert found[0].verdict == "proved"
+    assert found[1].verdict == "refuted"
+    ce = found[1].counterexample
+    x, w = np.array(ce.inputs["X"], dtype=float), float(ce.inputs["w"])
+    with np.errstate(all="ignore"):
+        relu_mask = np.maximum(causal(2) * 0, 0.0)  # NaN above the diagonal: np.maximum keeps NaN
+        assert not same_ieee(relu_mask + x * np.log(w), 2 * np.log(w) * x).all()
+
+
+POWER_ZERO = """\
+dim N = 3, d = 2
+input X[N, d]
+O = X ^ 0
+output O
+check grad(X) == 0 * X
+check O == ones(N, d)
+"""
+
+
+def test_the_gradient_of_x_to_the_zero_is_zero_even_at_zero():
+    found = symattn.load(POWER_ZERO).check()
+    assert [v.verdict for v in found] == ["proved", "proved"], [v.method for v in found]
+    h = 1e-6  # 0.0 ** 0 is 1 in float64: the central difference at 0 is 0
+    assert ((0.0 + h) ** 0 - (0.0 - h) ** 0) / (2 * h) == 0.0
