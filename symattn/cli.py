@@ -18,8 +18,6 @@ from typing import Callable, Sequence
 from . import __version__
 from .api import Spec, example_path, example_text, load
 from .budget import DEFAULT_SECONDS
-from .codegen_numpy import emit_command
-from .verify import verify_command
 from .errors import SpecError, SymAttnError, UsageError
 
 __all__ = ["main"]
@@ -117,19 +115,67 @@ def _cmd_derive(args: argparse.Namespace) -> int:
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
+    spec = _load(args)
     if args.target == "cuda":
-        from .cuda import emit_command as emit_cuda_command
+        return _emit_cuda(spec, args)
+    source = spec.emit("numpy")
+    if args.output == "-":
+        print(source, end="")
+        return 0
+    path = Path(args.output)
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; name the .py file to write")
+    if not path.parent.exists():
+        raise UsageError(f"{path.parent}: no such directory")
+    path.write_text(source, encoding="utf-8")
+    print(f"wrote {path}: forward, backward and forward_backward for {spec.name}")
+    return 0
 
-        return emit_cuda_command(args)
-    return emit_command(args)
+
+def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
+    """`symattn emit cuda SPEC -o DIR`: the .cu, .h, cuda_host.h and README.md in DIR."""
+    from .cuda import emit_cuda
+
+    directory = Path(args.output)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} is a file; emit cuda writes a directory")
+    code = emit_cuda(spec, fused=args.cuda_path != "generic")
+    written = code.write(directory)
+    cores = ", ".join(c.output for c in code.program.cores)
+    print(f"wrote {directory}: {', '.join(p.name for p in written)} ({code.path} path"
+          + (f", fused attention core {cores}" if cores else "") + ")")
+    for note in code.program.notes:
+        print(f"note: {note}")
+    return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    spec = _load(args)
     if args.target == "cuda":
-        from .verify_cuda import verify_command as verify_cuda_command
+        return _verify_cuda(spec, args)
+    from .verify import verify_numpy
 
-        return verify_cuda_command(args)
-    return verify_command(args)
+    report = verify_numpy(spec.typed, seed=args.seed)
+    print(f"verify {spec.name} ({spec.filename}), generated NumPy code against the reference evaluator "
+          "(forward) and central finite differences of it (backward), float64")
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+def _verify_cuda(spec: Spec, args: argparse.Namespace) -> int:
+    """`symattn verify SPEC --target cuda`: exit 0 when everything passes, 1 otherwise."""
+    import tempfile
+
+    from .verify_cuda import find_cxx, verify_cuda
+
+    if find_cxx() is None:
+        print("verify --target cuda needs a C++20 compiler (g++) to run the kernels on the CPU; none found")
+        return 1
+    cache = os.environ.get("SYMATTN_CUDA_BUILD_DIR")  # reuse builds across runs (tests set it)
+    with tempfile.TemporaryDirectory(prefix="symattn-cuda-") as work:
+        report = verify_cuda(spec, seed=args.seed, workdir=cache or work, out=print,
+                             fused=args.cuda_path != "generic")
+    return 0 if report.ok else 1
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .codegen_numpy_printer import NumPyPrinter
     from .codegen_program import Program, Stmt
 
-__all__ = ["numpy_source", "load_module", "emit_command", "size_keywords"]
+__all__ = ["numpy_source", "load_module", "size_keywords"]
 
 
 def size_keywords(spec: t.TypedSpec) -> list[str]:
@@ -309,27 +309,3 @@ def load_module(source: str, name: str = "symattn_generated") -> types.ModuleTyp
     module.__file__ = f"<symattn generated {name}>"
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
-
-
-def emit_command(args) -> int:
-    """`symattn emit numpy SPEC -o FILE.py` (`-o -` writes to standard output)."""
-    from pathlib import Path
-
-    from .cli import _load  # the command line's own loading rules (--dim, '-' for stdin)
-    from .errors import SymAttnError, UsageError
-
-    spec = _load(args)
-    if args.target != "numpy":
-        raise SymAttnError(f"emit {args.target}: CUDA code generation is not implemented yet")
-    source = spec.emit("numpy")
-    if args.output == "-":
-        print(source, end="")
-        return 0
-    path = Path(args.output)
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory; name the .py file to write")
-    if not path.parent.exists():
-        raise UsageError(f"{path.parent}: no such directory")
-    path.write_text(source, encoding="utf-8")
-    print(f"wrote {path}: forward, backward and forward_backward for {spec.name}")
-    return 0

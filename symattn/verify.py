@@ -248,18 +248,3 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
             report.rows.append(Row(title, "backward", name, relative_error(generated[name], expected[name]),
                                    BACKWARD_TOLERANCE))
     return report
-
-
-def verify_command(args) -> int:
-    """`symattn verify SPEC --target numpy`: exit 0 when every tensor is within tolerance, 1 otherwise."""
-    from .cli import _load  # the command line's own loading rules (--dim, '-' for stdin)
-    from .errors import SymAttnError
-
-    spec = _load(args)
-    if args.target != "numpy":
-        raise SymAttnError(f"verify --target {args.target}: CUDA code generation is not implemented yet")
-    report = verify_numpy(spec.typed, seed=args.seed)
-    print(f"verify {spec.name} ({spec.filename}), generated NumPy code against the reference evaluator "
-          "(forward) and central finite differences of it (backward), float64")
-    print("\n".join(report.lines()))
-    return 0 if report.ok else 1

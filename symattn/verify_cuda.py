@@ -499,18 +499,3 @@ def _say_gate(gate: GateResult, say: Callable[[str], None]) -> None:
         say(f"  {k.name:<44}{k.registers:>10}{k.shared_bytes:>9}{k.spill_stores + k.spill_loads:>9}")
     for problem in gate.problems:
         say(f"  problem: {problem}")
-
-
-def verify_command(args) -> int:
-    """`symattn verify SPEC --target cuda`: exit 0 when everything passes, 1 otherwise."""
-    from .cli import _load  # the command line's own loading rules (--dim, '-' for stdin)
-
-    spec = _load(args)
-    if find_cxx() is None:
-        print("verify --target cuda needs a C++20 compiler (g++) to run the kernels on the CPU; none found")
-        return 1
-    cache = os.environ.get("SYMATTN_CUDA_BUILD_DIR")  # reuse builds across runs (tests set it)
-    with tempfile.TemporaryDirectory(prefix="symattn-cuda-") as work:
-        report = verify_cuda(spec, seed=getattr(args, "seed", 0), workdir=cache or work, out=print,
-                             fused=getattr(args, "cuda_path", "auto") != "generic")
-    return 0 if report.ok else 1

@@ -67,22 +67,3 @@ def emit_cuda(spec, fused: bool = True) -> CudaCode:
     typed: t.TypedSpec = getattr(spec, "typed", spec)
     program = plan(typed, fused=fused)
     return CudaCode(program, render(program))
-
-
-def emit_command(args) -> int:
-    """`symattn emit cuda SPEC -o DIR`: write the .cu, .h, cuda_host.h and README.md into DIR."""
-    from ..cli import _load  # the command line's own loading rules (--dim, '-' for stdin)
-    from ..errors import UsageError
-
-    spec = _load(args)
-    directory = Path(args.output)
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"{directory} is a file; emit cuda writes a directory")
-    code = emit_cuda(spec, fused=getattr(args, "cuda_path", "auto") != "generic")
-    written = code.write(directory)
-    cores = ", ".join(c.output for c in code.program.cores)
-    print(f"wrote {directory}: {', '.join(p.name for p in written)} ({code.path} path"
-          + (f", fused attention core {cores}" if cores else "") + ")")
-    for note in code.program.notes:
-        print(f"note: {note}")
-    return 0
