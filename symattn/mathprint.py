@@ -208,9 +208,11 @@ def _(node: t.Constant):
 
 @_m.register
 def _(node: t.SumTo):
-    names = [dim_box(node.x.shape[a])[0] for a in node.axes]
-    over = _commas(names)
-    return row(Sub(Op("∑", "\\sum"), over), _wrap(_m(node.x), MUL)), MUL
+    # An axis of size 1 only goes away (`[1, d]` to `[d]`): there is nothing to sum over it.
+    names = [dim_box(node.x.shape[a])[0] for a in node.axes if node.x.shape[a] != 1]
+    if not names:
+        return _m(node.x)
+    return row(Sub(Op("∑", "\\sum"), _commas(names)), _wrap(_m(node.x), MUL)), MUL
 
 
 @_m.register

@@ -204,3 +204,28 @@ def test_document_api():
     assert spec.document("tex").startswith("\\documentclass{article}")
     with pytest.raises(symattn.UsageError, match="unknown document format"):
         spec.document("pdf")
+
+
+BROADCAST_BIAS = """\
+attention bias
+dim N = 3, d = 2
+input X[N, d]
+param b[1, d], c[d]
+Y = b + c
+O = X * Y + b
+output O
+"""
+
+
+def test_a_size_one_axis_is_not_typeset_as_a_sum():
+    """grad(c) for c[d] read as [1, d] only drops that axis; grad(b) sums over N and nothing else."""
+    spec = symattn.load(BROADCAST_BIAS)
+    derivation = spec.derive()
+    dims = list(spec.dims)
+    shown = {name: to_latex(matrix_box(g.expr, dims)) for name, g in derivation.gradients.items()
+             if g.expr is not None}
+    assert shown["c"] == "\\mathrm{d}Y"
+    assert shown["b"] == "\\mathrm{d}Y+\\sum_{N}\\mathrm{d}O"  # from Y = b + c and from + b
+    text = spec.document("md")
+    assert not re.search(r"\\sum_\{[^}]*\b1\b", text), "a sum over an axis of size 1"
+    assert "$$\n\\mathrm{d}c=\\mathrm{d}Y\n$$" in text
