@@ -78,6 +78,18 @@ def _wrap(pair: tuple[Box, int], at_least: int) -> Box:
     return Fence(box) if prec < at_least else box
 
 
+def _left_factor(pair: tuple[Box, int]) -> Box:
+    """The left operand of a product: fenced when a sum in it would reach over the factors after it.
+
+    `sum(dO, axis=-2) * b` is `(sum_N dO) . b`; written `sum_N dO . b` it reads as the sum of the product.
+    """
+    box, _ = pair
+    if isinstance(box, Row) and any(isinstance(i, Sub) and isinstance(i.base, Op) and i.base.text == "∑"
+                                    for i in box.items):
+        return Fence(box)
+    return _wrap(pair, MUL)
+
+
 def _axis_word(kind: str, axis: int | None, rank: int) -> str:
     if axis is None:
         return kind
@@ -142,7 +154,7 @@ def _binary(op: str, a: tuple[Box, int], b: tuple[Box, int], scalar_side: bool) 
         return row(_wrap(a, ADD), Op("−", "-"), _wrap(b, ADD + 1)), ADD
     if op == "mul":
         glyph = Op("·", "\\cdot") if scalar_side else Op("⊙", "\\odot")
-        return row(_wrap(a, MUL), glyph, _wrap(b, MUL + 1)), MUL
+        return row(_left_factor(a), glyph, _wrap(b, MUL + 1)), MUL
     if op == "div":
         return Frac(a[0], b[0]), ATOM
     if op == "pow":
@@ -157,7 +169,7 @@ def _(node: t.Binary):
 
 @_m.register
 def _(node: t.MatMul):
-    return row(_wrap(_m(node.a), MUL), TIMES, _wrap(_m(node.b), MUL + 1)), MUL
+    return row(_left_factor(_m(node.a)), TIMES, _wrap(_m(node.b), MUL + 1)), MUL
 
 
 @_m.register

@@ -229,3 +229,12 @@ def test_a_size_one_axis_is_not_typeset_as_a_sum():
     text = spec.document("md")
     assert not re.search(r"\\sum_\{[^}]*\b1\b", text), "a sum over an axis of size 1"
     assert "$$\n\\mathrm{d}c=\\mathrm{d}Y\n$$" in text
+
+
+def test_a_sum_on_the_left_of_a_product_is_fenced():
+    """(sum_N dO) . b, not sum_N dO . b, which reads as the sum of the product."""
+    spec = symattn.load("dim N = 3, d = 2\ninput X[N, d]\nparam b[1, d]\nO = sum(X, axis=-2) * b + X\noutput O\n")
+    grad_x = to_latex(matrix_box(spec.derive().gradients["X"].expr, list(spec.dims)))
+    assert "\\left(\\sum_{N}\\mathrm{d}O\\right)\\odot b" in grad_x, grad_x
+    assert "\\sum_{N}\\mathrm{d}O\\odot" not in grad_x
+
