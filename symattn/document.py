@@ -439,10 +439,15 @@ def render_md(doc: Document) -> str:
     return "\n\n".join(out) + "\n"
 
 
+# Long lines stay inside the page's column: code (a counterexample's note) wraps;
+# wide tables, formulas and lists of steps scroll sideways. On a list the scrolling
+# box is the <ul>, not each <li>, which would clip its bullet.
 _CSS = """body{font-family:Georgia,serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
-code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}pre{background:#f6f8fa;padding:.8em;overflow:auto}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em}
-math[display=block]{margin:.8em 0}img{max-width:100%}"""
+code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}
+pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;overflow-x:auto}
+table{border-collapse:collapse;margin:1em 0;display:block;max-width:100%;overflow-x:auto}
+td,th{border:1px solid #ccc;padding:.3em .6em}ul,p{overflow-x:auto;overflow-y:hidden}
+math[display=block]{margin:.8em 0;overflow-x:auto;overflow-y:hidden;max-width:100%}img{max-width:100%}"""
 
 
 def _html_inline(parts: list[Inline]) -> str:
