@@ -6,6 +6,10 @@ Contract: `matrix_box(node, dims)` typesets a node the way papers write it:
 of a node in index form (`\\sum_{k} x_{i,k} W^{q}_{k,c}`), with an optional
 map of textbook names (X -> a, scores -> \\alpha, weights -> \\alpha').
 One rule per node type in each printer; an unknown node is an error naming it.
+
+The equations that documents and notebook displays both show are built here,
+once: `definition_box` (a forward definition), `gradient_box` (a derived
+grad(T), entry by entry when it uses index notation), `loss_box`, `shape_box`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import sympy
 from . import typed as t
 from .mathbox import (Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row)
 
-__all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names"]
+__all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names", "equation", "definition_box",
+           "gradient_box", "loss_box", "shape_box"]
 
 COMPARE, ADD, MUL, NEG, POW, POSTFIX, ATOM = range(7)
 _KNOWN = {"exp", "log", "tanh", "sin", "cos"}
@@ -366,3 +371,56 @@ def _e(node, idx, nm: Names) -> tuple[Box, int]:
     inner = _m(node)[0]
     sub = _commas([ident(i) for i in idx if i is not None])
     return Sub(Fence(inner, "[", "]"), sub), ATOM
+
+
+# --- equations shown by documents and notebooks ---------------------------------------------
+
+
+def equation(left: Box, right: Box) -> Box:
+    return row(left, Op("=", "="), right)
+
+
+def shape_box(shape: Sequence[sympy.Expr]) -> Box:
+    """`[N, d_k]`, typeset (`[]` for a scalar)."""
+    inner = _commas([dim_box(d)[0] for d in shape]) if shape else Row(())
+    return Fence(inner, "[", "]")
+
+
+def definition_box(name: str, info: t.TensorInfo, dims: Sequence[str] = ()) -> Box:
+    """A forward definition: `Q = X W^{q}`, or `M_{i,j} = ...` for index notation."""
+    if isinstance(info.expr, t.IndexDef):
+        head = Names().entry(name, [i.name for i in info.expr.indices])
+        return equation(head, matrix_box(info.expr.body, dims))
+    return equation(ident(name), matrix_box(info.expr, dims))
+
+
+def gradient_box(name: str, expr: t.Node, spec: t.TypedSpec) -> Box:
+    """`dT = ...` for a derived gradient; entry by entry when the result uses index notation."""
+    index_part = next((n for n in t.walk(expr) if isinstance(n, t.IndexDef)), None)
+    if index_part is None:
+        return equation(grad_box(name), matrix_box(expr, list(spec.dims)))
+    # Index notation in the result: write every term entry by entry, at the same indices.
+    idx = [i.name for i in index_part.indices]
+    head = Names().entry(name, idx, grad=True)
+    nm = Names(used=idx + list(spec.dims) + list(spec.tensors) + _used_indices(expr))
+    return equation(head, entry_box(expr, idx, nm))
+
+
+def _used_indices(node: t.Node) -> list[str]:
+    found = []
+    for n in t.walk(node):
+        if isinstance(n, t.IndexSum):
+            found.append(n.index.name)
+        elif isinstance(n, t.IndexDef):
+            found += [i.name for i in n.indices]
+    return found
+
+
+def loss_box(spec: t.TypedSpec) -> Box:
+    """`L = <O, dO>` (one term per output)."""
+    parts: list[Box] = [Ident("L"), Op("=", "=")]
+    for k, out in enumerate(spec.outputs):
+        if k:
+            parts.append(Op("+", "+"))
+        parts += [Op("⟨", "\\langle "), ident(out), Op(",", ","), grad_box(out), Op("⟩", "\\rangle ")]
+    return row(*parts)
