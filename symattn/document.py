@@ -25,6 +25,7 @@ from . import typed as t
 from .claims import Verdict, verify_gradients
 from .cost import spec_cost
 from .derive import Derivation
+from .display import counterexample_lines
 from .element import ElementModel
 from .equivariance import LEMMAS
 from .errors import SizeGuardError
@@ -276,11 +277,7 @@ def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
     doc.add(Table(["line", "claim", "verdict", "how it was settled"], rows))
     for v in verdicts:
         if v.counterexample is not None:
-            ce = v.counterexample
-            lines = [f"counterexample for line {v.line} ({v.claim}): {ce.note}"]
-            lines += [f"{k} = {np.array2string(np.asarray(val, dtype=float), precision=4, separator=', ')}"
-                      for k, val in ce.inputs.items()]
-            doc.add(Code("\n".join(lines)))
+            doc.add(Code("\n".join(counterexample_lines(v))))
 
 
 def _symmetry(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict], symmetry_of: Callable) -> None:

@@ -22,6 +22,7 @@ from symattn import typed as t
 from symattn.errors import SpecError
 from symattn.printing import to_spec
 from conftest import EXAMPLES
+from test_notebook import EVERY_NODE
 
 SCALED_PRODUCT = """\
 attention scaled
@@ -39,7 +40,7 @@ O = softmax(S + T + U + V, axis=-1) @ (W + Y + Z)
 output O
 """
 
-HAND_SPECS = {"scaled": SCALED_PRODUCT}
+HAND_SPECS = {"scaled": SCALED_PRODUCT, "every_node": EVERY_NODE}
 DOUBLED = re.compile(r"(?<![A-Za-z0-9_])\(\(")  # two grouping brackets in a row (`sum((` is a call)
 
 
@@ -66,6 +67,8 @@ def _sources():
 
 
 SOURCES = _sources()
+# every_node multiplies a matrix by a 1-D vector, whose gradient the matrix language cannot write.
+DERIVABLE = [c for c in SOURCES if c[0] != "every_node"]
 
 
 @pytest.mark.parametrize("name,source", SOURCES, ids=[c[0] for c in SOURCES])
@@ -147,7 +150,7 @@ def _check_rhs(source: str, claim: str) -> t.Node | None:
     return spec.checks[-1].rhs
 
 
-@pytest.mark.parametrize("name,source", SOURCES, ids=[c[0] for c in SOURCES])
+@pytest.mark.parametrize("name,source", DERIVABLE, ids=[c[0] for c in DERIVABLE])
 def test_gradient_formulas_have_no_parentheses_to_spare(name, source):
     """`derive --gradients` lines, stated as checks: dropping any grouping pair changes the claim."""
     derivation = symattn.load(source).derive()
