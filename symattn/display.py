@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # only for type hints: derive and claims import this module
 __all__ = ["Formula", "gradient_formula", "counterexample_lines", "spec_html", "spec_latex", "derivation_html",
            "derivation_latex", "verdict_html", "verdict_latex"]
 
-_BLOCK = 'style="margin:.4em 0;overflow-x:auto"'
+_BLOCK = 'style="margin:.4em 0;overflow-x:auto;overflow-y:hidden"'
 _PRE = 'style="white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;padding:.5em;margin:.3em 0"'
+_QUAD = Op("\u2003", "\\quad ")  # an em space before a remark in words
 _COLOURS = {"proved": "#1a7f37", "refuted": "#cf222e", "unknown": "#9a6700"}
 
 
@@ -100,9 +101,9 @@ class Formula:
 
 def _gradient_equation(name: str, expr: t.Node | None, spec: t.TypedSpec) -> Box:
     if expr is None:
-        return row(grad_box(name), Op("=", "="), Num("0"), Text(f"  (L does not depend on {name})"))
+        return row(grad_box(name), Op("=", "="), Num("0"), _QUAD, Text(f"(L does not depend on {name})"))
     if isinstance(expr, t.Grad) and name in spec.outputs:
-        return row(grad_box(name), Text(f"  (the upstream gradient of the output {name})"))
+        return row(grad_box(name), _QUAD, Text(f"(the upstream gradient of the output {name})"))
     return gradient_box(name, expr, spec)
 
 
