@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import typed as t
+from .display import spec_html, spec_latex
 from .ir import NOWHERE
 from .errors import SpecSyntaxError, UsageError
 from .parse import parse
@@ -200,6 +201,13 @@ class Spec:
 
     def __repr__(self) -> str:
         return f"<Spec {self.name}: {len(self.tensors)} tensors, outputs {', '.join(self.outputs)}>"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: every tensor with its role and shape, and its definition typeset (MathML)."""
+        return spec_html(self.typed)
+
+    def _repr_latex_(self) -> str:
+        return spec_latex(self.typed)
 
 
 def format_typed(spec: t.TypedSpec) -> str:

@@ -107,6 +107,17 @@ class Verdict:
         return {"line": self.line, "claim": self.claim, "verdict": self.verdict, "method": self.method,
                 "counterexample": self.counterexample.to_json() if self.counterexample else None}
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the verdict, the claim, how it was settled, and any counterexample."""
+        from .display import verdict_html
+
+        return verdict_html(self)
+
+    def _repr_latex_(self) -> str:
+        from .display import verdict_latex
+
+        return verdict_latex(self)
+
 
 @dataclass
 class GradientCheck:

@@ -10,11 +10,16 @@ every simplification made is recorded as a `Step(rule, tensor, before, after)`.
 
 The adjoint rules form one table (`_adjoint`, dispatched on node type); a
 node without a rule is an error that names it.
+
+A `Derivation` is also a read-only mapping from `"grad(T)"` (or `"T"`) to a
+`symattn.display.Formula` (spec text, LaTeX, MathML, SymPy); an unknown name
+raises `UnknownGradientError`, which lists the known ones.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import singledispatch
 
@@ -22,7 +27,8 @@ import sympy
 
 from . import build as b
 from . import typed as t
-from .errors import SymbolicError
+from .display import Formula, derivation_html, derivation_latex, gradient_formula
+from .errors import SymbolicError, UnknownGradientError
 from .index_grad import index_adjoint
 from .printing import to_spec
 
@@ -49,10 +55,50 @@ class Gradient:
     steps: tuple[Step, ...]
 
 
-@dataclass
-class Derivation:
+@dataclass(repr=False)
+class Derivation(Mapping):
+    """Every gradient of a spec; also a read-only mapping from `"grad(T)"` to its `Formula`.
+
+    `derivation["grad(Q)"]` (or `derivation["Q"]`) is a `symattn.display.Formula` with
+    `.text`, `.latex`, `.mathml` and `.sympy`; an unknown name raises
+    `UnknownGradientError` (a KeyError) that lists the known ones. In a notebook a
+    derivation displays every formula typeset; `repr` is one line.
+    """
+
     spec: t.TypedSpec
     gradients: dict[str, Gradient] = field(default_factory=dict)  # in the order derived: outputs first
+
+    def _tensor(self, key: object) -> str | None:
+        """The tensor a key names: `"grad(Q)"` or `"Q"`."""
+        if not isinstance(key, str):
+            return None
+        name = key[len("grad("):-1].strip() if key.startswith("grad(") and key.endswith(")") else key
+        return name if name in self.gradients else None
+
+    def __getitem__(self, key: str) -> Formula:
+        name = self._tensor(key)
+        if name is None:
+            known = ", ".join(f"grad({n})" for n in self.gradients)
+            raise UnknownGradientError(f"no gradient {key!r} in {self.spec.name}; the known gradients are {known}")
+        return gradient_formula(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (f"grad({name})" for name in self.gradients)
+
+    def __len__(self) -> int:
+        return len(self.gradients)
+
+    def __contains__(self, key: object) -> bool:
+        return self._tensor(key) is not None
+
+    def __repr__(self) -> str:
+        return f"<Derivation {self.spec.name}: {len(self.gradients)} gradients>"
+
+    def _repr_html_(self) -> str:
+        return derivation_html(self)
+
+    def _repr_latex_(self) -> str:
+        return derivation_latex(self)
 
     def formula(self, name: str) -> str:
         """`grad(T) = ...` in spec syntax."""

@@ -25,12 +25,13 @@ from . import typed as t
 from .claims import Verdict, verify_gradients
 from .cost import spec_cost
 from .derive import Derivation
+from .display import counterexample_lines
 from .element import ElementModel
 from .equivariance import LEMMAS
 from .errors import SizeGuardError
 from .evaluate import NUMERIC, Evaluator
-from .mathbox import Box, Ident, Op, ident, row, to_latex, to_mathml
-from .mathprint import Names, dim_box, entry_box, grad_box, matrix_box
+from .mathbox import Box, Ident, Op, row, to_latex, to_mathml
+from .mathprint import Names, definition_box, dim_box, entry_box, grad_box, gradient_box, loss_box, matrix_box
 from .shapes import format_shape
 
 __all__ = ["Document", "build", "render", "FORMATS"]
@@ -160,19 +161,12 @@ def _token_dims(spec: t.TypedSpec) -> tuple:
     return tuple({spec.tensors[n].shape[0] for n in spec.inputs if spec.tensors[n].shape})
 
 
-def _definition_math(name: str, info: t.TensorInfo, dims) -> Math:
-    if isinstance(info.expr, t.IndexDef):
-        head = Names().entry(name, [i.name for i in info.expr.indices])
-        return _eq(head, matrix_box(info.expr.body, dims))
-    return _eq(ident(name), matrix_box(info.expr, dims))
-
-
 def _forward(doc: Document, spec: t.TypedSpec) -> None:
     dims = list(spec.dims)
     doc.add(Heading(2, "Forward pass"), Para(["In matrix form, dims symbolic (valid for every size):"]))
     for name, info in spec.tensors.items():
         if info.expr is not None:
-            doc.add(Display(_definition_math(name, info, dims)))
+            doc.add(Display(Math.of(definition_box(name, info, dims))))
     names = _textbook_names(spec)
     if names:
         doc.add(Para(["Entry by entry, in the textbook's names (", *_legend(names), "):"]))
@@ -251,7 +245,7 @@ def _example_values(spec: t.TypedSpec) -> dict[str, np.ndarray]:
 def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified: dict) -> None:
     dims = list(spec.dims)
     doc.add(Heading(2, "Backward pass"),
-            Para(["The loss is ", Math.of(_loss_box(spec)), ". Each gradient below is the result of the rules "
+            Para(["The loss is ", Math.of(loss_box(spec)), ". Each gradient below is the result of the rules "
                   "listed under it, applied from the outputs back to the inputs, with dims symbolic. Each was then "
                   "compared with the exact element-level chain rule (every entry written out in SymPy and "
                   "differentiated with sympy.diff)."]))
@@ -263,15 +257,7 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
             doc.add(Para([Math.of(grad_box(name)), f" is the upstream gradient of the output {name}."]))
             continue
         doc.add(Heading(3, f"grad({name})"))
-        index_part = _first_index_def(grad.expr)
-        if index_part is not None:
-            # Index notation in the result: write every term entry by entry, at the same indices.
-            idx = [i.name for i in index_part.indices]
-            head = Names().entry(name, idx, grad=True)
-            nm = Names(used=idx + list(spec.dims) + list(spec.tensors) + _used_indices(grad.expr))
-            doc.add(Display(_eq(head, entry_box(grad.expr, idx, nm))))
-        else:
-            doc.add(Display(_eq(grad_box(name), matrix_box(grad.expr, dims))))
+        doc.add(Display(Math.of(gradient_box(name, grad.expr, spec))))
         steps: list[list[Inline]] = []
         for step in grad.steps:
             steps.append([f"{step.rule}: through ", Math.of(matrix_box(step.before, dims)),
@@ -280,29 +266,6 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
             doc.add(Items(steps))
         if name in verified:
             doc.add(Para([verified[name]]))
-
-
-def _first_index_def(node: t.Node) -> t.IndexDef | None:
-    return next((n for n in t.walk(node) if isinstance(n, t.IndexDef)), None)
-
-
-def _used_indices(node: t.Node) -> list[str]:
-    found = []
-    for n in t.walk(node):
-        if isinstance(n, t.IndexSum):
-            found.append(n.index.name)
-        elif isinstance(n, t.IndexDef):
-            found += [i.name for i in n.indices]
-    return found
-
-
-def _loss_box(spec: t.TypedSpec) -> Box:
-    parts: list[Box] = [Ident("L"), Op("=", "=")]
-    for k, out in enumerate(spec.outputs):
-        if k:
-            parts.append(Op("+", "+"))
-        parts += [Op("⟨", "\\langle "), ident(out), Op(",", ","), grad_box(out), Op("⟩", "\\rangle ")]
-    return row(*parts)
 
 
 def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
@@ -314,11 +277,7 @@ def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
     doc.add(Table(["line", "claim", "verdict", "how it was settled"], rows))
     for v in verdicts:
         if v.counterexample is not None:
-            ce = v.counterexample
-            lines = [f"counterexample for line {v.line} ({v.claim}): {ce.note}"]
-            lines += [f"{k} = {np.array2string(np.asarray(val, dtype=float), precision=4, separator=', ')}"
-                      for k, val in ce.inputs.items()]
-            doc.add(Code("\n".join(lines)))
+            doc.add(Code("\n".join(counterexample_lines(v))))
 
 
 def _symmetry(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict], symmetry_of: Callable) -> None:
@@ -439,10 +398,15 @@ def render_md(doc: Document) -> str:
     return "\n\n".join(out) + "\n"
 
 
+# Long lines stay inside the page's column: code (a counterexample's note) wraps;
+# wide tables, formulas and lists of steps scroll sideways. On a list the scrolling
+# box is the <ul>, not each <li>, which would clip its bullet.
 _CSS = """body{font-family:Georgia,serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
-code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}pre{background:#f6f8fa;padding:.8em;overflow:auto}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em}
-math[display=block]{margin:.8em 0}img{max-width:100%}"""
+code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}
+pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;overflow-x:auto}
+table{border-collapse:collapse;margin:1em 0;display:block;max-width:100%;overflow-x:auto}
+td,th{border:1px solid #ccc;padding:.3em .6em}ul,p{overflow-x:auto;overflow-y:hidden}
+math[display=block]{margin:.8em 0;overflow-x:auto;overflow-y:hidden;max-width:100%}img{max-width:100%}"""
 
 
 def _html_inline(parts: list[Inline]) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "SpecShapeError",
     "SpecCheckError",
     "UsageError",
+    "UnknownGradientError",
     "SymbolicError",
     "SizeGuardError",
 ]
@@ -35,6 +36,13 @@ class SymAttnError(Exception):
 
 class UsageError(SymAttnError):
     """A bad command-line or API argument (an unknown dim, a bad size)."""
+
+
+class UnknownGradientError(UsageError, KeyError):
+    """`derivation["grad(T)"]` for a T the derivation has no gradient of; also a KeyError."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
 
 
 class SymbolicError(SymAttnError):

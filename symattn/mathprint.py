@@ -6,6 +6,10 @@ Contract: `matrix_box(node, dims)` typesets a node the way papers write it:
 of a node in index form (`\\sum_{k} x_{i,k} W^{q}_{k,c}`), with an optional
 map of textbook names (X -> a, scores -> \\alpha, weights -> \\alpha').
 One rule per node type in each printer; an unknown node is an error naming it.
+
+The equations that documents and notebook displays both show are built here,
+once: `definition_box` (a forward definition), `gradient_box` (a derived
+grad(T), entry by entry when it uses index notation), `loss_box`, `shape_box`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import sympy
 from . import typed as t
 from .mathbox import (Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row)
 
-__all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names"]
+__all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names", "equation", "definition_box",
+           "gradient_box", "loss_box", "shape_box"]
 
 COMPARE, ADD, MUL, NEG, POW, POSTFIX, ATOM = range(7)
 _KNOWN = {"exp", "log", "tanh", "sin", "cos"}
@@ -76,6 +81,18 @@ def _scalar(value: sympy.Expr) -> tuple[Box, int]:
 def _wrap(pair: tuple[Box, int], at_least: int) -> Box:
     box, prec = pair
     return Fence(box) if prec < at_least else box
+
+
+def _left_factor(pair: tuple[Box, int]) -> Box:
+    """The left operand of a product: fenced when a sum in it would reach over the factors after it.
+
+    `sum(dO, axis=-2) * b` is `(sum_N dO) . b`; written `sum_N dO . b` it reads as the sum of the product.
+    """
+    box, _ = pair
+    if isinstance(box, Row) and any(isinstance(i, Sub) and isinstance(i.base, Op) and i.base.text == "∑"
+                                    for i in box.items):
+        return Fence(box)
+    return _wrap(pair, MUL)
 
 
 def _axis_word(kind: str, axis: int | None, rank: int) -> str:
@@ -142,7 +159,7 @@ def _binary(op: str, a: tuple[Box, int], b: tuple[Box, int], scalar_side: bool) 
         return row(_wrap(a, ADD), Op("−", "-"), _wrap(b, ADD + 1)), ADD
     if op == "mul":
         glyph = Op("·", "\\cdot") if scalar_side else Op("⊙", "\\odot")
-        return row(_wrap(a, MUL), glyph, _wrap(b, MUL + 1)), MUL
+        return row(_left_factor(a), glyph, _wrap(b, MUL + 1)), MUL
     if op == "div":
         return Frac(a[0], b[0]), ATOM
     if op == "pow":
@@ -157,7 +174,7 @@ def _(node: t.Binary):
 
 @_m.register
 def _(node: t.MatMul):
-    return row(_wrap(_m(node.a), MUL), TIMES, _wrap(_m(node.b), MUL + 1)), MUL
+    return row(_left_factor(_m(node.a)), TIMES, _wrap(_m(node.b), MUL + 1)), MUL
 
 
 @_m.register
@@ -208,9 +225,11 @@ def _(node: t.Constant):
 
 @_m.register
 def _(node: t.SumTo):
-    names = [dim_box(node.x.shape[a])[0] for a in node.axes]
-    over = _commas(names)
-    return row(Sub(Op("∑", "\\sum"), over), _wrap(_m(node.x), MUL)), MUL
+    # An axis of size 1 only goes away (`[1, d]` to `[d]`): there is nothing to sum over it.
+    names = [dim_box(node.x.shape[a])[0] for a in node.axes if node.x.shape[a] != 1]
+    if not names:
+        return _m(node.x)
+    return row(Sub(Op("∑", "\\sum"), _commas(names)), _wrap(_m(node.x), MUL)), MUL
 
 
 @_m.register
@@ -352,3 +371,56 @@ def _e(node, idx, nm: Names) -> tuple[Box, int]:
     inner = _m(node)[0]
     sub = _commas([ident(i) for i in idx if i is not None])
     return Sub(Fence(inner, "[", "]"), sub), ATOM
+
+
+# --- equations shown by documents and notebooks ---------------------------------------------
+
+
+def equation(left: Box, right: Box) -> Box:
+    return row(left, Op("=", "="), right)
+
+
+def shape_box(shape: Sequence[sympy.Expr]) -> Box:
+    """`[N, d_k]`, typeset (`[]` for a scalar)."""
+    inner = _commas([dim_box(d)[0] for d in shape]) if shape else Row(())
+    return Fence(inner, "[", "]")
+
+
+def definition_box(name: str, info: t.TensorInfo, dims: Sequence[str] = ()) -> Box:
+    """A forward definition: `Q = X W^{q}`, or `M_{i,j} = ...` for index notation."""
+    if isinstance(info.expr, t.IndexDef):
+        head = Names().entry(name, [i.name for i in info.expr.indices])
+        return equation(head, matrix_box(info.expr.body, dims))
+    return equation(ident(name), matrix_box(info.expr, dims))
+
+
+def gradient_box(name: str, expr: t.Node, spec: t.TypedSpec) -> Box:
+    """`dT = ...` for a derived gradient; entry by entry when the result uses index notation."""
+    index_part = next((n for n in t.walk(expr) if isinstance(n, t.IndexDef)), None)
+    if index_part is None:
+        return equation(grad_box(name), matrix_box(expr, list(spec.dims)))
+    # Index notation in the result: write every term entry by entry, at the same indices.
+    idx = [i.name for i in index_part.indices]
+    head = Names().entry(name, idx, grad=True)
+    nm = Names(used=idx + list(spec.dims) + list(spec.tensors) + _used_indices(expr))
+    return equation(head, entry_box(expr, idx, nm))
+
+
+def _used_indices(node: t.Node) -> list[str]:
+    found = []
+    for n in t.walk(node):
+        if isinstance(n, t.IndexSum):
+            found.append(n.index.name)
+        elif isinstance(n, t.IndexDef):
+            found += [i.name for i in n.indices]
+    return found
+
+
+def loss_box(spec: t.TypedSpec) -> Box:
+    """`L = <O, dO>` (one term per output)."""
+    parts: list[Box] = [Ident("L"), Op("=", "=")]
+    for k, out in enumerate(spec.outputs):
+        if k:
+            parts.append(Op("+", "+"))
+        parts += [Op("⟨", "\\langle "), ident(out), Op(",", ","), grad_box(out), Op("⟩", "\\rangle ")]
+    return row(*parts)

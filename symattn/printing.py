@@ -100,10 +100,10 @@ def _(node: t.Binary, dims):
         return f"{_wrap(node.a, dims, POSTFIX)}^{_wrap(node.b, dims, NEG)}", POW
     left = _wrap(node.a, dims, prec)
     if node.op == "mul" and isinstance(node.a, t.MatMul):
-        left = f"({left})"
+        left = f"({left})"  # `(A @ B) * C`: legal without brackets, but people misread it
+    # The right operand of `*` or `/` is bracketed whenever it is a product (precedence
+    # MUL), a matrix product included, so it needs no second pair.
     right = _wrap(node.b, dims, prec + 1)
-    if node.op == "mul" and isinstance(node.b, t.MatMul):
-        right = f"({right})"
     return f"{left} {symbol} {right}", prec
 
 

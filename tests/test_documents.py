@@ -204,3 +204,82 @@ def test_document_api():
     assert spec.document("tex").startswith("\\documentclass{article}")
     with pytest.raises(symattn.UsageError, match="unknown document format"):
         spec.document("pdf")
+
+
+BROADCAST_BIAS = """\
+attention bias
+dim N = 3, d = 2
+input X[N, d]
+param b[1, d], c[d]
+Y = b + c
+O = X * Y + b
+output O
+"""
+
+
+def test_a_size_one_axis_is_not_typeset_as_a_sum():
+    """grad(c) for c[d] read as [1, d] only drops that axis; grad(b) sums over N and nothing else."""
+    spec = symattn.load(BROADCAST_BIAS)
+    derivation = spec.derive()
+    dims = list(spec.dims)
+    shown = {name: to_latex(matrix_box(g.expr, dims)) for name, g in derivation.gradients.items()
+             if g.expr is not None}
+    assert shown["c"] == "\\mathrm{d}Y"
+    assert shown["b"] == "\\mathrm{d}Y+\\sum_{N}\\mathrm{d}O"  # from Y = b + c and from + b
+    text = spec.document("md")
+    assert not re.search(r"\\sum_\{[^}]*\b1\b", text), "a sum over an axis of size 1"
+    assert "$$\n\\mathrm{d}c=\\mathrm{d}Y\n$$" in text
+
+
+def test_a_sum_on_the_left_of_a_product_is_fenced():
+    """(sum_N dO) . b, not sum_N dO . b, which reads as the sum of the product."""
+    spec = symattn.load("dim N = 3, d = 2\ninput X[N, d]\nparam b[1, d]\nO = sum(X, axis=-2) * b + X\noutput O\n")
+    grad_x = to_latex(matrix_box(spec.derive().gradients["X"].expr, list(spec.dims)))
+    assert "\\left(\\sum_{N}\\mathrm{d}O\\right)\\odot b" in grad_x, grad_x
+    assert "\\sum_{N}\\mathrm{d}O\\odot" not in grad_x
+
+
+# Appended to a copy of a document (the documents themselves carry no script): which boxes
+# stick out past the window without a scrolling box around them, and which code blocks hide text.
+_OVERFLOW_PROBE = """<script>
+window.addEventListener('load', () => {
+  const found = [];
+  const scrolls = (el) => {
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      if (getComputedStyle(a).overflowX !== 'visible' && a.getBoundingClientRect().right <= innerWidth + 1) return true;
+    }
+    return false;
+  };
+  for (const el of document.querySelectorAll('pre, table, math, p, li, figure')) {
+    if (el.getBoundingClientRect().right > innerWidth + 1 && !scrolls(el)) found.push('past the window: ' + el.tagName);
+    if (el.tagName === 'PRE' && el.scrollWidth > el.clientWidth + 1) found.push('cut off: PRE');
+  }
+  if (document.documentElement.scrollWidth > innerWidth + 1) found.push('the page scrolls sideways');
+  const out = document.createElement('div');
+  out.id = 'overflow-probe';
+  out.textContent = 'PROBE[' + found.join('; ') + ']';
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_long_lines_stay_inside_a_narrow_window_in_headless_chromium(tmp_path):
+    """causal.html has a long counterexample line and additive.html long formulas: at 600 px wide
+    nothing runs past the window and no code block hides text (wide tables and formulas scroll)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no headless Chromium installed (Debian package 'chromium')")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=600,1000", "--virtual-time-budget=5000"]
+    for name in ("causal", "additive"):
+        html = (ROOT / "derivations" / f"{name}.html").read_text("utf-8")
+        assert name != "causal" or max(len(line) for line in html.split("<pre>")[1].split("\n")) > 200
+        page = tmp_path / f"{name}.html"
+        page.write_text(html.replace("</body>", _OVERFLOW_PROBE + "</body>"), "utf-8")
+        dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                             timeout=120)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        found = re.search(r'<div id="overflow-probe">PROBE\[(.*?)\]</div>', dom.stdout)
+        assert found is not None, "the probe did not run"
+        assert found.group(1) == "", f"{name}.html: {found.group(1)}"
