@@ -32,7 +32,7 @@ from .errors import SymbolicError, UnknownGradientError
 from .index_grad import index_adjoint
 from .printing import to_spec
 
-__all__ = ["Step", "Gradient", "Derivation", "derive"]
+__all__ = ["Step", "Gradient", "Derivation", "derive", "UNARY_RULES"]
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def _(node, g, cx):
     return []
 
 
-_UNARY_RULES = {
+UNARY_RULES = {
     "neg": ("-A", lambda x, n, g, r: b.neg(g, r)),
     "exp": ("d exp(A) = exp(A) dA", lambda x, n, g, r: b.mul(g, n, r)),
     "log": ("d log(A) = dA / A", lambda x, n, g, r: b.div(g, x, r)),
@@ -170,7 +170,7 @@ _UNARY_RULES = {
 
 @_adjoint.register
 def _(node: t.Unary, g, cx):
-    rule, make = _UNARY_RULES[node.fn]
+    rule, make = UNARY_RULES[node.fn]
     return [(node.x, make(node.x, cx.ref(node), g, cx.rec), rule)]
 
 
@@ -284,7 +284,7 @@ def _(node: t.Concat, g, cx):
 
 @_adjoint.register
 def _(node: t.IndexDef, g, cx):
-    return index_adjoint(node, g, cx.spec, cx.reserved, _UNARY_RULES)
+    return index_adjoint(node, g, cx.spec, cx.reserved, UNARY_RULES)
 
 
 # --- the driver --------------------------------------------------------------------
