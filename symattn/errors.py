@@ -24,6 +24,7 @@ __all__ = [
     "SpecShapeError",
     "SpecCheckError",
     "UsageError",
+    "UnknownTensorError",
     "SymbolicError",
     "SizeGuardError",
 ]
@@ -35,6 +36,18 @@ class SymAttnError(Exception):
 
 class UsageError(SymAttnError):
     """A bad command-line or API argument (an unknown dim, a bad size)."""
+
+
+class UnknownTensorError(UsageError, KeyError):
+    """A tensor name the spec does not declare (also a KeyError, as a dict lookup was before)."""
+
+    def __init__(self, name: str, spec: str, known) -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(f"no tensor named {name!r} in {spec}; its tensors are {', '.join(self.known)}")
+
+    def __str__(self) -> str:  # KeyError would print the message as a quoted repr
+        return str(self.args[0])
 
 
 class SymbolicError(SymAttnError):
