@@ -72,3 +72,18 @@ def test_commands_in_the_readme_exist():
     result = run_cli("--help")
     for command in re.findall(r"^\| `symattn (\w+)", README, re.M):
         assert command in result.stdout, command
+
+
+def test_relative_links_resolve_in_a_clone():
+    """Every relative Markdown link in the README and docs/ names a file or folder of this repository."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text("utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.exists() and path.is_relative_to(REPO), f"{page.name}: {target}"
+            checked += 1
+    assert checked >= 3  # derivations/, docs/language.md, BENCHMARKS.md at least
+    assert "../shared" not in README
