@@ -39,9 +39,15 @@ OFFLINE = re.compile(r"No matching distribution found|Could not find a version t
 BUILD_WARNING = re.compile(r"\w*Warning\b|^\s*warning:", re.M)
 
 
+def _clean_env(*drop_also: str) -> dict[str, str]:
+    """This environment without PYTHONPATH (which would import symattn from the checkout, not the wheel)."""
+    drop = {"PYTHONPATH", *drop_also}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _run(*args, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+                          env=env if env is not None else _clean_env())
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +64,8 @@ def venv(tmp_path_factory) -> dict[str, Path]:
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = root / "dist"
     # -v shows the backend's output (its warnings); byte-compiling stays on, else distutils notes that it is off.
-    build_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "-w", dist, source,
-                 cwd=root, env=build_env)
+                 cwd=root, env=_clean_env("PYTHONDONTWRITEBYTECODE"))
     if built.returncode != 0:
         if OFFLINE.search(built.stdout + built.stderr):
             pytest.skip("cannot build a wheel here: pip cannot fetch the build backend (setuptools) from an index")
