@@ -45,9 +45,12 @@ def test_readme_spec_parses_with_the_stated_shapes():
     assert [c.kind for c in spec.checks] == ["equal", "equivariant"]
 
 
-def test_readme_python_tour():
-    spec = symattn.load(str(REPO / "derivations" / "self_attention.attn"))
+def test_readme_python_tour(monkeypatch):
+    monkeypatch.chdir(REPO)
+    spec = symattn.load("derivations/self_attention")
+    assert spec.filename == "derivations/self_attention.attn"
     assert spec.shape("P") == "[N, N]"
+    assert 'symattn.load("derivations/self_attention")' in README
     assert spec.with_dims(N=8).concrete_shape("P") == (8, 8)
     assert spec.show().startswith("attention self_attention")
 
