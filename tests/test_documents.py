@@ -22,7 +22,7 @@ SECTIONS = ["## The spec", "## Forward pass", "## A small example", "## Backward
             "## Permutation symmetry", "## Cost"]
 
 
-TINY = "dim N = 2, d = 2\ninput X[N, d]\nparam W[d, d]\nO = softmax(X @ W, axis=-1) @ X\noutput O\n"
+TINY = "dim N = 2, d = 2\ninput X[N, d]\nparam W[d, d]\nO = softmax(X @ W, axis=-1)\noutput O\n"
 
 
 @pytest.fixture(scope="module")
