@@ -34,7 +34,13 @@ def test_first_screen_has_the_two_setup_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (REPO / ".ci" / "run").read_text("utf-8")
     assert "python -m pip install -e '.[test]'" in ci
-    assert re.search(r"^python -m pytest\b", ci, re.M)
+    assert re.search(r"^python -m pytest$", ci, re.M)
+
+
+def test_ci_then_runs_the_slow_step_the_readme_names():
+    ci = (REPO / ".ci" / "run").read_text("utf-8")
+    assert ci.index("\npython -m pytest\n") < ci.index("python -m pytest -m slow")
+    assert "`python -m pytest -m slow`" in README
 
 
 def test_readme_spec_parses_with_the_stated_shapes():
