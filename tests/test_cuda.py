@@ -1,7 +1,7 @@
 """CUDA generation: the path chosen, the nvcc compile gate, and the same kernels run on the CPU.
 
 Every spec in derivations/ is emitted once per session (`emitted`, cheap). The tests that
-compile are marked slow (`python -m pytest -m slow`): for them each spec's CPU build
+build kernels are marked slow (`python -m pytest -m slow`): for them each spec's CPU build
 (ctypes), its ThreadSanitizer build and its nvcc compile gate run two at a time in the
 background while the first of them start (`builds`), cached in one temporary directory.
 Results are compared with the float64 reference evaluator (`symattn.verify_cuda.reference`),
