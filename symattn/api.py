@@ -1,10 +1,12 @@
 """The Python API: `load` a spec, get a `Spec` whose methods mirror the CLI.
 
 Contract: `load(path_or_text, dims=None)` reads a file (a `Path`, or a string
-naming an existing file or ending in `.attn`) or spec text, parses and
-validates it, and returns a `Spec` holding the typed IR; a bad spec raises a
-`SpecError` whose `str()` is the located report. `read_spec_file` turns
-bytes that are not UTF-8 into such an error too.
+naming an existing file, ending in `.attn`, or naming an existing file once
+`.attn` is added) or spec text, parses and validates it, and returns a `Spec`
+holding the typed IR; a bad spec raises a `SpecError` whose `str()` is the
+located report. `read_spec_file` turns bytes that are not UTF-8 into such an
+error too. A `Spec` method given a tensor name the spec does not declare
+raises `UnknownTensorError` (a `UsageError` and a `KeyError`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Mapping
 from . import typed as t
 from .display import spec_html, spec_latex
 from .ir import NOWHERE
-from .errors import SpecSyntaxError, UsageError
+from .errors import SpecSyntaxError, UnknownTensorError, UsageError
 from .parse import parse
 from .printing import to_spec
 from .shapes import format_shape
@@ -60,13 +62,19 @@ def read_spec_file(path: str | Path) -> str:
         ).located(str(path), shown) from None
 
 
-def _looks_like_path(value: str) -> bool:
+def _spec_path(value: str) -> Path | None:
+    """The file a string names (`derivations/causal` names `derivations/causal.attn` when that exists), or None
+    when the string is spec text."""
     if "\n" in value:
-        return False
+        return None
     try:
-        return value.endswith(".attn") or Path(value).is_file()
+        if value.endswith(".attn") or Path(value).is_file():
+            return Path(value)
+        if Path(value + ".attn").is_file():
+            return Path(value + ".attn")
     except (OSError, ValueError):  # spec text that is no possible file name (too long, NUL)
-        return False
+        pass
+    return None
 
 
 class Spec:
@@ -102,12 +110,19 @@ class Spec:
     def checks(self) -> tuple[t.CheckInfo, ...]:
         return self.typed.checks
 
+    def _tensor(self, name: str) -> t.TensorInfo:
+        try:
+            return self.typed.tensors[name]
+        except KeyError:
+            raise UnknownTensorError(name, self.name, self.typed.tensors) from None
+
     def shape(self, name: str) -> str:
         """The symbolic shape of a tensor as text, e.g. `[N, d_k]`."""
-        return format_shape(self.typed.tensors[name].shape, list(self.typed.dims))
+        return format_shape(self._tensor(name).shape, list(self.typed.dims))
 
     def concrete_shape(self, name: str) -> tuple[int, ...]:
-        return self.typed.concrete_shape(self.typed.tensors[name].shape)
+        """The shape of a tensor at the spec's sizes, e.g. `(4, 2)`."""
+        return self.typed.concrete_shape(self._tensor(name).shape)
 
     def with_dims(self, **sizes: int) -> "Spec":
         """The same spec at other sizes (`spec.with_dims(N=8)`)."""
@@ -138,10 +153,8 @@ class Spec:
         from .equivariance import check_symmetry
         from .shapes import same_dim
 
-        for name in (output, source):
-            if name not in self.typed.tensors:
-                raise UsageError(f"no tensor named {name!r} in {self.name}")
-        shape = self.typed.tensors[source].shape
+        self._tensor(output)
+        shape = self._tensor(source).shape
         if dim is None:
             if not shape or not shape[0].is_Symbol:
                 raise UsageError(f"name the dim to permute: the first axis of {source} is not a single dim")
@@ -251,10 +264,13 @@ def format_typed(spec: t.TypedSpec) -> str:
 
 
 def load(path_or_text: str | Path, dims: Mapping[str, int] | None = None, *, filename: str | None = None) -> Spec:
-    """Parse and validate a spec file or spec text; `dims` overrides default sizes."""
-    if isinstance(path_or_text, Path) or (isinstance(path_or_text, str) and _looks_like_path(path_or_text)):
-        source = read_spec_file(path_or_text)
-        name = filename or str(path_or_text)
+    """Parse and validate a spec file (the `.attn` suffix may be left off) or spec text; `dims` overrides
+    default sizes."""
+    path = path_or_text if isinstance(path_or_text, Path) else \
+        _spec_path(path_or_text) if isinstance(path_or_text, str) else None
+    if path is not None:
+        source = read_spec_file(path)
+        name = filename or str(path)
     elif isinstance(path_or_text, str):
         source = path_or_text
         name = filename or "<spec>"

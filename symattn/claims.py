@@ -103,6 +103,10 @@ class Verdict:
     def holds(self) -> bool:
         return self.verdict == "proved"
 
+    def __bool__(self) -> bool:
+        """True only when proved: `if verdict:` must not pass a refuted or unknown claim."""
+        return self.holds
+
     def to_json(self) -> dict:
         return {"line": self.line, "claim": self.claim, "verdict": self.verdict, "method": self.method,
                 "counterexample": self.counterexample.to_json() if self.counterexample else None}

@@ -25,6 +25,7 @@ __all__ = [
     "SpecCheckError",
     "UsageError",
     "UnknownGradientError",
+    "UnknownTensorError",
     "SymbolicError",
     "SizeGuardError",
 ]
@@ -43,6 +44,18 @@ class UnknownGradientError(UsageError, KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownTensorError(UsageError, KeyError):
+    """A tensor name the spec does not declare (also a KeyError, as a dict lookup was before)."""
+
+    def __init__(self, name: str, spec: str, known) -> None:
+        self.name = name
+        self.known = tuple(known)
+        super().__init__(f"no tensor named {name!r} in {spec}; its tensors are {', '.join(self.known)}")
+
+    def __str__(self) -> str:  # KeyError would print the message as a quoted repr
+        return str(self.args[0])
 
 
 class SymbolicError(SymAttnError):

@@ -40,7 +40,3 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subpro
 def example(request) -> Path:
     """Each example spec in derivations/."""
     return request.param
-
-
-def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "slow: builds or installs something (deselect with -m 'not slow')")

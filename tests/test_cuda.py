@@ -1,11 +1,12 @@
 """CUDA generation: the path chosen, the nvcc compile gate, and the same kernels run on the CPU.
 
-Every spec in derivations/ is emitted once per session; its CPU build (ctypes), its
-ThreadSanitizer build and its nvcc compile gate run two at a time in the background
-while the first tests start, cached in one temporary directory. Results are compared
-with the float64 reference evaluator (`symattn.verify_cuda.reference`), an independent
-op-by-op computation, never with the generated code itself. A missing nvcc or g++
-skips the tests that need it, with the reason.
+Every spec in derivations/ is emitted once per session (`emitted`, cheap). The tests that
+build kernels are marked slow (`python -m pytest -m slow`): for them each spec's CPU build
+(ctypes), its ThreadSanitizer build and its nvcc compile gate run two at a time in the
+background while the first of them start (`builds`), cached in one temporary directory.
+Results are compared with the float64 reference evaluator (`symattn.verify_cuda.reference`),
+an independent op-by-op computation, never with the generated code itself. A missing nvcc
+or g++ skips the tests that need it, with the reason.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from symattn.cuda import emit_cuda
 from symattn.verify_cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
                                  parse_ptxas, reference, verify_cuda, verify_sizes)
 
-pytestmark = pytest.mark.slow
-
 NVCC = find_nvcc()
 CXX = find_cxx()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found: the compile gate needs the CUDA toolkit")
@@ -36,13 +35,20 @@ FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attenti
 STEMS = [p.stem for p in EXAMPLES]
 
 
-class Session:
-    """Emitted code per spec, and background builds: (stem, kind) -> Future (kind: plain, tsan, gate)."""
+class Emitted:
+    """Each example spec and its emitted CUDA code, by stem."""
 
-    def __init__(self, root) -> None:
-        self.root = root
+    def __init__(self) -> None:
         self.specs = {p.stem: symattn.load(p) for p in EXAMPLES}
         self.codes = {stem: emit_cuda(spec) for stem, spec in self.specs.items()}
+
+
+class Builds:
+    """The emitted code's background builds: (stem, kind) -> Future (kind: plain, tsan, gate)."""
+
+    def __init__(self, emitted: Emitted, root) -> None:
+        self.root = root
+        self.specs, self.codes = emitted.specs, emitted.codes
         self.pool = ThreadPoolExecutor(max_workers=2)
         self.jobs = {}
         for code in self.codes.values():  # write every build directory before any job reads one
@@ -61,8 +67,13 @@ class Session:
 
 
 @pytest.fixture(scope="session")
-def session(tmp_path_factory):
-    built = Session(tmp_path_factory.mktemp("cuda"))
+def emitted() -> Emitted:
+    return Emitted()
+
+
+@pytest.fixture(scope="session")
+def builds(emitted, tmp_path_factory):
+    built = Builds(emitted, tmp_path_factory.mktemp("cuda"))
     yield built
     built.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -71,8 +82,8 @@ def session(tmp_path_factory):
 
 
 @pytest.mark.parametrize("stem", STEMS)
-def test_path_choice(session, stem):
-    code = session.codes[stem]
+def test_path_choice(emitted, stem):
+    code = emitted.codes[stem]
     if stem in FUSED:
         assert code.path == "fused"
         assert [c.output for c in code.program.cores] == [FUSED[stem]]
@@ -81,17 +92,17 @@ def test_path_choice(session, stem):
         assert code.path == "generic" and not code.program.cores
 
 
-def test_multi_head_heads_are_a_grid_axis(session):
-    code = session.codes["multi_head"]
+def test_multi_head_heads_are_a_grid_axis(emitted):
+    code = emitted.codes["multi_head"]
     (core,) = code.program.cores
     assert [str(d) for d in core.lead] == ["h"]
     (forward,) = [k for k in code.program.forward if k.variants]
     assert forward.grid[1] == "h" and forward.grid[2] == code.program.batch
 
 
-def test_fused_path_never_stores_the_attention_matrix(session):
+def test_fused_path_never_stores_the_attention_matrix(emitted):
     for stem in FUSED:
-        program = session.codes[stem].program
+        program = emitted.codes[stem].program
         n2 = [b for b in program.workspace if len(b.shape) >= 2 and b.shape[-1] == b.shape[-2]
               and str(b.shape[-1]) in ("N", "M")]
         assert not n2, f"{stem}: {[b.name for b in n2]} are N x N buffers"
@@ -100,13 +111,14 @@ def test_fused_path_never_stores_the_attention_matrix(session):
 # --- the compile gate -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("stem", STEMS)
-def test_compile_gate(session, stem):
-    gate = session.result(stem, "gate")
+def test_compile_gate(builds, stem):
+    gate = builds.result(stem, "gate")
     assert gate.ok, gate.problems
     names = {k.name for k in gate.kernels}
-    assert set(session.codes[stem].kernel_names()) <= names
+    assert set(builds.codes[stem].kernel_names()) <= names
     for kernel in gate.kernels:
         assert kernel.spill_stores == kernel.spill_loads == 0
         assert kernel.shared_bytes <= 48 * 1024 and 0 < kernel.registers <= 255
@@ -146,12 +158,13 @@ def test_compile_gate_skips_without_nvcc(tmp_path):
 # --- running on the CPU -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_cxx
 @pytest.mark.parametrize("stem", STEMS)
-def test_verify_forward_backward_with_and_without_tsan(session, stem):
-    session.result(stem, "plain"), session.result(stem, "tsan")
-    spec, code = session.specs[stem], session.codes[stem]
-    report = verify_cuda(spec, code=code, gate=False, tsan=True, workdir=session.root)
+def test_verify_forward_backward_with_and_without_tsan(builds, stem):
+    builds.result(stem, "plain"), builds.result(stem, "tsan")
+    spec, code = builds.specs[stem], builds.codes[stem]
+    report = verify_cuda(spec, code=code, gate=False, tsan=True, workdir=builds.root)
     expected = {*spec.outputs, *(f"grad({x})" for x in spec.typed.leaves)}
     assert set(report.errors) == expected == set(report.tsan_errors)
     assert report.ok, report.problems
@@ -159,30 +172,32 @@ def test_verify_forward_backward_with_and_without_tsan(session, stem):
     assert all(n % 16 for n in report.sizes.values()) and max(report.sizes.values()) > 64
 
 
+@pytest.mark.slow
 @needs_cxx
-def test_tsan_catches_a_missing_syncthreads(session):
+def test_tsan_catches_a_missing_syncthreads(builds):
     """Remove the barrier that keeps the next K/V tile from overwriting the one other threads still read."""
-    code = emit_cuda(session.specs["self_attention"])
+    code = emit_cuda(builds.specs["self_attention"])
     source = code.source_name
     text = code.files[source]
     marker = "__syncthreads();  // every thread is done with the tiles before they are overwritten"
     at = text.index(marker, text.index("_forward("))
     code.files[source] = text[:at] + "/* planted: no barrier */" + text[at + len(marker):]
-    report = verify_cuda(session.specs["self_attention"], code=code, gate=False, tsan=True, workdir=session.root)
+    report = verify_cuda(builds.specs["self_attention"], code=code, gate=False, tsan=True, workdir=builds.root)
     assert report.tsan_report and "data race" in report.tsan_report
     assert "self_attention_O_attn_forward" in report.tsan_report
     assert "ThreadSanitizer reported a data race" in report.problems and not report.ok
 
 
+@pytest.mark.slow
 @needs_cxx
-def test_head_dim_64_instantiation_and_the_limit(session):
+def test_head_dim_64_instantiation_and_the_limit(builds):
     """d_k = 40 runs the HEAD_DIM = 64 kernels (same build); d_k = 70 is refused with status -2."""
-    spec, code = session.specs["self_attention"], session.codes["self_attention"]
-    session.result("self_attention", "plain")
+    spec, code = builds.specs["self_attention"], builds.codes["self_attention"]
+    builds.result("self_attention", "plain")
     sizes = {**verify_sizes(spec.typed), "d_k": 40}
-    report = verify_cuda(spec, code=code, sizes=sizes, gate=False, tsan=False, workdir=session.root)
+    report = verify_cuda(spec, code=code, sizes=sizes, gate=False, tsan=False, workdir=builds.root)
     assert report.ok, report.problems
-    runner = _Runner(build_cpu(code, session.root), code)
+    runner = _Runner(build_cpu(code, builds.root), code)
     p = code.program
     sizes = {"N": 5, "d": 3, "d_k": 70}
     arrays = {id(b): np.zeros(_concrete(b, sizes, 1), np.float32)
@@ -191,11 +206,12 @@ def test_head_dim_64_instantiation_and_the_limit(session):
         runner(arrays, [5, 3, 70, 1])
 
 
+@pytest.mark.slow
 @needs_cxx
 @pytest.mark.parametrize("stem", ["causal", "multi_head"])
-def test_generic_path_for_attention(session, stem):
+def test_generic_path_for_attention(builds, stem):
     """The generic path is correct for attention too (masks, heads), not just where it is chosen."""
-    report = verify_cuda(session.specs[stem], fused=False, gate=False, tsan=False, workdir=session.root)
+    report = verify_cuda(builds.specs[stem], fused=False, gate=False, tsan=False, workdir=builds.root)
     assert report.path == "generic" and report.ok, report.problems
 
 
@@ -263,16 +279,17 @@ output O
 }
 
 
+@pytest.mark.slow
 @needs_cxx
 @pytest.mark.parametrize("name", list(NEW_SPECS))
-def test_specs_beyond_the_examples(session, name):
+def test_specs_beyond_the_examples(builds, name):
     spec = symattn.load(NEW_SPECS[name], filename=f"{name}.attn")
     report = verify_cuda(spec, gate=name == "batched_3d" and NVCC is not None, tsan=name == "softcap",
-                         workdir=session.root)
+                         workdir=builds.root)
     assert report.path == ("generic" if name in ("assorted", "batched_3d") else "fused")
     assert report.ok, report.problems
     if name == "masked_rows":
-        generic = verify_cuda(spec, fused=False, gate=False, tsan=False, workdir=session.root)
+        generic = verify_cuda(spec, fused=False, gate=False, tsan=False, workdir=builds.root)
         assert generic.ok, generic.problems
 
 
@@ -304,8 +321,8 @@ def test_reference_gradients_match_finite_differences(stem):
 # --- the emitted files ----------------------------------------------------------------------
 
 
-def test_readme_and_header_name_every_argument(session):
-    for stem, code in session.codes.items():
+def test_readme_and_header_name_every_argument(emitted):
+    for stem, code in emitted.codes.items():
         readme = code.files["README.md"]
         header = code.files[f"{code.prefix}.h"]
         p = code.program
@@ -361,12 +378,13 @@ def test_cli_emit_cuda(tmp_path):
     assert generic.returncode == 0 and "generic path" in generic.stdout
 
 
+@pytest.mark.slow
 @needs_cxx
-def test_cli_verify_cuda(session, monkeypatch):
+def test_cli_verify_cuda(builds, monkeypatch):
     for kind in ("plain", "tsan", "gate"):
-        if ("cross_attention", kind) in session.jobs:
-            session.result("cross_attention", kind)
-    monkeypatch.setenv("SYMATTN_CUDA_BUILD_DIR", str(session.root))  # the session's builds, not new ones
+        if ("cross_attention", kind) in builds.jobs:
+            builds.result("cross_attention", kind)
+    monkeypatch.setenv("SYMATTN_CUDA_BUILD_DIR", str(builds.root))  # the session's builds, not new ones
     done = run_cli("verify", "derivations/cross_attention.attn", "--target", "cuda", timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"grad\(Y\)\s+\d\.\d\de-\d\d\s+ok", done.stdout)
@@ -395,6 +413,7 @@ def test_gpu_benchmark_plans_and_skips_without_a_gpu():
     assert done.returncode == 0 and "skipped:" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @needs_cxx
 def test_gpu_benchmark_plumbing_on_the_cpu_build(tmp_path):
     """The script's ctypes calls, run on a CPU build with torch CPU tensors, agree with torch SDPA."""

@@ -4,7 +4,7 @@
   the conclusion, or stop at the tensor that breaks it.
 - Every counterexample is re-evaluated here with plain NumPy, by forward
   passes written independently of symattn (the sinusoidal encoding from its
-  formula in LANGUAGE.md): O(Pi X) differs from Pi O(X) by the reported amount.
+  formula in docs/language.md): O(Pi X) differs from Pi O(X) by the reported amount.
 - Hypothesis property tests: random permutations, sizes and float64 inputs,
   through the same independent NumPy forwards, agree with the verdicts.
 - Specs a new user would try (biases, shared keys, feature maps, index

@@ -8,6 +8,7 @@ expressions, never from symattn: the shapes written in declarations
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,9 +218,15 @@ def check_show(stdout: str, facts: Facts, sizes: dict[str, int]) -> None:
         assert re.search(rf"^  {dim} = {size}\b", stdout, re.M), f"dim {dim} = {size} not shown"
 
 
+@functools.lru_cache(maxsize=None)
+def show_at_default_sizes(example: Path):
+    """`symattn show EXAMPLE`, run once per example: two tests read it."""
+    return run_cli("show", str(example))
+
+
 def test_show_lists_every_tensor(example):
     facts = FACTS[example]
-    result = run_cli("show", str(example))
+    result = show_at_default_sizes(example)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     check_show(result.stdout, facts, facts.dims)
@@ -234,7 +241,7 @@ def test_show_dim_override(example):
     check_show(result.stdout, facts, sizes)
     assert re.search(rf"^  {first} = 8\s+line \d+\s+\(default {facts.dims[first]}\)", result.stdout, re.M)
     # The override really changes sizes: some tensor has an axis of the dim.
-    default_rows = show_rows(run_cli("show", str(example)).stdout)
+    default_rows = show_rows(show_at_default_sizes(example).stdout)
     assert any(show_rows(result.stdout)[n][2] != default_rows[n][2] for n in default_rows)
 
 

@@ -19,6 +19,7 @@ import random
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -179,6 +180,7 @@ def test_mutations_reach_every_stage():
 # --- the command line -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # sixteen fresh interpreters; the in-process tests above cover thousands of mutants
 def test_cli_never_prints_a_traceback(tmp_path):
     rng = random.Random(20240601)
     paths = []

@@ -34,7 +34,13 @@ def test_first_screen_has_the_two_setup_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (REPO / ".ci" / "run").read_text("utf-8")
     assert "python -m pip install -e '.[test]'" in ci
-    assert re.search(r"^python -m pytest\b", ci, re.M)
+    assert re.search(r"^python -m pytest$", ci, re.M)
+
+
+def test_ci_then_runs_the_slow_step_the_readme_names():
+    ci = (REPO / ".ci" / "run").read_text("utf-8")
+    assert ci.index("\npython -m pytest\n") < ci.index("python -m pytest -m slow")
+    assert "`python -m pytest -m slow`" in README
 
 
 def test_readme_spec_parses_with_the_stated_shapes():
@@ -45,9 +51,12 @@ def test_readme_spec_parses_with_the_stated_shapes():
     assert [c.kind for c in spec.checks] == ["equal", "equivariant"]
 
 
-def test_readme_python_tour():
-    spec = symattn.load(str(REPO / "derivations" / "self_attention.attn"))
+def test_readme_python_tour(monkeypatch):
+    monkeypatch.chdir(REPO)
+    spec = symattn.load("derivations/self_attention")
+    assert spec.filename == "derivations/self_attention.attn"
     assert spec.shape("P") == "[N, N]"
+    assert 'symattn.load("derivations/self_attention")' in README
     assert spec.with_dims(N=8).concrete_shape("P") == (8, 8)
     assert spec.show().startswith("attention self_attention")
 
@@ -72,3 +81,18 @@ def test_commands_in_the_readme_exist():
     result = run_cli("--help")
     for command in re.findall(r"^\| `symattn (\w+)", README, re.M):
         assert command in result.stdout, command
+
+
+def test_relative_links_resolve_in_a_clone():
+    """Every relative Markdown link in the README and docs/ names a file or folder of this repository."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text("utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.exists() and path.is_relative_to(REPO), f"{page.name}: {target}"
+            checked += 1
+    assert checked >= 3  # derivations/, docs/language.md, BENCHMARKS.md at least
+    assert "../shared" not in README
