@@ -17,7 +17,7 @@ from typing import Mapping
 
 from . import typed as t
 from .display import spec_html, spec_latex
-from .ir import NOWHERE
+from .position import NOWHERE
 from .errors import SpecSyntaxError, UnknownTensorError, UsageError
 from .parse import parse
 from .printing import to_spec

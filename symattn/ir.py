@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .position import NOWHERE, Pos
+
 __all__ = [
     "Pos",
     "Expr",
@@ -37,24 +39,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Pos:
-    """A 1-based source span: where a node starts and (exclusively) ends."""
-
-    line: int
-    column: int
-    end_line: int
-    end_column: int
-
-    @property
-    def length(self) -> int:
-        """Columns to underline on the first line (at least one)."""
-        if self.end_line == self.line:
-            return max(1, self.end_column - self.column)
-        return 1
-
-
-NOWHERE = Pos(1, 1, 1, 2)
 
 
 def _pos() -> Pos:

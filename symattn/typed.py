@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 
 import sympy
 
-from .ir import NOWHERE, Pos
+from .position import NOWHERE, Pos
 
 __all__ = [
     "Shape",
