@@ -7,6 +7,6 @@
 
 from .api import Spec, load
 from .errors import SpecError, SymAttnError, UnknownTensorError, UsageError
+from .version import __version__
 
 __all__ = ["load", "Spec", "SymAttnError", "SpecError", "UsageError", "UnknownTensorError", "__version__"]
-__version__ = "0.1.0"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import __version__
+from .version import __version__
 from .api import Spec, example_path, example_text, load
 from .budget import DEFAULT_SECONDS
 from .errors import SpecError, SymAttnError, UsageError

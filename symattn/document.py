@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import sympy
 
-from . import __version__
+from .version import __version__
 from . import typed as t
 from .claims import Verdict, verify_gradients
 from .cost import spec_cost
@@ -91,13 +91,6 @@ class Table:
 @dataclass
 class Items:
     items: list[list[Inline]]
-
-
-@dataclass
-class Figure:
-    name: str          # file name next to the document
-    png: bytes
-    caption: str
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Figures for derivation documents, drawn with matplotlib when it is installed.
 
 Contract: `available()` says whether matplotlib can be imported; `heatmap`
-and `cost_curve` return `document.Figure` objects holding PNG bytes that are
+and `cost_curve` return `Figure` objects holding PNG bytes that are
 identical from run to run (fixed size and DPI, no timestamp or software
 metadata). Nothing here is imported unless a document asks for a figure.
 """
@@ -9,10 +9,20 @@ metadata). Nothing here is imported unless a document asks for a figure.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["available", "heatmap", "cost_curve"]
+__all__ = ["Figure", "available", "heatmap", "cost_curve"]
+
+
+@dataclass
+class Figure:
+    """A figure of a document: a PNG file written next to it, and its caption."""
+
+    name: str          # file name next to the document
+    png: bytes
+    caption: str
 
 
 def available() -> bool:
@@ -40,7 +50,6 @@ def _png(fig) -> bytes:
 
 
 def heatmap(spec_name: str, tensor: str, values: np.ndarray):
-    from .document import Figure
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(3.2, 2.8))
@@ -58,7 +67,6 @@ def heatmap(spec_name: str, tensor: str, values: np.ndarray):
 
 def cost_curve(spec, cost):
     """Forward FLOPs of the spec against N, next to an RNN over the same sequence (other dims at defaults)."""
-    from .document import Figure
 
     tokens = [name for name, info in spec.dims.items()
               if any(d == info.symbol for t in spec.tensors.values() for d in t.shape[:1])]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .. import __version__
+from ..version import __version__
 from ..shapes import format_dim, format_shape
 from ..sizes import constraints
 from .flash import FLASH_PRELUDE, HEAD_DIMS, Sizes
