@@ -42,6 +42,7 @@ from .element import ElementModel
 from .errors import SizeGuardError, SymAttnError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .finiteness import ANY, Finiteness
+from .present import render
 from .sizes import SEARCH_BUDGET, fit_sizes, user_sizes
 
 __all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number"]
@@ -111,16 +112,12 @@ class Verdict:
         return {"line": self.line, "claim": self.claim, "verdict": self.verdict, "method": self.method,
                 "counterexample": self.counterexample.to_json() if self.counterexample else None}
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
         """In a notebook: the verdict, the claim, how it was settled, and any counterexample."""
-        from .display import verdict_html
+        return render("html", self)
 
-        return verdict_html(self)
-
-    def _repr_latex_(self) -> str:
-        from .display import verdict_latex
-
-        return verdict_latex(self)
+    def _repr_latex_(self) -> str | None:
+        return render("latex", self)
 
 
 @dataclass

@@ -12,7 +12,7 @@ The adjoint rules form one table (`_adjoint`, dispatched on node type); a
 node without a rule is an error that names it.
 
 A `Derivation` is also a read-only mapping from `"grad(T)"` (or `"T"`) to a
-`symattn.display.Formula` (spec text, LaTeX, MathML, SymPy); an unknown name
+`Formula` (spec text, LaTeX, MathML, SymPy); an unknown name
 raises `UnknownGradientError`, which lists the known ones.
 """
 
@@ -21,18 +21,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import singledispatch
+from functools import cached_property, singledispatch
 
 import sympy
 
 from . import build as b
 from . import typed as t
-from .display import Formula, derivation_html, derivation_latex, gradient_formula
+from .present import render
 from .errors import SymbolicError, UnknownGradientError
 from .index_grad import index_adjoint
 from .printing import to_spec
 
-__all__ = ["Step", "Gradient", "Derivation", "derive", "UNARY_RULES"]
+__all__ = ["Step", "Gradient", "Derivation", "Formula", "derive", "UNARY_RULES"]
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,68 @@ class Gradient:
     steps: tuple[Step, ...]
 
 
+@dataclass(frozen=True)
+class Formula:
+    """One derived gradient, in every form symattn writes it.
+
+    `name` is `grad(T)`; `text` the line `derive --gradients` prints; `node` the
+    typed-IR right-hand side (None when L does not depend on T); `latex` and
+    `mathml` the equation as the documents typeset it (no `$` around the LaTeX;
+    drawn by the docs stage, see `symattn.present`); `sympy` the right-hand side
+    as a SymPy matrix expression (`symattn.sympy_form`).
+    """
+
+    name: str
+    text: str
+    node: t.Node | None = field(repr=False)
+    spec: t.TypedSpec = field(repr=False, compare=False, hash=False)
+
+    @property
+    def tensor(self) -> str:
+        return self.name[len("grad("):-1]
+
+    @property
+    def latex(self) -> str:
+        return render("latex", self)[2:-2]
+
+    @property
+    def mathml(self) -> str:
+        return render("mathml", self)
+
+    @cached_property
+    def sympy(self) -> sympy.Basic:
+        """The right-hand side as a SymPy expression, dims symbolic.
+
+        Matrix symbols stand for the spec's tensors (`P`) and upstream gradients
+        (`grad(O)`); see `symattn.sympy_form` for every rule. A gradient of rank 3 or
+        more has no such form: a `SymbolicError` says so.
+        """
+        from .sympy_form import tensor_symbol, to_sympy
+
+        shape = self.spec.tensors[self.tensor].shape
+        if self.node is None:
+            symbol = tensor_symbol(self.tensor, shape)
+            return sympy.ZeroMatrix(*symbol.shape) if isinstance(symbol, sympy.MatrixSymbol) else sympy.Integer(0)
+        try:
+            return to_sympy(self.node, self.spec)
+        except SymbolicError as err:
+            raise SymbolicError(f"{self.name}: {err}; .text, .latex and .mathml still show it") from None
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_latex_(self) -> str | None:
+        return render("latex", self)
+
+    def _repr_html_(self) -> str | None:
+        return render("html", self)
+
+
 @dataclass(repr=False)
 class Derivation(Mapping):
     """Every gradient of a spec; also a read-only mapping from `"grad(T)"` to its `Formula`.
 
-    `derivation["grad(Q)"]` (or `derivation["Q"]`) is a `symattn.display.Formula` with
+    `derivation["grad(Q)"]` (or `derivation["Q"]`) is a `Formula` with
     `.text`, `.latex`, `.mathml` and `.sympy`; an unknown name raises
     `UnknownGradientError` (a KeyError) that lists the known ones. In a notebook a
     derivation displays every formula typeset; `repr` is one line.
@@ -80,7 +137,7 @@ class Derivation(Mapping):
         if name is None:
             known = ", ".join(f"grad({n})" for n in self.gradients)
             raise UnknownGradientError(f"no gradient {key!r} in {self.spec.name}; the known gradients are {known}")
-        return gradient_formula(self, name)
+        return Formula(f"grad({name})", self.formula(name), self.gradients[name].expr, self.spec)
 
     def __iter__(self) -> Iterator[str]:
         return (f"grad({name})" for name in self.gradients)
@@ -94,11 +151,11 @@ class Derivation(Mapping):
     def __repr__(self) -> str:
         return f"<Derivation {self.spec.name}: {len(self.gradients)} gradients>"
 
-    def _repr_html_(self) -> str:
-        return derivation_html(self)
+    def _repr_html_(self) -> str | None:
+        return render("html", self)
 
-    def _repr_latex_(self) -> str:
-        return derivation_latex(self)
+    def _repr_latex_(self) -> str | None:
+        return render("latex", self)
 
     def formula(self, name: str) -> str:
         """`grad(T) = ...` in spec syntax."""

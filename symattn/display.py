@@ -15,8 +15,6 @@ expression is).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -24,16 +22,16 @@ import numpy as np
 import sympy
 
 from . import typed as t
-from .errors import SymbolicError
+from .present import register
 from .mathbox import Box, Num, Op, Text, ident, row, to_latex, to_mathml
 from .mathprint import definition_box, gradient_box, grad_box, loss_box, shape_box
 
-if TYPE_CHECKING:  # only for type hints: derive and claims import this module
+if TYPE_CHECKING:
     from .claims import Verdict
-    from .derive import Derivation
+    from .derive import Derivation, Formula
 
-__all__ = ["Formula", "gradient_formula", "counterexample_lines", "spec_html", "spec_latex", "derivation_html",
-           "derivation_latex", "verdict_html", "verdict_latex"]
+__all__ = ["formula_latex", "formula_mathml", "formula_html", "counterexample_lines", "spec_html", "spec_latex",
+           "derivation_html", "derivation_latex", "verdict_html", "verdict_latex"]
 
 _BLOCK = 'style="margin:.4em 0;overflow-x:auto;overflow-y:hidden"'
 _PRE = 'style="white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;padding:.5em;margin:.3em 0"'
@@ -51,54 +49,6 @@ def _latex_text(text: str) -> str:
 # --- one gradient ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Formula:
-    """One derived gradient, in every form symattn writes it.
-
-    `name` is `grad(T)`; `text` the line `derive --gradients` prints; `latex` and
-    `mathml` the equation as the documents typeset it (no `$` around the LaTeX);
-    `node` the typed-IR right-hand side (None when L does not depend on T);
-    `sympy` the right-hand side as a SymPy matrix expression (`symattn.sympy_form`).
-    """
-
-    name: str
-    text: str
-    latex: str = field(repr=False)
-    mathml: str = field(repr=False)
-    node: t.Node | None = field(repr=False)
-    spec: t.TypedSpec = field(repr=False, compare=False, hash=False)
-
-    @cached_property
-    def sympy(self) -> sympy.Basic:
-        """The right-hand side as a SymPy expression, dims symbolic.
-
-        Matrix symbols stand for the spec's tensors (`P`) and upstream gradients
-        (`grad(O)`); see `symattn.sympy_form` for every rule. A gradient of rank 3 or
-        more has no such form: a `SymbolicError` says so.
-        """
-        from .sympy_form import tensor_symbol, to_sympy
-
-        tensor = self.name[len("grad("):-1]
-        shape = self.spec.tensors[tensor].shape
-        if self.node is None:
-            symbol = tensor_symbol(tensor, shape)
-            return sympy.ZeroMatrix(*symbol.shape) if isinstance(symbol, sympy.MatrixSymbol) else sympy.Integer(0)
-        try:
-            return to_sympy(self.node, self.spec)
-        except SymbolicError as err:
-            raise SymbolicError(f"{self.name}: {err}; .text, .latex and .mathml still show it") from None
-
-    def __str__(self) -> str:
-        return self.text
-
-    def _repr_latex_(self) -> str:
-        return f"$${self.latex}$$"
-
-    def _repr_html_(self) -> str:
-        shown = self.mathml.replace("<math ", '<math display="block" ', 1)
-        return f'<div {_BLOCK} title="{escape(self.text)}">{shown}</div>'
-
-
 def _gradient_equation(name: str, expr: t.Node | None, spec: t.TypedSpec) -> Box:
     if expr is None:
         return row(grad_box(name), Op("=", "="), Num("0"), _QUAD, Text(f"(L does not depend on {name})"))
@@ -107,11 +57,22 @@ def _gradient_equation(name: str, expr: t.Node | None, spec: t.TypedSpec) -> Box
     return gradient_box(name, expr, spec)
 
 
-def gradient_formula(derivation: "Derivation", name: str) -> Formula:
-    """The `Formula` of grad(name) (a tensor the derivation has a gradient for)."""
-    expr = derivation.gradients[name].expr
-    box = _gradient_equation(name, expr, derivation.spec)
-    return Formula(f"grad({name})", derivation.formula(name), to_latex(box), to_mathml(box), expr, derivation.spec)
+def _formula_box(formula: "Formula") -> Box:
+    return _gradient_equation(formula.tensor, formula.node, formula.spec)
+
+
+def formula_latex(formula: "Formula") -> str:
+    """The equation as the documents typeset it, in LaTeX (no `$` around it)."""
+    return to_latex(_formula_box(formula))
+
+
+def formula_mathml(formula: "Formula") -> str:
+    return to_mathml(_formula_box(formula))
+
+
+def formula_html(formula: "Formula") -> str:
+    shown = formula_mathml(formula).replace("<math ", '<math display="block" ', 1)
+    return f'<div {_BLOCK} title="{escape(formula.text)}">{shown}</div>'
 
 
 # --- a whole derivation ---------------------------------------------------------------------------
@@ -121,9 +82,8 @@ def derivation_html(derivation: "Derivation") -> str:
     spec = derivation.spec
     parts = [f"<div><p><strong>Backward pass of {escape(spec.name)}</strong>: matrix form, dims symbolic "
              f"(valid for all sizes); the loss is {to_mathml(loss_box(spec))}.</p>"]
-    for name in derivation.gradients:
-        formula = gradient_formula(derivation, name)
-        parts.append(formula._repr_html_())
+    for key in derivation:
+        parts.append(formula_html(derivation[key]))
     parts.append("</div>")
     return "\n".join(parts)
 
@@ -131,7 +91,7 @@ def derivation_html(derivation: "Derivation") -> str:
 def derivation_latex(derivation: "Derivation") -> str:
     spec = derivation.spec
     lines = [to_latex(loss_box(spec))]
-    lines += [gradient_formula(derivation, name).latex for name in derivation.gradients]
+    lines += [formula_latex(derivation[key]) for key in derivation]
     return "$$\\begin{gathered}\n" + " \\\\\n".join(lines) + "\n\\end{gathered}$$"
 
 
@@ -205,3 +165,8 @@ def verdict_latex(verdict: "Verdict") -> str:
     if verdict.counterexample is not None:
         lines.append(f"\\text{{counterexample: {_latex_text(verdict.counterexample.note)}}}")
     return "$$\\begin{array}{l}\n" + " \\\\\n".join(lines) + "\n\\end{array}$$"
+
+
+register("Formula", html=formula_html, latex=lambda f: f"$${formula_latex(f)}$$", mathml=formula_mathml)
+register("Derivation", html=derivation_html, latex=derivation_latex)
+register("Verdict", html=verdict_html, latex=verdict_latex)
