@@ -19,7 +19,6 @@ from html import escape
 from typing import TYPE_CHECKING
 
 import numpy as np
-import sympy
 
 from . import typed as t
 from .present import register
