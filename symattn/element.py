@@ -61,6 +61,7 @@ from .budget import checkpoint
 from .errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
+from .polyzero import expands_to_zero
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "ELEMENT_BUDGET"]
 
@@ -274,6 +275,7 @@ def zero_test(expr: sympy.Expr) -> bool:
     """True if `expr` is identically zero as a rational function of its symbols and function atoms.
 
     Cheapest first: a random point that shows it nonzero ends the test; then
+    expansion in a sparse polynomial ring (`symattn.polyzero`), then SymPy's
     expansion with denominators kept whole; then the common denominator.
     """
     if expr == 0:
@@ -294,6 +296,8 @@ def zero_test(expr: sympy.Expr) -> bool:
         return atomized.equals(0) is True
     if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
         return False
+    if expands_to_zero(atomized):  # exact, in a sparse polynomial ring: ~10x faster than expand
+        return True
     if sympy.expand(atomized) == 0:
         return True
     checkpoint()
