@@ -45,6 +45,7 @@ rule into its definition uses the sum of that and every other path (`adjoint`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -131,9 +132,16 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
             atoms[node] = sympy.Dummy(positive=positive)
         return atoms[node]
 
+    done: dict[sympy.Expr, sympy.Expr] = {}  # shared subtrees are walked once
+
     def walk(node: sympy.Expr) -> sympy.Expr:
         if not node.args or node.is_Atom:
             return node
+        if node not in done:
+            done[node] = rewrite(node)
+        return done[node]
+
+    def rewrite(node: sympy.Expr) -> sympy.Expr:
         if isinstance(node, sympy.exp):
             result = sympy.Integer(1)
             for term in sympy.Add.make_args(sympy.expand(walk(node.args[0]))):
@@ -318,7 +326,26 @@ def settled(entry) -> bool:
     entry = sympy.sympify(entry)
     if entry.is_number:
         return True
-    return not (entry.has(*_NON_FINITE) or entry.has(sympy.I) or entry.has(sympy.AccumBounds))
+    return not _holds_non_finite(entry)
+
+
+_UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
+
+
+def _holds_non_finite(entry: sympy.Expr) -> bool:
+    """entry.has(oo, -oo, nan, zoo, I, AccumBounds) in one walk over shared subtrees
+    (`has` walks the whole tree once per pattern)."""
+    seen = {entry}
+    stack = [entry]
+    while stack:
+        node = stack.pop()
+        if node in _UNSETTLING or isinstance(node, sympy.AccumBounds):
+            return True
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return False
 
 
 def _non_finite_number(entry: sympy.Expr) -> bool:
@@ -340,23 +367,29 @@ def same_entry(a, b) -> bool:
 
 
 def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
-    """sympy.diff, with a fast path for the sums of products that matrix products write.
+    """sympy.diff, with the product rule written out for the sums of products that matrix
+    products and softmax write.
 
-    A term in which `sym` is a plain factor (power 1, nowhere else) has derivative
-    'the other factors'; anything else goes to sympy.diff.
+    Each term is differentiated factor by factor (the Leibniz rule); a factor that is `sym`
+    itself has derivative 1, any other factor that contains `sym` goes to sympy.diff,
+    memoized, since a softmax row's denominator is a factor of every entry of the row.
     """
-    terms = sympy.Add.make_args(expr)
     out = []
-    for term in terms:
+    for term in sympy.Add.make_args(expr):
         if sym not in term.free_symbols:
             continue
         factors = sympy.Mul.make_args(term)
-        others = [f for f in factors if f != sym]
-        if len(others) == len(factors) - 1 and not any(sym in f.free_symbols for f in others):
-            out.append(sympy.Mul(*others))
-        else:
-            out.append(sympy.diff(term, sym))
+        for k, factor in enumerate(factors):
+            if factor == sym:
+                out.append(sympy.Mul(*factors[:k], *factors[k + 1:]))
+            elif sym in factor.free_symbols:
+                out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
     return sympy.Add(*out)
+
+
+@functools.lru_cache(maxsize=16384)
+def _factor_diff(factor: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    return sympy.diff(factor, sym)
 
 
 class ElementModel:
