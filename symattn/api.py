@@ -74,6 +74,11 @@ class Spec:
     def __init__(self, typed: t.TypedSpec) -> None:
         self.typed = typed
         self._derivation = None
+        # Element-level results, computed once per Spec (its source text and sizes are fixed):
+        # the claims session per `force`, verdicts per (force, budget), gradient checks per force.
+        self._sessions: dict = {}
+        self._verdicts: dict = {}
+        self._gradient_checks: dict = {}
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -121,15 +126,36 @@ class Spec:
             self._derivation = derive(self.typed)
         return self._derivation
 
+    def session(self, force: bool = False):
+        """The element-level pass (`symattn.claims.open_session`: the element model, its exact
+        gradients, the finiteness analysis) that this spec's documents, gradient checks and
+        checks share; built on first use."""
+        from .claims import open_session
+
+        key = bool(force)
+        if key not in self._sessions:
+            self._sessions[key] = open_session(self.typed, force=key, derivation=self.derive())
+        return self._sessions[key]
+
     def check(self, force: bool = False, budget: float | None = None):
         """One `Verdict` per `check` statement: proved, refuted (with a counterexample) or unknown.
 
         Each claim gets `budget` seconds (default `symattn.budget.DEFAULT_SECONDS`; 0 means no
-        limit); a claim over it is unknown, "gave up after ... s"."""
+        limit); a claim over it is unknown, "gave up after ... s". Computed once per Spec and
+        (force, budget); later calls return the same verdicts."""
         from .budget import DEFAULT_SECONDS
         from .claims import check_spec
 
-        return check_spec(self.typed, force=force, budget=DEFAULT_SECONDS if budget is None else (budget or None))
+        seconds = DEFAULT_SECONDS if budget is None else (budget or None)
+        key = (bool(force), seconds)
+        if key not in self._verdicts:
+            # Share the element model when a document or gradient check has built it already; a
+            # model built here would be built under a claim's time budget, and one that ran out of
+            # time must not stand in for the unbudgeted model documents need.
+            shared = self._sessions.get(bool(force))
+            session = shared if shared is not None and shared.model_built else None
+            self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
+        return list(self._verdicts[key])
 
     def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
                      force: bool = False):
@@ -153,10 +179,14 @@ class Spec:
         return check_symmetry(self.typed, claim, force=force)
 
     def verify_gradients(self, force: bool = False):
-        """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes."""
+        """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes.
+        Computed once per Spec and `force`, in the shared `session`."""
         from .claims import verify_gradients
 
-        return verify_gradients(self.typed, force=force, derivation=self.derive())
+        key = bool(force)
+        if key not in self._gradient_checks:
+            self._gradient_checks[key] = verify_gradients(self.typed, force=key, session=self.session(key))
+        return list(self._gradient_checks[key])
 
     def numpy(self):
         """The generated NumPy code as a ready module: `spec.numpy().forward(X=...)`, `.backward(..., grad_O=...)`.

@@ -22,7 +22,7 @@ import sympy
 
 from . import __version__
 from . import typed as t
-from .claims import Verdict, verify_gradients
+from .claims import Verdict
 from .cost import spec_cost
 from .derive import Derivation
 from .element import ElementModel
@@ -388,14 +388,16 @@ def build(spec, force: bool = False) -> Document:
              f"`{list(typed.concrete_shape(i.shape))}`"] for n, i in typed.tensors.items()]
     doc.add(Table(["tensor", "role", "shape", "at the default sizes"], rows))
     _forward(doc, typed)
+    # One element-level pass serves the example, the gradient checks and the claims (the spec
+    # keeps it, and the results, for later documents and calls).
     try:
-        model = ElementModel(typed, force=force, progress=False)
+        model = spec.session(force).model
     except SizeGuardError:
         model = None
     _example(doc, typed, model, figures)
     verified = {}
     if model is not None:
-        for check in verify_gradients(typed, force=force, derivation=derivation):
+        for check in spec.verify_gradients(force=force):
             verified[check.tensor] = f"Checked: {check.method}." if check.ok else f"Unknown: {check.method}."
     _backward(doc, typed, derivation, verified)
     verdicts = spec.check(force=force)
