@@ -50,7 +50,7 @@ import itertools
 import math
 import sys
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import mpmath
 import numpy as np
@@ -64,7 +64,8 @@ from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
 from .polyzero import expands_to_zero
 
-__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "ELEMENT_BUDGET"]
+__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
+           "ELEMENT_BUDGET"]
 
 def symbol_name(tensor: str, index: tuple[int, ...], grad: bool = False) -> str:
     """`X_{1,2}`, `W^{q}_{2,1}`, `\\bar{O}_{1,1}`: 1-based, LaTeX-friendly."""
@@ -366,6 +367,27 @@ def same_entry(a, b) -> bool:
     return zero_test(a - b)
 
 
+def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
+    """A function giving `x.xreplace(mapping)` for many x that share subtrees (the entries of one
+    tensor share its softmax denominators and projections): each distinct subtree is rebuilt
+    once, where `xreplace` rebuilds it at every occurrence."""
+    memo: dict = dict(mapping)
+
+    def replace(node: sympy.Basic) -> sympy.Basic:
+        found = memo.get(node)
+        if found is not None:
+            return found
+        if node.args:
+            args = tuple(replace(arg) for arg in node.args)
+            found = node.func(*args) if any(new is not old for new, old in zip(args, node.args)) else node
+        else:
+            found = node
+        memo[node] = found
+        return found
+
+    return replace
+
+
 def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """sympy.diff, with the product rule written out for the sums of products that matrix
     products and softmax write.
@@ -525,7 +547,8 @@ class ElementModel:
                 continue
             self._tick(f"unfolding {label}")
             unfolded.append(label)
-            pending = [(self._exact(x.xreplace(mapping)), self._exact(y.xreplace(mapping))) for x, y in pending]
+            replace = shared_xreplace(mapping)
+            pending = [(self._exact(replace(x)), self._exact(replace(y))) for x, y in pending]
             pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         return (not pending), unfolded
 

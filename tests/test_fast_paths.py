@@ -1,10 +1,10 @@
-"""The sparse-polynomial zero test and the product-rule differentiation of the element level.
+"""The element level's fast paths against SymPy's own, slower routines.
 
 `polyzero.expands_to_zero` may only say True for expressions that are zero; it
 is compared here with SymPy's own expansion (an independent implementation of
 polynomial arithmetic) and with evaluation at random points in mpmath. The
 element level's `_diff` is compared with `sympy.diff` applied to the whole
-term.
+term, `shared_xreplace` with `xreplace`, `settled` with `has`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from symattn.element import _diff, zero_test
+from symattn.element import _diff, settled, shared_xreplace, zero_test
 from symattn.polyzero import expands_to_zero
 
 x, y, z = sympy.symbols("x y z", real=True)
@@ -118,3 +118,25 @@ def test_diff_matches_sympy_diff(expr):
     mine = _diff(expr, x)
     reference = sympy.diff(expr, x)
     assert sympy.simplify(mine - reference) == 0
+
+
+# --- shared-subtree substitution and the one-walk finiteness test ----------------------------
+
+def test_shared_xreplace_is_xreplace():
+    softmax = [sympy.exp(x * y) / (sympy.exp(x * y) + sympy.exp(x * z)),
+               sympy.exp(x * z) / (sympy.exp(x * y) + sympy.exp(x * z)),
+               sympy.Piecewise((x, y > 0), (z, True)) + sympy.tanh(x)]
+    mapping = {x: y + z, y: sympy.Rational(1, 2), e1: e2}
+    replace = shared_xreplace(mapping)
+    assert [replace(e) for e in softmax] == [e.xreplace(mapping) for e in softmax]
+    assert replace(z) is z
+
+
+@pytest.mark.parametrize("expr", [
+    x * sympy.oo, -sympy.oo * x + y, sympy.exp(x - sympy.oo) + y, x + sympy.I * y,
+    sympy.AccumBounds(-1, 1) * x, sympy.zoo * x, x + y, sympy.exp(x) / (1 + y), sympy.oo, sympy.nan,
+])
+def test_settled_matches_has(expr):
+    expected = bool(expr.is_number) or not (expr.has(sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
+                                            or expr.has(sympy.I) or expr.has(sympy.AccumBounds))
+    assert settled(expr) == expected
