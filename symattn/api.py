@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
+from . import progress
 from . import typed as t
 from .ir import NOWHERE
 from .errors import SpecSyntaxError, UsageError
@@ -154,7 +155,8 @@ class Spec:
             # time must not stand in for the unbudgeted model documents need.
             shared = self._sessions.get(bool(force))
             session = shared if shared is not None and shared.model_built else None
-            self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
+            with progress.task(f"check {self.name}"):
+                self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
         return list(self._verdicts[key])
 
     def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
@@ -185,7 +187,8 @@ class Spec:
 
         key = bool(force)
         if key not in self._gradient_checks:
-            self._gradient_checks[key] = verify_gradients(self.typed, force=key, session=self.session(key))
+            with progress.task(f"verify gradients of {self.name}"):
+                self._gradient_checks[key] = verify_gradients(self.typed, force=key, session=self.session(key))
         return list(self._gradient_checks[key])
 
     def numpy(self):
@@ -221,8 +224,9 @@ class Spec:
 
         if fmt not in FORMATS:
             raise UsageError(f"unknown document format {fmt!r}; choose one of {', '.join(FORMATS)}")
-        doc = build(self, force=force)
-        return render(doc, fmt), {f.name: f.png for f in doc.figures}
+        with progress.task(f"document {self.name}"):
+            doc = build(self, force=force)
+            return render(doc, fmt), {f.name: f.png for f in doc.figures}
 
     def show(self) -> str:
         """The typed IR as text: dims, every tensor with kind and shape, every check."""

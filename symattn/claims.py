@@ -34,6 +34,7 @@ import mpmath
 import numpy as np
 import sympy
 
+from . import progress
 from . import typed as t
 from .budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from .derive import Derivation, derive
@@ -482,7 +483,8 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
     else:
         session.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
     verdicts = []
-    for check in spec.checks:
+    for number, check in enumerate(spec.checks):
+        progress.step(f"check, line {check.line}", number, len(spec.checks))
         try:
             with time_budget(budget):
                 if check.kind == "equal":
@@ -516,7 +518,8 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
     model = session.model
     finiteness = session.finiteness
     out = []
-    for name, grad in session.derivation.gradients.items():
+    for number, (name, grad) in enumerate(session.derivation.gradients.items()):
+        progress.step(f"checking grad({name})", number, len(session.derivation.gradients))
         shape = spec.concrete_shape(spec.tensors[name].shape)
         try:
             with time_budget(budget):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import __version__
+from . import __version__, progress
 from .api import Spec, example_path, example_text, load
 from .budget import DEFAULT_SECONDS
 from .codegen_numpy import emit_command
@@ -195,11 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _title(args: argparse.Namespace) -> str:
+    """`derive causal`, `emit cuda causal`: the command and the spec, for the progress line."""
+    spec = getattr(args, "spec", None)
+    stem = "self_attention" if spec is None else ("stdin" if spec == "-" else Path(spec).stem)
+    target = f" {args.target}" if args.command == "emit" else ""
+    return f"{args.command}{target} {stem}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with progress.task(_title(args)):  # a progress line on stderr when it is a terminal
+            return COMMANDS[args.command](args)
     except SpecError as err:
         print(err, file=sys.stderr)
         return 2

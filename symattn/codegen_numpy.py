@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from . import __version__
+from . import __version__, progress
 from . import typed as t
 from .shapes import format_shape
 
@@ -296,6 +296,7 @@ def emit_command(args) -> int:
     spec = _load(args)
     if args.target != "numpy":
         raise SymAttnError(f"emit {args.target}: CUDA code generation is not implemented yet")
+    progress.step("deriving and generating the NumPy module")
     source = spec.emit("numpy")
     if args.output == "-":
         print(source, end="")

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import sympy
 
-from . import __version__
+from . import __version__, progress
 from . import typed as t
 from .claims import Verdict
 from .cost import spec_cost
@@ -377,6 +377,7 @@ def build(spec, force: bool = False) -> Document:
 
     typed = spec.typed
     figures = figure_module if figure_module.available() else None
+    progress.step("deriving")
     derivation = spec.derive()
     doc = Document(typed.name, f"Derivation of {typed.name}")
     doc.add(Heading(1, doc.title),
@@ -390,10 +391,12 @@ def build(spec, force: bool = False) -> Document:
     _forward(doc, typed)
     # One element-level pass serves the example, the gradient checks and the claims (the spec
     # keeps it, and the results, for later documents and calls).
+    progress.step("building the element model")
     try:
         model = spec.session(force).model
     except SizeGuardError:
         model = None
+    progress.step("the small example")
     _example(doc, typed, model, figures)
     verified = {}
     if model is not None:
@@ -402,7 +405,9 @@ def build(spec, force: bool = False) -> Document:
     _backward(doc, typed, derivation, verified)
     verdicts = spec.check(force=force)
     _checks(doc, typed, verdicts)
+    progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
+    progress.step("cost")
     _cost(doc, typed, derivation, figures)
     if figures is None:
         doc.add(Para(["Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."]))

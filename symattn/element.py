@@ -48,8 +48,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import sys
-import time
 from typing import Callable, Mapping
 
 import mpmath
@@ -57,6 +55,7 @@ import numpy as np
 import sympy
 from sympy.functions.elementary.piecewise import ExprCondPair
 
+from . import progress
 from . import typed as t
 from .budget import checkpoint
 from .errors import SizeGuardError
@@ -420,8 +419,7 @@ class ElementModel:
     def __init__(self, spec: t.TypedSpec, force: bool = False, progress: bool | None = None) -> None:
         guard(spec, force)
         self.spec = spec
-        self.progress = sys.stderr.isatty() if progress is None else progress
-        self.started = time.perf_counter()
+        self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
         self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
@@ -463,9 +461,8 @@ class ElementModel:
 
     def _tick(self, what: str) -> None:
         checkpoint()
-        elapsed = time.perf_counter() - self.started
-        if self.progress and elapsed > 2:
-            print(f"\rsymattn: element level: {what} ({elapsed:.0f} s)", end="", file=sys.stderr, flush=True)
+        if self.progress:
+            progress.detail(f"element level: {what}")
 
     # --- exact gradients ----------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import progress
 from .. import typed as t
 from .emit import render, signatures
 from .plan import Program, plan
@@ -78,6 +79,7 @@ def emit_command(args) -> int:
     directory = Path(args.output)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} is a file; emit cuda writes a directory")
+    progress.step("deriving and generating the kernels")
     code = emit_cuda(spec, fused=getattr(args, "cuda_path", "auto") != "generic")
     written = code.write(directory)
     cores = ", ".join(c.output for c in code.program.cores)
