@@ -236,6 +236,19 @@ class Spec:
         return f"<Spec {self.name}: {len(self.tensors)} tensors, outputs {', '.join(self.outputs)}>"
 
 
+def definition_text(spec: t.TypedSpec, name: str) -> str:
+    """A defined tensor's definition in spec syntax (`Q = X @ W_q`, `M[i:N, j:N] = ...`); "" for a leaf."""
+    info = spec.tensors[name]
+    order = list(spec.dims)
+    if info.expr is None:
+        return ""
+    if isinstance(info.expr, t.IndexDef):
+        body = to_spec(info.expr.body, order)
+        idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
+        return f"{name}[{idx}] = {body}"
+    return f"{name} = {to_spec(info.expr, order)}"
+
+
 def format_typed(spec: t.TypedSpec) -> str:
     order = list(spec.dims)
     lines = [f"attention {spec.name}  ({spec.filename})", "", "dims"]
@@ -249,14 +262,7 @@ def format_typed(spec: t.TypedSpec) -> str:
     for name, info in spec.tensors.items():
         shape = format_shape(info.shape, order)
         sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
-        definition = ""
-        if info.expr is not None:
-            if isinstance(info.expr, t.IndexDef):
-                body = to_spec(info.expr.body, order)
-                idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
-                definition = f"{name}[{idx}] = {body}"
-            else:
-                definition = f"{name} = {to_spec(info.expr, order)}"
+        definition = definition_text(spec, name)
         rows.append((name, info.role, shape, sizes, f"line {info.pos.line}", definition))
     widths = [max(len(r[k]) for r in rows) for k in range(5)] if rows else [0] * 5
     for row in rows:
