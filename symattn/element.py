@@ -410,6 +410,11 @@ def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
 
 @functools.lru_cache(maxsize=16384)
 def _factor_diff(factor: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    if factor.is_Pow and factor.exp.is_Integer:
+        # SymPy's own power rule (Pow._eval_derivative) with the d(exponent) * log(base) term,
+        # which is 0 here, left out: building log(base) of a softmax denominator costs SymPy
+        # many assumption queries. The result is the very expression sympy.diff returns.
+        return factor * (_diff(factor.base, sym) * factor.exp / factor.base)
     return sympy.diff(factor, sym)
 
 

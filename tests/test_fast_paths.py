@@ -120,6 +120,17 @@ def test_diff_matches_sympy_diff(expr):
     assert sympy.simplify(mine - reference) == 0
 
 
+def test_diff_of_a_softmax_entry_is_sympys_expression_itself():
+    """The ground truth of documents stays the very expression sympy.diff writes (no new form)."""
+    a, b, c = sympy.symbols("a b c", real=True)
+    scores = [x * a + y * b, x * b + z * c, x * c]
+    denominator = sum(sympy.exp(s) for s in scores)
+    for s in scores:
+        entry = sympy.exp(s) / denominator
+        for sym in (x, a, b):
+            assert _diff(entry, sym) == sympy.diff(entry, sym)
+
+
 # --- shared-subtree substitution and the one-walk finiteness test ----------------------------
 
 def test_shared_xreplace_is_xreplace():
