@@ -156,9 +156,8 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     else:
         from .document import build, render
 
-        doc = build(spec, force=args.force)
-        if not args.output:  # nowhere to put figure files: leave them out of the text
-            doc.blocks = [b for b in doc.blocks if b not in doc.figures]
+        # Without -o there is nowhere to put figure files: leave them out (and skip drawing them).
+        doc = build(spec, force=args.force, figures=bool(args.output))
         text = render(doc, fmt)
         figures = {f.name: f.png for f in doc.figures} if fmt != "html" else {}
     if args.output:

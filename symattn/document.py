@@ -371,12 +371,33 @@ def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> 
         doc.add(fig)
 
 
-def build(spec, force: bool = False) -> Document:
-    """The derivation document of a `symattn.Spec`."""
+class _NoFigures:
+    """Stands in for `symattn.figures` when the caller will drop the figures anyway: the same
+    blocks as with matplotlib, less the figures, without importing and drawing them."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    @staticmethod
+    def heatmap(*args) -> None:
+        return None
+
+    @staticmethod
+    def cost_curve(*args) -> None:
+        return None
+
+
+def build(spec, force: bool = False, figures: bool = True) -> Document:
+    """The derivation document of a `symattn.Spec`. With `figures=False` it has no Figure blocks
+    (and no note about them): the document `build` gives, less its figures, for a caller that
+    has nowhere to put them."""
     from . import figures as figure_module
 
     typed = spec.typed
-    figures = figure_module if figure_module.available() else None
+    if not figures and figure_module.available():
+        figures = _NoFigures()
+    else:
+        figures = figure_module if figure_module.available() else None
     progress.step("deriving")
     derivation = spec.derive()
     doc = Document(typed.name, f"Derivation of {typed.name}")
