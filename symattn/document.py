@@ -394,10 +394,10 @@ def build(spec, force: bool = False, figures: bool = True) -> Document:
     from . import figures as figure_module
 
     typed = spec.typed
-    if not figures and figure_module.available():
-        figures = _NoFigures()
+    if not figure_module.available():
+        drawer = None
     else:
-        figures = figure_module if figure_module.available() else None
+        drawer = figure_module if figures else _NoFigures()
     progress.step("deriving")
     derivation = spec.derive()
     doc = Document(typed.name, f"Derivation of {typed.name}")
@@ -418,7 +418,7 @@ def build(spec, force: bool = False, figures: bool = True) -> Document:
     except SizeGuardError:
         model = None
     progress.step("the small example")
-    _example(doc, typed, model, figures)
+    _example(doc, typed, model, drawer)
     verified = {}
     if model is not None:
         for check in spec.verify_gradients(force=force):
@@ -429,8 +429,8 @@ def build(spec, force: bool = False, figures: bool = True) -> Document:
     progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
     progress.step("cost")
-    _cost(doc, typed, derivation, figures)
-    if figures is None:
+    _cost(doc, typed, derivation, drawer)
+    if drawer is None:
         doc.add(Para(["Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."]))
     return doc
 
