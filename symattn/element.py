@@ -119,20 +119,30 @@ def guard(spec: t.TypedSpec, force: bool = False) -> None:
                          f"{ELEMENT_BUDGET:,}); try {shown}, or pass --force to run it anyway")
 
 
+# Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
+# two sides of a comparison, share their exp(...) subtrees. Cleared together (never within a call)
+# when they grow past _ATOM_CACHE, so that a long session does not hold every expression it saw.
+_ATOMS: dict[sympy.Expr, sympy.Dummy] = {}
+_ATOMIZED: dict[sympy.Expr, sympy.Expr] = {}
+_ATOM_CACHE = 50_000
+
+
 def _atomize(expr: sympy.Expr) -> sympy.Expr:
     """Replace every function application (and irrational power of a non-number) by a symbol.
 
     exp is split first, exp(2*s + t/2) = E_s^2 * E_t^(1/2) with E_s = exp(s) > 0, so that
-    the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom.
+    the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom. The same
+    application is the same symbol in every call (see _ATOMS).
     """
-    atoms: dict[sympy.Expr, sympy.Dummy] = {}
+    if len(_ATOMIZED) > _ATOM_CACHE:
+        _ATOMS.clear()
+        _ATOMIZED.clear()
+    atoms, done = _ATOMS, _ATOMIZED
 
     def atom(node: sympy.Expr, positive: bool = False) -> sympy.Dummy:
         if node not in atoms:
             atoms[node] = sympy.Dummy(positive=positive)
         return atoms[node]
-
-    done: dict[sympy.Expr, sympy.Expr] = {}  # shared subtrees are walked once
 
     def walk(node: sympy.Expr) -> sympy.Expr:
         if not node.args or node.is_Atom:
