@@ -131,7 +131,7 @@ def _summary(spec: Spec) -> str:
     else:
         lines += ["", "Checks: the spec states no `check`."]
     stem = Path(spec.filename).stem if spec.filename not in ("<stdin>", "<spec>") else spec.name
-    source = "" if spec.filename == example_path() else f" {spec.filename}"
+    source = {example_path(): "", "<stdin>": " -"}.get(spec.filename, f" {spec.filename}")
     markdown, html = f"symattn derive{source} -o {stem}.md", f"symattn derive{source} -o {stem}.html --format html"
     width = len(html) + 4
     lines += ["", "The full document shows every rule applied, a worked example, each check's proof or",

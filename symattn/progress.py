@@ -4,21 +4,23 @@ Contract: a command (or an API call such as `Spec.document`) wraps its work in
 `with progress.task("derive self_attention"):`; the code doing the work says
 what it is at with `progress.step("grad(K)", done=3, total=11)`, and inner
 loops add a detail with `progress.detail("unfolding P")` (kept until the next
-step).
-While a task runs on a terminal (stderr is a tty when the outermost task
-starts) and has run for `DELAY` seconds, one line is kept up to date in place:
+step). While a task runs on a terminal (stderr is a tty when the outermost
+task starts) and has run for `DELAY` seconds, one line is kept up to date in
+place:
 
     symattn derive multi_head: [#####.....] 5/11 checking grad(K) (element level: unfolding P)  2.3 s
 
-and erased when the task ends, so the command's own output starts on a clean
-line; a background thread redraws it every half second, so the clock runs
-through long single steps (a compiler, one big expansion). When stderr is not a terminal (piped, captured by pytest, a notebook),
-or outside any task, nothing is written. Tasks nest: the outermost one owns
-the title, the clock and the terminal (so `Spec.document` shows progress in a
+It is erased when the task ends, so the command's own output starts on a
+clean line, and a background thread redraws it every half second, so the
+clock runs through long single steps (a compiler, one big expansion). While
+the line is shown, writes to `sys.stdout` erase it first (it comes back at
+the next redraw), so output never lands in the middle of it.
+
+When stderr is not a terminal (piped, captured by pytest, a notebook), or
+outside any task, nothing is written. Tasks nest: the outermost one owns the
+title, the clock and the terminal (so `Spec.document` shows progress in a
 terminal REPL, and inside `symattn derive` the command's title stays).
-`step` is cheap (a clock read) and may be called in inner loops. While the
-line is shown, writes to `sys.stdout` erase it first (it comes back at the
-next redraw), so a command's output never lands in the middle of it.
+`step` and `detail` are cheap (a clock read) and may be called in inner loops.
 """
 
 from __future__ import annotations
