@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
+from . import progress
 from . import typed as t
 from .display import spec_html, spec_latex
 from .position import NOWHERE
@@ -83,6 +84,11 @@ class Spec:
     def __init__(self, typed: t.TypedSpec) -> None:
         self.typed = typed
         self._derivation = None
+        # Element-level results, computed once per Spec (its source text and sizes are fixed):
+        # the claims session per `force`, verdicts per (force, budget), gradient checks per force.
+        self._sessions: dict = {}
+        self._verdicts: dict = {}
+        self._gradient_checks: dict = {}
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -137,15 +143,37 @@ class Spec:
             self._derivation = derive(self.typed)
         return self._derivation
 
+    def session(self, force: bool = False):
+        """The element-level pass (`symattn.claims.open_session`: the element model, its exact
+        gradients, the finiteness analysis) that this spec's documents, gradient checks and
+        checks share; built on first use."""
+        from .claims import open_session
+
+        key = bool(force)
+        if key not in self._sessions:
+            self._sessions[key] = open_session(self.typed, force=key, derivation=self.derive())
+        return self._sessions[key]
+
     def check(self, force: bool = False, budget: float | None = None):
         """One `Verdict` per `check` statement: proved, refuted (with a counterexample) or unknown.
 
         Each claim gets `budget` seconds (default `symattn.budget.DEFAULT_SECONDS`; 0 means no
-        limit); a claim over it is unknown, "gave up after ... s"."""
+        limit); a claim over it is unknown, "gave up after ... s". Computed once per Spec and
+        (force, budget); later calls return the same verdicts."""
         from .budget import DEFAULT_SECONDS
         from .claims import check_spec
 
-        return check_spec(self.typed, force=force, budget=DEFAULT_SECONDS if budget is None else (budget or None))
+        seconds = DEFAULT_SECONDS if budget is None else (budget or None)
+        key = (bool(force), seconds)
+        if key not in self._verdicts:
+            # Share the element model when a document or gradient check has built it already; a
+            # model built here would be built under a claim's time budget, and one that ran out of
+            # time must not stand in for the unbudgeted model documents need.
+            shared = self._sessions.get(bool(force))
+            session = shared if shared is not None and shared.model_built else None
+            with progress.task(f"check {self.name}"):
+                self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
+        return list(self._verdicts[key])
 
     def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
                      force: bool = False):
@@ -167,10 +195,15 @@ class Spec:
         return check_symmetry(self.typed, claim, force=force)
 
     def verify_gradients(self, force: bool = False):
-        """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes."""
+        """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes.
+        Computed once per Spec and `force`, in the shared `session`."""
         from .claims import verify_gradients
 
-        return verify_gradients(self.typed, force=force, derivation=self.derive())
+        key = bool(force)
+        if key not in self._gradient_checks:
+            with progress.task(f"verify gradients of {self.name}"):
+                self._gradient_checks[key] = verify_gradients(self.typed, force=key, session=self.session(key))
+        return list(self._gradient_checks[key])
 
     def numpy(self):
         """The generated NumPy code as a ready module: `spec.numpy().forward(X=...)`, `.backward(..., grad_O=...)`.
@@ -205,8 +238,9 @@ class Spec:
 
         if fmt not in FORMATS:
             raise UsageError(f"unknown document format {fmt!r}; choose one of {', '.join(FORMATS)}")
-        doc = build(self, force=force)
-        return render(doc, fmt), {f.name: f.png for f in doc.figures}
+        with progress.task(f"document {self.name}"):
+            doc = build(self, force=force)
+            return render(doc, fmt), {f.name: f.png for f in doc.figures}
 
     def show(self) -> str:
         """The typed IR as text: dims, every tensor with kind and shape, every check."""
@@ -223,6 +257,19 @@ class Spec:
         return spec_latex(self.typed)
 
 
+def definition_text(spec: t.TypedSpec, name: str) -> str:
+    """A defined tensor's definition in spec syntax (`Q = X @ W_q`, `M[i:N, j:N] = ...`); "" for a leaf."""
+    info = spec.tensors[name]
+    order = list(spec.dims)
+    if info.expr is None:
+        return ""
+    if isinstance(info.expr, t.IndexDef):
+        body = to_spec(info.expr.body, order)
+        idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
+        return f"{name}[{idx}] = {body}"
+    return f"{name} = {to_spec(info.expr, order)}"
+
+
 def format_typed(spec: t.TypedSpec) -> str:
     order = list(spec.dims)
     lines = [f"attention {spec.name}  ({spec.filename})", "", "dims"]
@@ -236,14 +283,7 @@ def format_typed(spec: t.TypedSpec) -> str:
     for name, info in spec.tensors.items():
         shape = format_shape(info.shape, order)
         sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
-        definition = ""
-        if info.expr is not None:
-            if isinstance(info.expr, t.IndexDef):
-                body = to_spec(info.expr.body, order)
-                idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
-                definition = f"{name}[{idx}] = {body}"
-            else:
-                definition = f"{name} = {to_spec(info.expr, order)}"
+        definition = definition_text(spec, name)
         rows.append((name, info.role, shape, sizes, f"line {info.pos.line}", definition))
     widths = [max(len(r[k]) for r in rows) for k in range(5)] if rows else [0] * 5
     for row in rows:

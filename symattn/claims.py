@@ -35,6 +35,7 @@ import mpmath
 import numpy as np
 import sympy
 
+from . import progress
 from . import typed as t
 from .budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from .derive import Derivation, derive
@@ -45,7 +46,8 @@ from .finiteness import ANY, Finiteness
 from .present import render
 from .sizes import SEARCH_BUDGET, fit_sizes, user_sizes
 
-__all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number"]
+__all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number",
+           "open_session"]
 
 POINTS = 4          # random rational points tried for a counterexample
 # Where log, sqrt and division by a tensor leave the reals: tried too when a claim's values may be NaN.
@@ -207,6 +209,11 @@ class _Session:
         return self._model
 
     @property
+    def model_built(self) -> bool:
+        """Whether the element model exists already (reading `model` would build it)."""
+        return self._model is not None
+
+    @property
     def finiteness(self) -> Finiteness:
         if self._finiteness is None:
             self._finiteness = Finiteness(self.spec, self.definitions())
@@ -266,6 +273,17 @@ class _Session:
             value = np.broadcast_to(np.asarray(value, dtype=object), shape)
             ev.grads[name] = value.astype(np.float64) if digits is None else value
         return ev
+
+
+def open_session(spec: t.TypedSpec, force: bool = False, derivation: Derivation | None = None) -> _Session:
+    """One element-level pass for a spec, to share: pass it as `session=` to `check_spec` and
+    `verify_gradients` (and read its `model`, `derivation`) so that the element model, its
+    exact gradients and the finiteness analysis are built once. `derivation`, when given, is
+    the spec's matrix-level derivation (otherwise derived on first use)."""
+    session = _Session(spec, force)
+    if derivation is not None:
+        session._derivation = derivation
+    return session
 
 
 def _matrix_proof(session: _Session, lhs: t.Node, rhs: t.Node):
@@ -479,11 +497,17 @@ def _negate(verdict: Verdict) -> Verdict:
     return Verdict(verdict.line, text, "unknown", verdict.method, verdict.counterexample, verdict.steps)
 
 
-def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DEFAULT_SECONDS) -> list[Verdict]:
-    """One verdict per `check` statement of the spec, each within `budget` seconds (None: no limit)."""
-    session = _Session(spec, force, budget)
+def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DEFAULT_SECONDS,
+               session: _Session | None = None) -> list[Verdict]:
+    """One verdict per `check` statement of the spec, each within `budget` seconds (None: no limit).
+    `session` (from `open_session`, with the same spec and force) shares its element model."""
+    if session is None:
+        session = _Session(spec, force, budget)
+    else:
+        session.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
     verdicts = []
-    for check in spec.checks:
+    for number, check in enumerate(spec.checks):
+        progress.step(f"check, line {check.line}", number, len(spec.checks))
         try:
             with time_budget(budget):
                 if check.kind == "equal":
@@ -504,20 +528,21 @@ def _check_symmetry(session: _Session, check: t.CheckInfo) -> Verdict:
 
 
 def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivation | None = None,
-                     budget: float | None = None) -> list[GradientCheck]:
+                     budget: float | None = None, session: _Session | None = None) -> list[GradientCheck]:
     """Every matrix-level grad(T) against the element-level chain rule, exactly, at the spec's sizes,
     each within `budget` seconds (None, the default: no limit, so documents do not depend on the
     machine's load). A gradient that reads values that may be NaN or infinite is compared as
-    rational functions (the method says so)."""
-    session = _Session(spec, force)
-    if derivation is not None:
-        session._derivation = derivation
+    rational functions (the method says so). `session` (from `open_session`) shares its element
+    model and exact gradients with other checks of the same spec."""
+    if session is None:
+        session = open_session(spec, force, derivation)
     if session.derivation is None:
         raise SymAttnError(f"cannot verify gradients: {session.derive_error}")
     model = session.model
     finiteness = session.finiteness
     out = []
-    for name, grad in session.derivation.gradients.items():
+    for number, (name, grad) in enumerate(session.derivation.gradients.items()):
+        progress.step(f"checking grad({name})", number, len(session.derivation.gradients))
         shape = spec.concrete_shape(spec.tensors[name].shape)
         try:
             with time_budget(budget):

@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from . import progress
 from .version import __version__
-from .api import Spec, example_path, example_text, load
+from .api import Spec, definition_text, example_path, example_text, load
 from .budget import DEFAULT_SECONDS
 from .errors import SpecError, SymAttnError, UsageError
+from .shapes import format_shape
 
 __all__ = ["main"]
 
@@ -89,21 +91,74 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(v.holds for v in verdicts) else 1
 
 
+def _wants_summary(args: argparse.Namespace) -> bool:
+    """The summary when asked for, or when nothing says where a document should go and a person
+    is reading standard output; the document (as always before) when piped or written to a file."""
+    if args.summary or args.document:
+        return args.summary
+    if args.output or args.format is not None:
+        return False
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _summary(spec: Spec) -> str:
+    """What `symattn derive` shows a person at a terminal: the forward pass in spec syntax, the
+    gradients in matrix form, one line per check, and how to get the full document."""
+    typed = spec.typed
+    order = list(typed.dims)
+    sizes = ", ".join(f"{k}={v}" for k, v in typed.sizes.items())
+    what = "the built-in example" if spec.filename == example_path() else spec.filename
+    lines = [f"Derivation of {spec.name} ({what}), in short", "",
+             f"Forward pass (dims symbolic; default sizes {sizes})"]
+    for role in ("input", "param"):
+        names = [n for n, i in typed.tensors.items() if i.role == role]
+        if names:
+            declared = ", ".join(n + (format_shape(typed.tensors[n].shape, order) if typed.tensors[n].shape else "")
+                                 for n in names)
+            lines.append(f"  {role} {declared}")
+    lines += [f"  {definition_text(typed, n)}" for n, i in typed.tensors.items() if i.expr is not None]
+    lines += [f"  output {', '.join(typed.outputs)}", "", "Backward pass (matrix form, valid for all sizes)"]
+    derivation = spec.derive()
+    lines += [f"  {derivation.formula(name)}" for name in derivation.gradients]
+    verdicts = spec.check()
+    if verdicts:
+        counts = ", ".join(f"{sum(v.verdict == kind for v in verdicts)} {kind}"
+                           for kind in ("proved", "refuted", "unknown"))
+        lines += ["", f"Checks ({counts}; `symattn check` says how each was settled)"]
+        lines += [f"  line {v.line:<4} {v.verdict:<8} {v.claim}" for v in verdicts]
+    else:
+        lines += ["", "Checks: the spec states no `check`."]
+    stem = Path(spec.filename).stem if spec.filename not in ("<stdin>", "<spec>") else spec.name
+    source = {example_path(): "", "<stdin>": " -"}.get(spec.filename, f" {spec.filename}")
+    markdown, html = f"symattn derive{source} -o {stem}.md", f"symattn derive{source} -o {stem}.html --format html"
+    width = len(html) + 4
+    lines += ["", "The full document shows every rule applied, a worked example, each check's proof or",
+              "counterexample, and the cost:",
+              f"  {markdown:<{width}}Markdown, figures beside it",
+              f"  {html:<{width}}one HTML page (or --format tex)"]
+    return "\n".join(lines) + "\n"
+
+
 def _cmd_derive(args: argparse.Namespace) -> int:
     spec = _load(args, default_example=True)
+    fmt = args.format or "md"
+    figures: dict[str, bytes] = {}
     if args.gradients:
         derivation = spec.derive()
         lines = [f"# Backward pass of {spec.name} (matrix form, valid for all sizes)", ""]
         text = "\n".join(lines + [derivation.formula(name) for name in derivation.gradients]) + "\n"
-        figures: dict[str, bytes] = {}
+    elif _wants_summary(args):
+        if args.format is not None:
+            raise UsageError("--summary is plain text; --format applies to the document (--document or -o)")
+        text = _summary(spec)
     else:
         from .document import build, render
 
-        doc = build(spec, force=args.force)
-        if not args.output:  # nowhere to put figure files: leave them out of the text
-            doc.blocks = [b for b in doc.blocks if b not in doc.figures]
-        text = render(doc, args.format)
-        figures = {f.name: f.png for f in doc.figures} if args.format != "html" else {}
+        # Without -o there is nowhere to put figure files: leave them out (and skip drawing them).
+        doc = build(spec, force=args.force, figures=bool(args.output))
+        text = render(doc, fmt)
+        figures = {f.name: f.png for f in doc.figures} if fmt != "html" else {}
     if args.output:
         target = Path(args.output)
         target.write_text(text, encoding="utf-8")
@@ -118,6 +173,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _emit_cuda(spec, args)
+    progress.step("deriving and generating the NumPy module")
     source = spec.emit("numpy")
     if args.output == "-":
         print(source, end="")
@@ -139,6 +195,7 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     directory = Path(args.output)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} is a file; emit cuda writes a directory")
+    progress.step("deriving and generating the kernels")
     code = emit_cuda(spec, fused=args.cuda_path != "generic")
     written = code.write(directory)
     cores = ", ".join(c.output for c in code.program.cores)
@@ -213,9 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("show", "Print the typed IR: every dim, every tensor with its kind and shape, every check.")
     derive = add("derive", "Derive the backward pass and write the derivation document.", spec_optional=True)
     derive.add_argument("-o", "--output", metavar="FILE", help="write the document here (default: stdout)")
-    derive.add_argument("--format", choices=("md", "html", "tex"), default="md", help="document format")
-    derive.add_argument("--gradients", action="store_true",
-                        help="print only the gradient formulas in spec syntax, not the whole document")
+    derive.add_argument("--format", choices=("md", "html", "tex"), default=None,
+                        help="document format (default md); implies --document")
+    what = derive.add_mutually_exclusive_group()
+    what.add_argument("--summary", action="store_true",
+                      help="print a short summary: forward pass, gradients, verdicts (the default on a terminal "
+                           "without -o)")
+    what.add_argument("--document", action="store_true",
+                      help="write the full derivation document (the default with -o, or when output is piped)")
+    what.add_argument("--gradients", action="store_true",
+                      help="print only the gradient formulas in spec syntax, not the whole document")
     derive.add_argument("--force", action="store_true",
                         help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
@@ -241,11 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _title(args: argparse.Namespace) -> str:
+    """`derive causal`, `emit cuda causal`: the command and the spec, for the progress line."""
+    spec = getattr(args, "spec", None)
+    stem = "self_attention" if spec is None else ("stdin" if spec == "-" else Path(spec).stem)
+    target = f" {args.target}" if args.command == "emit" else ""
+    return f"{args.command}{target} {stem}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with progress.task(_title(args)):  # a progress line on stderr when it is a terminal
+            return COMMANDS[args.command](args)
     except SpecError as err:
         print(err, file=sys.stderr)
         return 2

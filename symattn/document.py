@@ -20,9 +20,10 @@ from typing import Callable
 import numpy as np
 import sympy
 
+from . import progress
 from .version import __version__
 from . import typed as t
-from .claims import Verdict, verify_gradients
+from .claims import Verdict
 from .cost import spec_cost
 from .derive import Derivation
 from .display import counterexample_lines
@@ -323,12 +324,34 @@ def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> 
         doc.add(fig)
 
 
-def build(spec, force: bool = False) -> Document:
-    """The derivation document of a `symattn.Spec`."""
+class _NoFigures:
+    """Stands in for `symattn.figures` when the caller will drop the figures anyway: the same
+    blocks as with matplotlib, less the figures, without importing and drawing them."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    @staticmethod
+    def heatmap(*args) -> None:
+        return None
+
+    @staticmethod
+    def cost_curve(*args) -> None:
+        return None
+
+
+def build(spec, force: bool = False, figures: bool = True) -> Document:
+    """The derivation document of a `symattn.Spec`. With `figures=False` it has no Figure blocks
+    (and no note about them): the document `build` gives, less its figures, for a caller that
+    has nowhere to put them."""
     from . import figures as figure_module
 
     typed = spec.typed
-    figures = figure_module if figure_module.available() else None
+    if not figure_module.available():
+        drawer = None
+    else:
+        drawer = figure_module if figures else _NoFigures()
+    progress.step("deriving")
     derivation = spec.derive()
     doc = Document(typed.name, f"Derivation of {typed.name}")
     doc.add(Heading(1, doc.title),
@@ -340,21 +363,27 @@ def build(spec, force: bool = False) -> Document:
              f"`{list(typed.concrete_shape(i.shape))}`"] for n, i in typed.tensors.items()]
     doc.add(Table(["tensor", "role", "shape", "at the default sizes"], rows))
     _forward(doc, typed)
+    # One element-level pass serves the example, the gradient checks and the claims (the spec
+    # keeps it, and the results, for later documents and calls).
+    progress.step("building the element model")
     try:
-        model = ElementModel(typed, force=force, progress=False)
+        model = spec.session(force).model
     except SizeGuardError:
         model = None
-    _example(doc, typed, model, figures)
+    progress.step("the small example")
+    _example(doc, typed, model, drawer)
     verified = {}
     if model is not None:
-        for check in verify_gradients(typed, force=force, derivation=derivation):
+        for check in spec.verify_gradients(force=force):
             verified[check.tensor] = f"Checked: {check.method}." if check.ok else f"Unknown: {check.method}."
     _backward(doc, typed, derivation, verified)
     verdicts = spec.check(force=force)
     _checks(doc, typed, verdicts)
+    progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
-    _cost(doc, typed, derivation, figures)
-    if figures is None:
+    progress.step("cost")
+    _cost(doc, typed, derivation, drawer)
+    if drawer is None:
         doc.add(Para(["Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."]))
     return doc
 

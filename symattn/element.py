@@ -45,24 +45,26 @@ rule into its definition uses the sum of that and every other path (`adjoint`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-import sys
-import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import mpmath
 import numpy as np
 import sympy
 from sympy.functions.elementary.piecewise import ExprCondPair
 
+from . import progress
 from . import typed as t
 from .budget import checkpoint
 from .errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
+from .polyzero import expands_to_zero
 
-__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "ELEMENT_BUDGET"]
+__all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
+           "ELEMENT_BUDGET"]
 
 def symbol_name(tensor: str, index: tuple[int, ...], grad: bool = False) -> str:
     """`X_{1,2}`, `W^{q}_{2,1}`, `\\bar{O}_{1,1}`: 1-based, LaTeX-friendly."""
@@ -117,14 +119,26 @@ def guard(spec: t.TypedSpec, force: bool = False) -> None:
                          f"{ELEMENT_BUDGET:,}); try {shown}, or pass --force to run it anyway")
 
 
+# Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
+# two sides of a comparison, share their exp(...) subtrees. Cleared together (never within a call)
+# when they grow past _ATOM_CACHE, so that a long session does not hold every expression it saw.
+_ATOMS: dict[sympy.Expr, sympy.Dummy] = {}
+_ATOMIZED: dict[sympy.Expr, sympy.Expr] = {}
+_ATOM_CACHE = 50_000
+
+
 def _atomize(expr: sympy.Expr) -> sympy.Expr:
     """Replace every function application (and irrational power of a non-number) by a symbol.
 
     exp is split first, exp(2*s + t/2) = E_s^2 * E_t^(1/2) with E_s = exp(s) > 0, so that
     the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom; tanh
-    is written through exp first (its argument is finite here), so it meets sigmoid.
+    is written through exp first (its argument is finite here), so it meets sigmoid. The
+    same application is the same symbol in every call (see _ATOMS).
     """
-    atoms: dict[sympy.Expr, sympy.Dummy] = {}
+    if len(_ATOMIZED) > _ATOM_CACHE:
+        _ATOMS.clear()
+        _ATOMIZED.clear()
+    atoms, done = _ATOMS, _ATOMIZED
 
     def atom(node: sympy.Expr, positive: bool = False) -> sympy.Dummy:
         if node not in atoms:
@@ -134,6 +148,11 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
     def walk(node: sympy.Expr) -> sympy.Expr:
         if not node.args or node.is_Atom:
             return node
+        if node not in done:
+            done[node] = rewrite(node)
+        return done[node]
+
+    def rewrite(node: sympy.Expr) -> sympy.Expr:
         if isinstance(node, sympy.tanh):  # tanh(u) = (E^2 - 1) / (E^2 + 1), E = exp(u) > 0: meets sigmoid
             e2 = sympy.exp(2 * node.args[0])
             return walk((e2 - 1) / (e2 + 1))
@@ -278,6 +297,7 @@ def zero_test(expr: sympy.Expr) -> bool:
     """True if `expr` is identically zero as a rational function of its symbols and function atoms.
 
     Cheapest first: a random point that shows it nonzero ends the test; then
+    expansion in a sparse polynomial ring (`symattn.polyzero`), then SymPy's
     expansion with denominators kept whole; then the common denominator.
     """
     if expr == 0:
@@ -298,6 +318,8 @@ def zero_test(expr: sympy.Expr) -> bool:
         return atomized.equals(0) is True
     if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
         return False
+    if expands_to_zero(atomized):  # exact, in a sparse polynomial ring: ~10x faster than expand
+        return True
     if sympy.expand(atomized) == 0:
         return True
     checkpoint()
@@ -318,7 +340,26 @@ def settled(entry) -> bool:
     entry = sympy.sympify(entry)
     if entry.is_number:
         return True
-    return not (entry.has(*_NON_FINITE) or entry.has(sympy.I) or entry.has(sympy.AccumBounds))
+    return not _holds_non_finite(entry)
+
+
+_UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
+
+
+def _holds_non_finite(entry: sympy.Expr) -> bool:
+    """entry.has(oo, -oo, nan, zoo, I, AccumBounds) in one walk over shared subtrees
+    (`has` walks the whole tree once per pattern)."""
+    seen = {entry}
+    stack = [entry]
+    while stack:
+        node = stack.pop()
+        if node in _UNSETTLING or isinstance(node, sympy.AccumBounds):
+            return True
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return False
 
 
 def _non_finite_number(entry: sympy.Expr) -> bool:
@@ -339,24 +380,56 @@ def same_entry(a, b) -> bool:
     return zero_test(a - b)
 
 
-def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
-    """sympy.diff, with a fast path for the sums of products that matrix products write.
+def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
+    """A function giving `x.xreplace(mapping)` for many x that share subtrees (the entries of one
+    tensor share its softmax denominators and projections): each distinct subtree is rebuilt
+    once, where `xreplace` rebuilds it at every occurrence."""
+    memo: dict = dict(mapping)
 
-    A term in which `sym` is a plain factor (power 1, nowhere else) has derivative
-    'the other factors'; anything else goes to sympy.diff.
+    def replace(node: sympy.Basic) -> sympy.Basic:
+        found = memo.get(node)
+        if found is not None:
+            return found
+        if node.args:
+            args = tuple(replace(arg) for arg in node.args)
+            found = node.func(*args) if any(new is not old for new, old in zip(args, node.args)) else node
+        else:
+            found = node
+        memo[node] = found
+        return found
+
+    return replace
+
+
+def _diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    """sympy.diff, with the product rule written out for the sums of products that matrix
+    products and softmax write.
+
+    Each term is differentiated factor by factor (the Leibniz rule); a factor that is `sym`
+    itself has derivative 1, any other factor that contains `sym` goes to sympy.diff,
+    memoized, since a softmax row's denominator is a factor of every entry of the row.
     """
-    terms = sympy.Add.make_args(expr)
     out = []
-    for term in terms:
+    for term in sympy.Add.make_args(expr):
         if sym not in term.free_symbols:
             continue
         factors = sympy.Mul.make_args(term)
-        others = [f for f in factors if f != sym]
-        if len(others) == len(factors) - 1 and not any(sym in f.free_symbols for f in others):
-            out.append(sympy.Mul(*others))
-        else:
-            out.append(sympy.diff(term, sym))
+        for k, factor in enumerate(factors):
+            if factor == sym:
+                out.append(sympy.Mul(*factors[:k], *factors[k + 1:]))
+            elif sym in factor.free_symbols:
+                out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
     return sympy.Add(*out)
+
+
+@functools.lru_cache(maxsize=16384)
+def _factor_diff(factor: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    if factor.is_Pow and factor.exp.is_Integer:
+        # SymPy's own power rule (Pow._eval_derivative) with the d(exponent) * log(base) term,
+        # which is 0 here, left out: building log(base) of a softmax denominator costs SymPy
+        # many assumption queries. The result is the very expression sympy.diff returns.
+        return factor * (_diff(factor.base, sym) * factor.exp / factor.base)
+    return sympy.diff(factor, sym)
 
 
 class ElementModel:
@@ -365,8 +438,7 @@ class ElementModel:
     def __init__(self, spec: t.TypedSpec, force: bool = False, progress: bool | None = None) -> None:
         guard(spec, force)
         self.spec = spec
-        self.progress = sys.stderr.isatty() if progress is None else progress
-        self.started = time.perf_counter()
+        self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
         self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
@@ -412,9 +484,8 @@ class ElementModel:
 
     def _tick(self, what: str) -> None:
         checkpoint()
-        elapsed = time.perf_counter() - self.started
-        if self.progress and elapsed > 2:
-            print(f"\rsymattn: element level: {what} ({elapsed:.0f} s)", end="", file=sys.stderr, flush=True)
+        if self.progress:
+            progress.detail(f"element level: {what}")
 
     # --- exact gradients ----------------------------------------------------------------
 
@@ -498,7 +569,8 @@ class ElementModel:
                 continue
             self._tick(f"unfolding {label}")
             unfolded.append(label)
-            pending = [(self._exact(x.xreplace(mapping)), self._exact(y.xreplace(mapping))) for x, y in pending]
+            replace = shared_xreplace(mapping)
+            pending = [(self._exact(replace(x)), self._exact(replace(y))) for x, y in pending]
             pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         return (not pending), unfolded
 

@@ -32,7 +32,7 @@ import sympy
 
 from . import typed as t
 from .claims import Counterexample, Verdict
-from .element import guard, same_entry, settled, symbol_name
+from .element import guard, same_entry, settled, shared_xreplace, symbol_name
 from .errors import SizeGuardError, SymbolicError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .printing import to_spec
@@ -491,8 +491,8 @@ def element_witness(spec: t.TypedSpec, output: str, source: str, dim: str, invar
                   f"the cycle (1 2 ... {n})": list(range(1, n)) + [0]}
     for label, perm in generators.items():
         moved = _permuted(leaf[source], perm, [axis])
-        mapping = {old: new for old, new in zip(leaf[source].flat, moved.flat)}
-        left = np.vectorize(lambda e: sympy.sympify(e).xreplace(mapping), otypes=[object])(base)
+        replace = shared_xreplace({old: new for old, new in zip(leaf[source].flat, moved.flat)})
+        left = np.vectorize(lambda e: replace(sympy.sympify(e)), otypes=[object])(base)
         right = _permuted(base, perm, out_axes)
         for a, b in zip(left.flat, right.flat):
             if same_entry(a, b):

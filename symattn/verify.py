@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from . import progress
 from . import typed as t
 
 # NumPy and the evaluator are imported where they are used: the command line imports this module to
@@ -231,7 +232,9 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
         report.notes.append(choice.note("verify"))
     rng = np.random.default_rng(seed)
     keywords = size_keywords(spec)  # dims no input's shape has: passed to the module by name
-    for title, sizes, batch_of in _configs(spec, choice.sizes):
+    configs = _configs(spec, choice.sizes)
+    for number, (title, sizes, batch_of) in enumerate(configs):
+        progress.step(title, number, len(configs))
         dims = {name: sizes[name] for name in keywords}
         leaves = {}
         for name in spec.leaves:

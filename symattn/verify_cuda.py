@@ -40,6 +40,7 @@ from typing import Callable, Mapping
 import numpy as np
 import sympy
 
+from . import progress
 from . import typed as t
 from .cuda import CudaCode, emit_cuda
 from .cuda.kernels import Buffer
@@ -429,6 +430,7 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
 
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="symattn-cuda-"))
     if gate:
+        progress.step("the nvcc compile gate")
         report.gate = gate_cached(code, workdir)
         _say_gate(report.gate, say)
         report.problems += report.gate.problems
@@ -442,14 +444,17 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
     leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.leaves, p.inputs)}
     upstream = {o: arrays[id(b)].astype(np.float64) for o, b in zip(typed.outputs, p.upstream)}
-    want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
-    want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
-    want.update({id(b): want_grad[x] for x, b in zip(typed.leaves, p.gradients)})
     labels = {id(b): o for o, b in zip(typed.outputs, p.outputs)}
     labels.update({id(b): f"grad({x})" for x, b in zip(typed.leaves, p.gradients)})
     dims = _dim_values(code, sizes) + [batch]
 
+    progress.step("the float64 reference")
+    want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
+    want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
+    want.update({id(b): want_grad[x] for x, b in zip(typed.leaves, p.gradients)})
+    progress.step("building the kernels for the CPU")
     library = build_cpu(code, workdir, tsan=False)
+    progress.step("running the kernels on the CPU")
     _Runner(library, code)(arrays, dims)
     say(f"{'tensor':<16}{'max rel error':>14}")
     for key, label in labels.items():
@@ -461,8 +466,10 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
             report.problems.append(f"{label}: max relative error {error:.2e} > {tolerance:g}")
 
     if tsan:
+        progress.step("building the kernels under ThreadSanitizer")
         executable = build_cpu(code, workdir, tsan=True)
         fresh = {k: v.copy() for k, v in arrays.items()}
+        progress.step("running the kernels under ThreadSanitizer")
         race, results = _tsan_run(executable, code, fresh, dims, timeout=900)
         report.tsan_report = race
         worst = 0.0

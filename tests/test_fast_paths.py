@@ -1,0 +1,153 @@
+"""The element level's fast paths against SymPy's own, slower routines.
+
+`polyzero.expands_to_zero` may only say True for expressions that are zero; it
+is compared here with SymPy's own expansion (an independent implementation of
+polynomial arithmetic) and with evaluation at random points in mpmath. The
+element level's `_diff` is compared with `sympy.diff` applied to the whole
+term, `shared_xreplace` with `xreplace`, `settled` with `has`.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mpmath
+import pytest
+import sympy
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from symattn.element import _diff, settled, shared_xreplace, zero_test
+from symattn.polyzero import expands_to_zero
+
+x, y, z = sympy.symbols("x y z", real=True)
+e1, e2, e3 = sympy.symbols("e1 e2 e3", positive=True)
+
+
+@pytest.mark.parametrize("expr", [
+    (x + y) ** 2 - x**2 - 2 * x * y - y**2,
+    (1 + sympy.sqrt(2)) ** 2 - 3 - 2 * sympy.sqrt(2),              # needs sqrt(2)**2 = 2
+    (sympy.sqrt(e1) + sympy.sqrt(e2)) ** 2 - e1 - e2 - 2 * sympy.sqrt(e1) * sympy.sqrt(e2),
+    (sympy.sqrt(e1) + 1) * (sympy.cbrt(e1) + 1) - e1 ** sympy.Rational(5, 6) - sympy.sqrt(e1) - sympy.cbrt(e1) - 1,
+    x / (y + z) ** 2 + x * y / (y + z) ** 2 - x * (1 + y) / (y + z) ** 2,    # one denominator, kept whole
+    (x + 1) / sympy.sqrt(e1) * (1 + x) - (x**2 + 2 * x + 1) * e1 ** sympy.Rational(-1, 2),
+    sympy.Integer(0),
+], ids=["square", "sqrt2", "radicals", "mixed-roots", "shared-denominator", "negative-root", "zero"])
+def test_shows_identities_zero(expr):
+    assert expr != 0 or expr is sympy.S.Zero, "SymPy simplified the case away; it tests nothing"
+    assert expands_to_zero(expr)
+
+
+@pytest.mark.parametrize("expr", [
+    x + y,
+    (x + y) ** 2 - x**2 - y**2,
+    sympy.sqrt(2) * x - x,
+    sympy.sqrt(e1) - e1,
+    x / (x + y) + y / (x + y) - 1,        # zero, but only after cancelling (x + y) / (x + y): not shown here
+    sympy.sqrt(e1) * (x + 1) - (e1 * x + e1) / sympy.sqrt(e1),   # zero, but needs e1**(-1/2) * e1**(1/2) = 1
+    sympy.exp(x) - sympy.exp(x) * (1 + x) + x * sympy.exp(x),      # functions are left to the complete test
+    sympy.Float(0.5) * x,
+    sympy.I * x,
+], ids=["sum", "missing-term", "sqrt2", "root", "needs-cancelling", "needs-inverse-root", "function", "float",
+        "imaginary"])
+def test_never_claims_what_it_cannot_show(expr):
+    assert not expands_to_zero(expr)
+
+
+def test_the_complete_test_still_settles_what_the_fast_one_cannot():
+    assert zero_test(x / (x + y) + y / (x + y) - 1)
+    assert zero_test(e1 / (e1 + e2) * (x - (x * e1 + y * e2) / (e1 + e2))
+                     - (x * e1 * (e1 + e2) - e1 * (x * e1 + y * e2)) / (e1 + e2) ** 2)
+    assert not zero_test(e1 / (e1 + e2) - e2 / (e1 + e2))
+
+
+# --- random polynomials: the fast test agrees with SymPy's expansion -------------------
+
+ATOMS = [x, y, z, sympy.sqrt(2), sympy.sqrt(e1), e1 ** sympy.Rational(1, 3), e2, sympy.Rational(3, 2)]
+
+
+def _random_sum(rng: random.Random) -> sympy.Expr:
+    return sympy.Add(*[rng.choice(ATOMS) * rng.choice([1, -1, 2, sympy.Rational(1, 3)])
+                       for _ in range(rng.randint(2, 3))])
+
+
+def _random_expr(rng: random.Random) -> tuple[sympy.Expr, sympy.Expr]:
+    """(numerator, denominator): products of powers of sums plus a sum, unexpanded, over 1 or a
+    denominator that stays whole."""
+    product = sympy.Mul(*[_random_sum(rng) ** rng.randint(1, 3) for _ in range(rng.randint(1, 3))])
+    denominator = 1 + x**2 + e2 + _random_sum(rng) ** 2 if rng.random() < 0.4 else sympy.Integer(1)
+    return product + _random_sum(rng), denominator
+
+
+def _value(expr: sympy.Expr, point: dict):
+    with mpmath.workdps(50):
+        return sympy.N(expr.xreplace(point), 40)
+
+
+POINT = {x: sympy.Rational(3, 7), y: sympy.Rational(-5, 11), z: sympy.Rational(2, 13),
+         e1: sympy.Rational(7, 5), e2: sympy.Rational(4, 9)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=10**9))
+def test_random_expressions_agree_with_sympy_expand_and_with_values(seed):
+    rng = random.Random(seed)
+    numerator, denominator = _random_expr(rng)
+    # The same function written two ways (the numerator expanded by SymPy) is shown zero...
+    difference = numerator / denominator - sympy.expand(numerator) / denominator
+    assume(difference != 0)  # already expanded: nothing to show
+    assert expands_to_zero(difference)
+    # ... and a nonzero change to it never is: the fast test agrees with evaluation.
+    changed = difference + rng.choice([x * y, sympy.sqrt(2) * z, sympy.Rational(1, 7),
+                                                      sympy.sqrt(e1) * e2 / (1 + x**2 + e2)])
+    assert abs(_value(changed, POINT)) > 1e-20
+    assert not expands_to_zero(changed)
+
+
+# --- the product rule against sympy.diff of the whole term ----------------------------------
+
+@pytest.mark.parametrize("expr", [
+    x * y * z,
+    x**2 * y,
+    sympy.exp(x * y) / (sympy.exp(x * y) + sympy.exp(x * z)),
+    3 * x * sympy.exp(x) * y / (1 + x**2),
+    sympy.tanh(x + y) * x + y * z,
+    z * y,                                   # no x: derivative 0
+], ids=["product", "power", "softmax", "mixed", "function", "constant"])
+def test_diff_matches_sympy_diff(expr):
+    mine = _diff(expr, x)
+    reference = sympy.diff(expr, x)
+    assert sympy.simplify(mine - reference) == 0
+
+
+def test_diff_of_a_softmax_entry_is_sympys_expression_itself():
+    """The ground truth of documents stays the very expression sympy.diff writes (no new form)."""
+    a, b, c = sympy.symbols("a b c", real=True)
+    scores = [x * a + y * b, x * b + z * c, x * c]
+    denominator = sum(sympy.exp(s) for s in scores)
+    for s in scores:
+        entry = sympy.exp(s) / denominator
+        for sym in (x, a, b):
+            assert _diff(entry, sym) == sympy.diff(entry, sym)
+
+
+# --- shared-subtree substitution and the one-walk finiteness test ----------------------------
+
+def test_shared_xreplace_is_xreplace():
+    softmax = [sympy.exp(x * y) / (sympy.exp(x * y) + sympy.exp(x * z)),
+               sympy.exp(x * z) / (sympy.exp(x * y) + sympy.exp(x * z)),
+               sympy.Piecewise((x, y > 0), (z, True)) + sympy.tanh(x)]
+    mapping = {x: y + z, y: sympy.Rational(1, 2), e1: e2}
+    replace = shared_xreplace(mapping)
+    assert [replace(e) for e in softmax] == [e.xreplace(mapping) for e in softmax]
+    assert replace(z) is z
+
+
+@pytest.mark.parametrize("expr", [
+    x * sympy.oo, -sympy.oo * x + y, sympy.exp(x - sympy.oo) + y, x + sympy.I * y,
+    sympy.AccumBounds(-1, 1) * x, sympy.zoo * x, x + y, sympy.exp(x) / (1 + y), sympy.oo, sympy.nan,
+])
+def test_settled_matches_has(expr):
+    expected = bool(expr.is_number) or not (expr.has(sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
+                                            or expr.has(sympy.I) or expr.has(sympy.AccumBounds))
+    assert settled(expr) == expected
