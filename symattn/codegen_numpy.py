@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from . import progress
 from .version import __version__
 from . import typed as t
 from .shapes import format_dim, format_shape

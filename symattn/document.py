@@ -30,6 +30,7 @@ from .display import counterexample_lines
 from .element import ElementModel
 from .equivariance import LEMMAS
 from .errors import SizeGuardError
+from .figures import Figure
 from .evaluate import NUMERIC, Evaluator
 from .mathbox import Box, Ident, Op, row, to_latex, to_mathml
 from .mathprint import Names, definition_box, dim_box, entry_box, grad_box, gradient_box, loss_box, matrix_box

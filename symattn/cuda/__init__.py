@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import progress
 from .. import typed as t
 from .emit import render, signatures
 from .plan import Program, plan
