@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import mpmath
@@ -43,11 +42,10 @@ from .element import ElementModel
 from .errors import SizeGuardError, SymAttnError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .finiteness import ANY, Finiteness
-from .present import render
 from .sizes import SEARCH_BUDGET, fit_sizes, user_sizes
+from .verdicts import Counterexample, GradientCheck, Verdict
 
-__all__ = ["Verdict", "Counterexample", "check_spec", "verify_gradients", "GradientCheck", "json_number",
-           "open_session"]
+__all__ = ["check_spec", "verify_gradients", "open_session"]
 
 POINTS = 4          # random rational points tried for a counterexample
 # Where log, sqrt and division by a tensor leave the reals: tried too when a claim's values may be NaN.
@@ -60,73 +58,6 @@ MATRIX_SHARE = 0.5  # of a claim's time budget, the most the matrix-level prover
 # counterexample search moves to smaller sizes: it evaluates the spec at 30 digits in SymPy floats.
 # Sizes given with --dim stand up to the numeric search's budget.
 CLAIM_SEARCH_ENTRIES = 3_000
-
-
-def json_number(value):
-    """A float for JSON: non-finite values as the strings "inf", "-inf", "nan" (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def _strict(value):
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return json_number(value)
-
-
-@dataclass
-class Counterexample:
-    """Concrete inputs at which a claim fails, reproducible with NumPy."""
-
-    sizes: dict[str, int]
-    inputs: dict[str, list]            # inputs, params, and upstream gradients grad(O)
-    lhs: list | float | None = None
-    rhs: list | float | None = None
-    note: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return _strict({"sizes": self.sizes, "inputs": self.inputs, "lhs": self.lhs, "rhs": self.rhs,
-                        "note": self.note, **self.extra})
-
-
-@dataclass
-class Verdict:
-    line: int
-    claim: str
-    verdict: str                       # proved | refuted | unknown
-    method: str
-    counterexample: Counterexample | None = None
-    steps: tuple = ()
-
-    @property
-    def holds(self) -> bool:
-        return self.verdict == "proved"
-
-    def __bool__(self) -> bool:
-        """True only when proved: `if verdict:` must not pass a refuted or unknown claim."""
-        return self.holds
-
-    def to_json(self) -> dict:
-        return {"line": self.line, "claim": self.claim, "verdict": self.verdict, "method": self.method,
-                "counterexample": self.counterexample.to_json() if self.counterexample else None}
-
-    def _repr_html_(self) -> str | None:
-        """In a notebook: the verdict, the claim, how it was settled, and any counterexample."""
-        return render("html", self)
-
-    def _repr_latex_(self) -> str | None:
-        return render("latex", self)
-
-
-@dataclass
-class GradientCheck:
-    tensor: str
-    ok: bool
-    method: str
 
 
 def _sizes_text(spec: t.TypedSpec) -> str:

@@ -26,7 +26,7 @@ from .mathbox import Box, Num, Op, Text, ident, row, to_latex, to_mathml
 from .mathprint import definition_box, gradient_box, grad_box, loss_box, shape_box
 
 if TYPE_CHECKING:
-    from .claims import Verdict
+    from .verdicts import Verdict
     from .derive import Derivation, Formula
 
 __all__ = ["formula_latex", "formula_mathml", "formula_html", "counterexample_lines", "spec_html", "spec_latex",

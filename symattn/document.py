@@ -23,7 +23,7 @@ import sympy
 from . import progress
 from .version import __version__
 from . import typed as t
-from .claims import Verdict
+from .verdicts import Verdict
 from .cost import spec_cost
 from .derive import Derivation
 from .display import counterexample_lines

@@ -1,7 +1,7 @@
 """Permutation equivariance and invariance: a proof for every size, or a counterexample.
 
 Contract: `check_symmetry(spec, check)` answers `equivariant(O, X[, D])` and
-`invariant(O, Y[, D])` with a `claims.Verdict`:
+`invariant(O, Y[, D])` with a `verdicts.Verdict`:
 
 - the general proof, at the matrix level with D symbolic: every tensor gets a
   transformation type under a permutation matrix Pi acting on D, the set of
@@ -31,7 +31,7 @@ import numpy as np
 import sympy
 
 from . import typed as t
-from .claims import Counterexample, Verdict
+from .verdicts import Counterexample, Verdict
 from .element import guard, same_entry, settled, shared_xreplace, symbol_name
 from .errors import SizeGuardError, SymbolicError
 from .evaluate import NUMERIC, SYMBOLIC, Evaluator
