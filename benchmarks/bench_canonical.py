@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import symattn  # noqa: E402
-from symattn.canonical import definitions_for, prove_equal  # noqa: E402
-from symattn.derive import derive  # noqa: E402
+from symattn.prove.canonical import definitions_for, prove_equal  # noqa: E402
+from symattn.symbolic.derive import derive  # noqa: E402
 
 
 def timed_pass(checks, spec, defs) -> tuple[float, list]:

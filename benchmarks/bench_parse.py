@@ -21,14 +21,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from symattn.api import read_spec_file  # noqa: E402
-from symattn.parse import parse  # noqa: E402
-from symattn.validate import validate  # noqa: E402
+from symattn.front.parse import parse  # noqa: E402
+from symattn.front.validate import validate  # noqa: E402
 
 COLD = """
 import time, sys
 sys.path.insert(0, {repo!r})
-from symattn.parse import parse
-from symattn.validate import validate
+from symattn.front.parse import parse
+from symattn.front.validate import validate
 texts = {texts!r}
 start = time.perf_counter()
 for name, text in texts:

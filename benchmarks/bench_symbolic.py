@@ -39,9 +39,9 @@ import numpy as np  # noqa: E402
 import sympy  # noqa: E402
 
 import symattn  # noqa: E402
-from symattn.derive import derive  # noqa: E402
-from symattn.element import symbol_name  # noqa: E402
-from symattn.evaluate import SYMBOLIC, Evaluator  # noqa: E402
+from symattn.symbolic.derive import derive  # noqa: E402
+from symattn.symbolic.element import symbol_name  # noqa: E402
+from symattn.symbolic.evaluate import SYMBOLIC, Evaluator  # noqa: E402
 
 DERIVATIONS = REPO / "derivations"
 SELF_ATTENTION = DERIVATIONS / "self_attention.attn"

@@ -75,7 +75,7 @@ def plan_runs(sizes, head_dim: int, batch: int) -> list[Run]:
 def emit(directory: Path):
     """Emit the benchmark spec's CUDA into `directory`; returns the CudaCode (fused path expected)."""
     import symattn
-    from symattn.cuda import emit_cuda
+    from symattn.codegen.cuda import emit_cuda
 
     code = emit_cuda(symattn.load(SPEC, filename="bench_attention.attn"))
     if code.path != "fused":
@@ -85,7 +85,7 @@ def emit(directory: Path):
 
 
 def find_nvcc() -> str | None:
-    from symattn.verify_cuda import find_nvcc as find
+    from symattn.check.cuda import find_nvcc as find
 
     return find()
 
@@ -206,8 +206,8 @@ def table(runs: list[Run], results: list[dict]) -> str:
 def ptxas_table(specs) -> tuple[str, bool]:
     """A Markdown table of ptxas resources per kernel of each spec's emitted CUDA (auto path)."""
     import symattn
-    from symattn.cuda import emit_cuda
-    from symattn.verify_cuda import compile_gate
+    from symattn.codegen.cuda import emit_cuda
+    from symattn.check.cuda import compile_gate
 
     lines = ["| spec | path | kernel | registers | shared memory (B) | stack (B) | spills (B) |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         code = emit(directory)
         print(f"emitted {code.source_name} ({code.path} path) into {directory}")
         if args.dry_run:
-            from symattn.verify_cuda import compile_gate
+            from symattn.check.cuda import compile_gate
 
             gate = compile_gate(directory / code.source_name, arch=args.arch or "sm_90")
             if gate.skipped:

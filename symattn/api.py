@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Mapping
 
 from . import progress
-from . import typed as t
-from .display import spec_html, spec_latex
-from .position import NOWHERE
+from .ir import typed as t
+from .docs.display import spec_html, spec_latex
+from .ir.position import NOWHERE
 from .errors import SpecSyntaxError, UnknownTensorError, UsageError
-from .parse import parse
-from .printing import to_spec
-from .shapes import format_shape
-from .validate import validate
+from .front.parse import parse
+from .ir.printing import to_spec
+from .ir.shapes import format_shape
+from .front.validate import validate
 
 __all__ = ["load", "Spec", "read_spec_file", "example_path", "example_text"]
 
@@ -137,17 +137,17 @@ class Spec:
 
     def derive(self):
         """Every grad(T) in matrix form, dims symbolic, with the steps that produced it."""
-        from .derive import derive
+        from .symbolic.derive import derive
 
         if self._derivation is None:
             self._derivation = derive(self.typed)
         return self._derivation
 
     def session(self, force: bool = False):
-        """The element-level pass (`symattn.claims.open_session`: the element model, its exact
+        """The element-level pass (`symattn.prove.claims.open_session`: the element model, its exact
         gradients, the finiteness analysis) that this spec's documents, gradient checks and
         checks share; built on first use."""
-        from .claims import open_session
+        from .prove.claims import open_session
 
         key = bool(force)
         if key not in self._sessions:
@@ -161,7 +161,7 @@ class Spec:
         limit); a claim over it is unknown, "gave up after ... s". Computed once per Spec and
         (force, budget); later calls return the same verdicts."""
         from .budget import DEFAULT_SECONDS
-        from .claims import check_spec
+        from .prove.claims import check_spec
 
         seconds = DEFAULT_SECONDS if budget is None else (budget or None)
         key = (bool(force), seconds)
@@ -178,8 +178,8 @@ class Spec:
     def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
                      force: bool = False):
         """Is `output` equivariant (or invariant) under permuting `source` along `dim`? A Verdict with steps."""
-        from .equivariance import check_symmetry
-        from .shapes import same_dim
+        from .prove.equivariance import check_symmetry
+        from .ir.shapes import same_dim
 
         self._tensor(output)
         shape = self._tensor(source).shape
@@ -197,7 +197,7 @@ class Spec:
     def verify_gradients(self, force: bool = False):
         """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes.
         Computed once per Spec and `force`, in the shared `session`."""
-        from .claims import verify_gradients
+        from .prove.claims import verify_gradients
 
         key = bool(force)
         if key not in self._gradient_checks:
@@ -210,20 +210,20 @@ class Spec:
 
         The same text `symattn emit numpy` writes (`spec.emit("numpy")`), executed in memory.
         """
-        from .codegen_numpy import load_module
+        from .codegen.numpy.emit import load_module
 
         return load_module(self.emit("numpy"), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
 
     def emit(self, target: str = "numpy"):
-        """The generated code: the NumPy module's text for "numpy"; for "cuda" a `symattn.cuda.CudaCode`
+        """The generated code: the NumPy module's text for "numpy"; for "cuda" a `symattn.codegen.cuda.CudaCode`
         whose `files` maps each file name (.cu, .h, cuda_host.h, README.md) to its text and whose
         `write(directory)` writes them."""
         if target == "numpy":
-            from .codegen_numpy import numpy_source
+            from .codegen.numpy.emit import numpy_source
 
             return numpy_source(self.typed, derivation=self.derive())
         if target == "cuda":
-            from .cuda import emit_cuda
+            from .codegen.cuda import emit_cuda
 
             return emit_cuda(self.typed)
         raise UsageError(f"emit: unknown target {target!r}; expected 'numpy' or 'cuda'")
@@ -234,7 +234,7 @@ class Spec:
 
     def document_with_figures(self, fmt: str = "md", force: bool = False) -> tuple[str, dict[str, bytes]]:
         """(document text, {figure file name: PNG bytes}); HTML embeds its figures."""
-        from .document import FORMATS, build, render
+        from .docs.document import FORMATS, build, render
 
         if fmt not in FORMATS:
             raise UsageError(f"unknown document format {fmt!r}; choose one of {', '.join(FORMATS)}")

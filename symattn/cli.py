@@ -20,7 +20,7 @@ from .version import __version__
 from .api import Spec, definition_text, example_path, example_text, load
 from .budget import DEFAULT_SECONDS
 from .errors import SpecError, SymAttnError, UsageError
-from .shapes import format_shape
+from .ir.shapes import format_shape
 
 __all__ = ["main"]
 
@@ -153,7 +153,7 @@ def _cmd_derive(args: argparse.Namespace) -> int:
             raise UsageError("--summary is plain text; --format applies to the document (--document or -o)")
         text = _summary(spec)
     else:
-        from .document import build, render
+        from .docs.document import build, render
 
         # Without -o there is nowhere to put figure files: leave them out (and skip drawing them).
         doc = build(spec, force=args.force, figures=bool(args.output))
@@ -190,7 +190,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 
 def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     """`symattn emit cuda SPEC -o DIR`: the .cu, .h, cuda_host.h and README.md in DIR."""
-    from .cuda import emit_cuda
+    from .codegen.cuda import emit_cuda
 
     directory = Path(args.output)
     if directory.exists() and not directory.is_dir():
@@ -210,7 +210,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _verify_cuda(spec, args)
-    from .verify import verify_numpy
+    from .check.numpy import verify_numpy
 
     report = verify_numpy(spec.typed, seed=args.seed)
     print(f"verify {spec.name} ({spec.filename}), generated NumPy code against the reference evaluator "
@@ -223,7 +223,7 @@ def _verify_cuda(spec: Spec, args: argparse.Namespace) -> int:
     """`symattn verify SPEC --target cuda`: exit 0 when everything passes, 1 otherwise."""
     import tempfile
 
-    from .verify_cuda import find_cxx, verify_cuda
+    from .check.cuda import find_cxx, verify_cuda
 
     if find_cxx() is None:
         print("verify --target cuda needs a C++20 compiler (g++) to run the kernels on the CPU; none found")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .api import load
-from .document import build, render
+from .docs.document import build, render
 
 __all__ = ["generated_files", "main"]
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             path.write_bytes(data)
     try:
-        from . import golden  # the golden generated code, when that generator is installed
+        from . import golden
     except ImportError:
         golden = None
     if golden is not None and hasattr(golden, "main"):

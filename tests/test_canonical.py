@@ -1,4 +1,4 @@
-"""The matrix-level, all-sizes equality prover (symattn.canonical)."""
+"""The matrix-level, all-sizes equality prover (symattn.prove.canonical)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import sympy
 
 import symattn
-from symattn import typed as t
-from symattn.canonical import Proof, definitions_for, index_form_text, prove_equal
-from symattn.derive import derive
-from symattn.evaluate import NUMERIC, Evaluator, random_leaves
-from symattn.shapes import broadcast, matmul_shape
+from symattn.ir import typed as t
+from symattn.prove.canonical import Proof, definitions_for, index_form_text, prove_equal
+from symattn.symbolic.derive import derive
+from symattn.symbolic.evaluate import NUMERIC, Evaluator, random_leaves
+from symattn.ir.shapes import broadcast, matmul_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 DERIVATIONS = ROOT / "derivations"
@@ -534,7 +534,7 @@ def test_every_proof_agrees_with_float64_at_random_sizes():
             values = _values(spec, derivation, proved, sizes, np.random.default_rng(seed))
             for (lhs, rhs), (a, b) in zip(proved, values):
                 if not _agree(a, b):
-                    failures.append((sizes, symattn.printing.to_spec(lhs), symattn.printing.to_spec(rhs)))
+                    failures.append((sizes, symattn.ir.printing.to_spec(lhs), symattn.ir.printing.to_spec(rhs)))
     tally = (f"{pairs} random pairs, {len(proved)} proved ({meant_true_proved} of {meant_true} value-preserving "
              f"rewrites, {meant_false_proved} other rewrites that happened to be harmless)")
     assert not failures, (tally, failures[:5])

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import symattn
-from symattn import element
-from symattn.claims import check_spec
+from symattn.symbolic import element
+from symattn.prove.claims import check_spec
 
 from conftest import run_cli
 
@@ -109,7 +109,7 @@ def _equal_checks():
     for path in SPECS:
         spec = symattn.load(path)
         for check in spec.checks:
-            if check.kind == "equal":  # equivariance checks are tested with symattn.equivariance
+            if check.kind == "equal":  # equivariance checks are tested with symattn.prove.equivariance
                 yield pytest.param(path, check.line, id=f"{path.stem}:{check.line}")
 
 

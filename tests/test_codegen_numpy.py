@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import symattn
-from symattn.codegen_numpy import load_module, numpy_source
+from symattn.codegen.numpy.emit import load_module, numpy_source
 from symattn.errors import SymAttnError
-from symattn.evaluate import random_leaves
+from symattn.symbolic.evaluate import random_leaves
 from symattn.golden import COMMAND, golden_files
-from symattn.verify import reference_forward, relative_error, verify_numpy
+from symattn.check.numpy import reference_forward, relative_error, verify_numpy
 
 from conftest import EXAMPLES, REPO, run_cli
 
@@ -482,7 +482,7 @@ def test_cli_exit_codes_for_bad_input(tmp_path, capsys):
 
 def test_verify_exits_1_when_generated_code_is_wrong(monkeypatch, capsys):
     """A module whose forward is off by a little must fail verification."""
-    import symattn.codegen_numpy as codegen
+    import symattn.codegen.numpy.emit as codegen
     from symattn.cli import main
 
     real = codegen.load_module

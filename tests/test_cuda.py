@@ -4,7 +4,7 @@ Every spec in derivations/ is emitted once per session (`emitted`, cheap). The t
 build kernels are marked slow (`python -m pytest -m slow`): for them each spec's CPU build
 (ctypes), its ThreadSanitizer build and its nvcc compile gate run two at a time in the
 background while the first of them start (`builds`), cached in one temporary directory.
-Results are compared with the float64 reference evaluator (`symattn.verify_cuda.reference`),
+Results are compared with the float64 reference evaluator (`symattn.check.cuda.reference`),
 an independent op-by-op computation, never with the generated code itself. A missing nvcc
 or g++ skips the tests that need it, with the reason.
 """
@@ -22,8 +22,8 @@ import pytest
 
 import symattn
 from conftest import EXAMPLES, REPO, run_cli
-from symattn.cuda import emit_cuda
-from symattn.verify_cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
+from symattn.codegen.cuda import emit_cuda
+from symattn.check.cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
                                  parse_ptxas, reference, verify_cuda, verify_sizes)
 
 NVCC = find_nvcc()
@@ -144,7 +144,7 @@ ptxas info    : Used 29 registers, used 0 barriers, 384 bytes cmem[0]
 def test_compile_gate_skips_without_nvcc(tmp_path):
     gate = compile_gate(tmp_path / "x.cu", nvcc=None) if NVCC is None else None
     if gate is None:
-        from symattn import verify_cuda
+        from symattn.check import cuda as verify_cuda
 
         original = verify_cuda.find_nvcc
         verify_cuda.find_nvcc = lambda: None

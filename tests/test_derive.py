@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import symattn
-from symattn import typed as t
-from symattn.derive import Step
-from symattn.evaluate import NUMERIC, Evaluator, random_leaves
+from symattn.ir import typed as t
+from symattn.symbolic.derive import Step
+from symattn.symbolic.evaluate import NUMERIC, Evaluator, random_leaves
 
 REPO = Path(__file__).resolve().parent.parent
 DERIVATIONS = REPO / "derivations"
@@ -56,7 +56,7 @@ def test_every_tensor_gets_a_gradient_outputs_first(self_attention):
 def test_grad_x_is_the_sum_of_its_three_paths(self_attention):
     paths = self_attention.gradients["X"].paths
     assert [consumer for consumer, _ in paths] == ["Q", "K", "V"]
-    printed = [symattn.printing.to_spec(part) for _, part in paths]
+    printed = [symattn.ir.printing.to_spec(part) for _, part in paths]
     assert printed == ["grad(Q) @ W_q.T", "grad(K) @ W_k.T", "grad(V) @ W_v.T"]
     rules = [step.rule for step in self_attention.gradients["X"].steps]
     assert any(rule.startswith("sum over the 3 paths") for rule in rules)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import symattn
-from symattn.document import Display, build, render
-from symattn.mathbox import to_latex
-from symattn.mathprint import grad_box, matrix_box
-from symattn.typed import Grad, IndexDef
+from symattn.docs.document import Display, build, render
+from symattn.docs.mathbox import to_latex
+from symattn.docs.mathprint import grad_box, matrix_box
+from symattn.ir.typed import Grad, IndexDef
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "derivations").glob("*.attn"))

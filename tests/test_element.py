@@ -24,7 +24,7 @@ import pytest
 import sympy
 
 import symattn
-from symattn.element import ElementModel
+from symattn.symbolic.element import ElementModel
 
 REPO = Path(__file__).resolve().parent.parent
 DERIVATIONS = REPO / "derivations"
@@ -129,7 +129,7 @@ CASES = {
 }
 
 
-# --- exact comparison, independent of symattn.element ------------------------------
+# --- exact comparison, independent of symattn.symbolic.element ------------------------------
 
 
 def _canonical(expr: sympy.Expr, atoms: dict) -> sympy.Expr:

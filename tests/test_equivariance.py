@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import symattn
-import symattn.equivariance as eq
+import symattn.prove.equivariance as eq
 from conftest import REPO, run_cli
 from symattn.errors import UsageError
 

@@ -17,8 +17,8 @@ import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from symattn.element import _diff, settled, shared_xreplace, zero_test
-from symattn.polyzero import expands_to_zero
+from symattn.symbolic.element import _diff, settled, shared_xreplace, zero_test
+from symattn.symbolic.polyzero import expands_to_zero
 
 x, y, z = sympy.symbols("x y z", real=True)
 e1, e2, e3 = sympy.symbols("e1 e2 e3", positive=True)

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import symattn
-from symattn import claims, progress
+from symattn.prove import claims
+from symattn import progress
 from symattn.api import example_text
 from symattn.cli import main
 

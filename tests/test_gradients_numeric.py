@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import symattn
-from symattn.evaluate import NUMERIC, Evaluator, random_leaves
+from symattn.symbolic.evaluate import NUMERIC, Evaluator, random_leaves
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,10 +24,10 @@ import sympy
 
 import symattn
 from conftest import EXAMPLES, run_cli
-from symattn import typed as t
-from symattn.evaluate import NUMERIC, SYMBOLIC, Evaluator, random_leaves
-from symattn.verify import verify_numpy
-from symattn.verify_cuda import find_cxx, find_nvcc, reference, verify_cuda
+from symattn.ir import typed as t
+from symattn.symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator, random_leaves
+from symattn.check.numpy import verify_numpy
+from symattn.check.cuda import find_cxx, find_nvcc, reference, verify_cuda
 
 NVCC = find_nvcc()
 CXX = find_cxx()

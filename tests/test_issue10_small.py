@@ -5,7 +5,7 @@
   and refused where it does not divide, as the reference evaluator refuses it;
 - one definition of equal in `verify` (within tolerance, or non-finite in the same way);
 - an output that is an alias of an input (`O = X`);
-- the size guard (`symattn.sizes`) in verify and in the counterexample search.
+- the size guard (`symattn.ir.sizes`) in verify and in the counterexample search.
 
 Expectations are plain NumPy written here (np.logaddexp, hand-derived gradients), central
 finite differences, or exact integer facts (divisibility), never the code under test.
@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 
 import symattn
 from conftest import run_cli
-from symattn.codegen_numpy_runtime import _sigmoid
+from symattn.codegen.numpy.runtime import _sigmoid
 from symattn.errors import UsageError
-from symattn.evaluate import NUMERIC, Evaluator
-from symattn.sizes import VERIFY_BUDGET, constraints, entries, fit_sizes, repair, valid_sizes
-from symattn.verify import relative_error, verify_numpy
-from symattn.verify_cuda import find_cxx
-from symattn.verify_cuda import relative_error as cuda_relative_error
+from symattn.symbolic.evaluate import NUMERIC, Evaluator
+from symattn.ir.sizes import VERIFY_BUDGET, constraints, entries, fit_sizes, repair, valid_sizes
+from symattn.check.numpy import relative_error, verify_numpy
+from symattn.check.cuda import find_cxx
+from symattn.check.cuda import relative_error as cuda_relative_error
 
 CXX = find_cxx()
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found: running the CUDA kernels on the CPU needs C++20")
@@ -99,7 +99,7 @@ def test_reference_evaluator_log_sigmoid_is_finite():
 @needs_cxx
 def test_cuda_log_sigmoid_is_finite_in_float32(tmp_path):
     """The emitted CUDA, built for the CPU: sa_sigmoid never rounds sigmoid(-80) to 0 in float32."""
-    from symattn.verify_cuda import _concrete, _Runner, build_cpu
+    from symattn.check.cuda import _concrete, _Runner, build_cpu
 
     code = symattn.load(LOG_SIGMOID).emit("cuda")
     p = code.program
@@ -190,7 +190,7 @@ def test_cuda_prints_exact_integer_division():
 
 @needs_cxx
 def test_cuda_dim_arithmetic_runs_on_the_cpu(tmp_path):
-    from symattn.verify_cuda import _concrete, _Runner, build_cpu
+    from symattn.check.cuda import _concrete, _Runner, build_cpu
 
     code = symattn.load(HALF).emit("cuda")
     runner = _Runner(build_cpu(code, tmp_path), code)
@@ -318,7 +318,7 @@ def test_alias_output_emits_and_runs(tmp_path):
 
 @needs_cxx
 def test_alias_output_verifies_on_the_cuda_cpu_build(tmp_path):
-    from symattn.verify_cuda import verify_cuda
+    from symattn.check.cuda import verify_cuda
 
     report = verify_cuda(symattn.load(ALIAS), gate=False, tsan=False, workdir=tmp_path)
     assert report.ok, report.problems
@@ -441,7 +441,7 @@ def test_counterexample_search_under_the_size_guard(tmp_path):
 
 @needs_cxx
 def test_verify_cuda_under_the_size_guard(tmp_path):
-    from symattn.verify_cuda import verify_cuda
+    from symattn.check.cuda import verify_cuda
 
     spec = symattn.load("dim N = 4, d = 3\ninput X[N, d]\nparam w\nO = X * w\noutput O\n", dims={"N": 10**9})
     lines: list[str] = []

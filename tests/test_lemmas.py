@@ -1,6 +1,6 @@
 """The equivariance lemmas are checked, not trusted.
 
-Every lemma that `symattn.equivariance` names in a proof step (`LEMMAS`) has a
+Every lemma that `symattn.prove.equivariance` names in a proof step (`LEMMAS`) has a
 check here: an exact, element-level verification with SymPy matrices of
 symbols at n = 2 and n = 3, for every permutation of n (and every pair of
 permutations where a lemma has two). A lemma added to `LEMMAS` without a check
@@ -21,7 +21,7 @@ import sympy
 
 from conftest import EXAMPLES
 from symattn import load
-from symattn.equivariance import LEMMAS, _permuted, prove_symmetry
+from symattn.prove.equivariance import LEMMAS, _permuted, prove_symmetry
 
 SIZES = (2, 3)
 

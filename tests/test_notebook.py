@@ -19,8 +19,8 @@ import sympy
 
 import symattn
 from symattn.errors import SymAttnError, SymbolicError, UnknownGradientError
-from symattn.evaluate import NUMERIC, Evaluator
-from symattn.sympy_form import to_sympy
+from symattn.symbolic.evaluate import NUMERIC, Evaluator
+from symattn.symbolic.sympy_form import to_sympy
 from conftest import REPO, run_cli
 
 SELF = REPO / "derivations" / "self_attention.attn"
@@ -274,7 +274,7 @@ def test_sympy_of_index_notation_gradients_matches_finite_differences():
                                    rtol=1e-6, atol=1e-8, err_msg=name)
 
 
-# --- symattn.sympy_form on forward definitions, against the float64 evaluator -----------------------
+# --- symattn.symbolic.sympy_form on forward definitions, against the float64 evaluator -----------------------
 
 EVERY_NODE = """\
 attention every_node

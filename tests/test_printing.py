@@ -1,4 +1,4 @@
-"""The spec-text printer (`symattn.printing.to_spec`): parses back, with no parentheses to spare.
+"""The spec-text printer (`symattn.ir.printing.to_spec`): parses back, with no parentheses to spare.
 
 Each definition of a spec is printed, the printed text replaces the original
 definition line, and the spec is loaded again: the typed IR must be the same
@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import symattn
-from symattn import typed as t
+from symattn.ir import typed as t
 from symattn.errors import SpecError
-from symattn.printing import to_spec
+from symattn.ir.printing import to_spec
 from conftest import EXAMPLES
 from test_notebook import EVERY_NODE
 

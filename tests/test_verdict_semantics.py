@@ -237,7 +237,7 @@ def test_outputs_that_feed_others_get_every_path():
 def test_derive_gives_every_leaf_gradient_when_outputs_feed_others():
     spec = symattn.load(FEEDING)
     derivation = spec.derive()
-    from symattn.evaluate import NUMERIC, Evaluator
+    from symattn.symbolic.evaluate import NUMERIC, Evaluator
 
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((3, 2)), rng.standard_normal((2, 2))

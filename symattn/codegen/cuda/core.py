@@ -1,0 +1,322 @@
+"""Find the attention cores that the fused (FlashAttention-2 style) kernels compute.
+
+Contract: `find_cores(spec)` returns `(spec', cores, notes)`. A core is a
+matrix product `softmax(score) @ V` whose softmax runs over the last axis and
+whose `score` is a per-entry function of one product `Q @ K.T`, of the entry's
+indices and of constants: a scale, a `where` mask, `causal_mask(N)`, a tensor
+defined in index notation from its indices alone (FlexAttention's score_mod
+and mask_mod). Intermediates on the way (`S = Q @ K.T / sqrt(d_k)`,
+`P = softmax(S)`) belong to the core when nothing else reads them; they are
+never stored. Q, K and V share their leading (head) axes. `spec'` is `spec`
+with a name given to every core operand and core result that had none, so the
+rest of the pipeline (derivation, generic kernels) sees named tensors. `notes`
+says, for each softmax that is not fused, why not.
+
+`score_grad(core)` is d score / d (Q @ K.T)[i, j], by forward-mode rules on
+the entry formula; the fused backward multiplies dS by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ...ir import build as b
+from ...ir import typed as t
+from ...symbolic.derive import UNARY_RULES
+from ...front.syntax import NOWHERE
+from ...ir.shapes import same_dim
+
+__all__ = ["AttentionCore", "find_cores", "score_grad", "substitute", "references"]
+
+_ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Scalar, t.DimValue, t.Constant)
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """O = softmax(score(Q @ K.T), axis=-1) @ V over the leading axes `lead`."""
+
+    output: str
+    q: str
+    k: str
+    v: str
+    product: t.MatMul                 # the Q @ K.T node, as it appears in `score`
+    score: t.Node                     # the softmax argument, intermediates substituted
+    chain: tuple[str, ...]            # intermediates that exist only inside the core
+    pure: tuple[tuple[str, t.Node], ...]  # tensors of constants the score reads: name, definition
+    lead: tuple                       # leading (head) dims
+    n_q: object
+    n_k: object
+    d_qk: object
+    d_v: object
+
+
+def substitute(node: t.Node, mapping: dict[t.Node, t.Node]) -> t.Node:
+    """`node` with every subexpression found in `mapping` replaced (structural equality)."""
+    if node in mapping:
+        return mapping[node]
+    changes = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, t.Node):
+            new = substitute(value, mapping)
+            if new is not value:
+                changes[f.name] = new
+        elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
+            new = tuple(substitute(v, mapping) for v in value)
+            if any(n is not v for n, v in zip(new, value)):
+                changes[f.name] = new
+    return dataclasses.replace(node, **changes) if changes else node
+
+
+def references(node: t.Node) -> list[str]:
+    """Names of the tensors `node` reads (whole or by entry), each once, in order."""
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        name = n.name if isinstance(n, (t.Tensor,)) else n.tensor if isinstance(n, t.Entry) else None
+        if name is not None and name not in found:
+            found.append(name)
+        stack.extend(reversed(n.children))
+    return found
+
+
+class _NotFusable(Exception):
+    pass
+
+
+class _Matcher:
+    def __init__(self, spec: t.TypedSpec) -> None:
+        self.spec = spec
+
+    def pure(self, node: t.Node) -> bool:
+        """A value of constants and indices only: it can be recomputed inside the kernel."""
+        if isinstance(node, t.Tensor):
+            info = self.spec.tensors[node.name]
+            return info.expr is not None and not info.is_output and self.pure(info.expr)
+        if isinstance(node, t.IndexDef):
+            return self.pure(node.body)
+        if isinstance(node, (*_ELEMENTWISE, t.IndexVar, t.Transpose)):
+            return all(self.pure(c) for c in node.children)
+        return False
+
+    def intermediate(self, name: str) -> bool:
+        info = self.spec.tensors.get(name)
+        return bool(info and info.expr is not None and not info.is_output)
+
+    def follow(self, node: t.Node, chain: list[str]) -> t.Node:
+        while isinstance(node, t.Tensor) and self.intermediate(node.name) and not self.pure(node):
+            if node.name not in chain:
+                chain.append(node.name)
+            node = self.spec.tensors[node.name].expr
+        return node
+
+    def check_private(self, chain: list[str], owner: str, core: t.Node) -> None:
+        """Every read of an intermediate on the way to the score happens inside the core."""
+        for name in chain:
+            for user, info in self.spec.tensors.items():
+                if info.expr is None or name not in references(info.expr):
+                    continue
+                if user == owner:
+                    if _count(info.expr, name) != _count(core, name):
+                        raise _NotFusable(f"{owner} reads {name} outside softmax(...) @ V")
+                elif user not in chain:
+                    raise _NotFusable(f"{name} is also read by {user}, so it must be stored")
+
+    def score(self, node: t.Node, chain: list[str], pure: dict[str, t.Node], products: list) -> t.Node:
+        """The score expression with private intermediates substituted; records the product Q @ K.T."""
+        if isinstance(node, t.Tensor):
+            if self.pure(node):
+                pure[node.name] = self.spec.tensors[node.name].expr
+                return node
+            inner = self.follow(node, chain)
+            if inner is node:
+                raise _NotFusable(f"the score reads {node.name}, which is not a constant of the indices")
+            return self.score(inner, chain, pure, products)
+        if isinstance(node, t.MatMul):
+            if not isinstance(node.b, t.Transpose) or len(node.a.shape) < 2 or len(node.b.x.shape) < 2:
+                raise _NotFusable("the score's product is not of the form Q @ K.T")
+            if node not in products:
+                products.append(node)
+            return node
+        if isinstance(node, _ELEMENTWISE):
+            kids = [self.score(c, chain, pure, products) for c in node.children]
+            changes = {f.name: k for f, k in zip([f for f in dataclasses.fields(node)
+                                                  if isinstance(getattr(node, f.name), t.Node)], kids)}
+            return dataclasses.replace(node, **changes) if changes else node
+        if isinstance(node, t.IndexDef):
+            raise _NotFusable(f"the score is index notation reading {', '.join(references(node))}, not a "
+                              "per-entry function of one product Q @ K.T")
+        raise _NotFusable(f"the score contains {type(node).__name__}, which is not a per-entry operation")
+
+    def match(self, owner: str, node: t.MatMul) -> tuple[dict, str | None]:
+        chain: list[str] = []
+        probs = self.follow(node.a, chain)
+        if not isinstance(probs, t.Softmax) or probs.axis != len(probs.shape) - 1:
+            raise _NotFusable("")
+        pure: dict[str, t.Node] = {}
+        products: list[t.MatMul] = []
+        score = self.score(probs.x, chain, pure, products)
+        if len(products) != 1:
+            raise _NotFusable(f"the score has {len(products)} matrix products, not exactly one Q @ K.T")
+        product = products[0]
+        q, k, v = product.a, product.b.x, node.b
+        lead = tuple(product.shape[:-2])
+        if len(v.shape) < 2 or not all(len(x.shape) == len(lead) + 2 for x in (q, k, v)):
+            raise _NotFusable("Q, K and V do not have the same leading (head) axes")
+        if not all(same_dim(a, c) for x in (q, k, v, node) for a, c in zip(x.shape[:-2], lead)):
+            raise _NotFusable("Q, K and V do not have the same leading (head) axes")
+        if tuple(score.shape) != tuple(product.shape):
+            raise _NotFusable("the score broadcasts Q @ K.T to a larger shape")
+        self.check_private(chain, owner, node)
+        _forward(score, product)  # the score must be differentiable in s (raises otherwise)
+        return dict(product=product, score=score, chain=tuple(chain), pure=tuple(pure.items()), lead=lead,
+                    n_q=q.shape[-2], n_k=k.shape[-2], d_qk=q.shape[-1], d_v=v.shape[-1],
+                    operands=(q, k, v)), None
+
+
+def _count(node: t.Node, name: str) -> int:
+    stack, count = [node], 0
+    while stack:
+        n = stack.pop()
+        count += isinstance(n, t.Tensor) and n.name == name
+        stack.extend(n.children)
+    return count
+
+
+def _matmuls(node: t.Node):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, t.MatMul):
+            yield n
+        stack.extend(n.children)
+
+
+def _fresh(spec: t.TypedSpec, base: str, taken: set[str]) -> str:
+    name, k = base, 2
+    while name in spec.tensors or name in spec.dims or name in taken:
+        name = f"{base}{k}"
+        k += 1
+    taken.add(name)
+    return name
+
+
+def _insert(tensors: dict, before: str, new: dict) -> dict:
+    out = {}
+    for name, info in tensors.items():
+        if name == before:
+            out.update(new)
+        out[name] = info
+    return out
+
+
+def find_cores(spec: t.TypedSpec) -> tuple[t.TypedSpec, list[AttentionCore], list[str]]:
+    cores: list[AttentionCore] = []
+    notes: list[str] = []
+    done: set[str] = set()
+    taken: set[str] = set()
+    while True:
+        matcher = _Matcher(spec)
+        found = None
+        for owner, info in spec.tensors.items():
+            if info.expr is None or owner in done:
+                continue
+            for node in _matmuls(info.expr):
+                try:
+                    parts, _ = matcher.match(owner, node)
+                except _NotFusable as why:
+                    if str(why):
+                        notes.append(f"{owner}: softmax(...) @ V not fused: {why}")
+                    continue
+                found = (owner, node, parts)
+                break
+            if found:
+                break
+        if found is None:
+            return spec, cores, notes
+        owner, node, parts = found
+        spec, core = _name_core(spec, owner, node, parts, taken)
+        cores.append(core)
+        done.add(core.output)
+
+
+def _name_core(spec, owner, node, parts, taken) -> tuple[t.TypedSpec, AttentionCore]:
+    """Give names to the core's operands and result where the spec wrote them inline."""
+    tensors = dict(spec.tensors)
+    chain = parts["chain"]
+    first = next((n for n in tensors if n in chain or n == owner), owner)
+    mapping: dict[t.Node, t.Node] = {}
+    added = {}
+    names = []
+    for role, operand in zip("qkv", parts["operands"]):
+        if isinstance(operand, t.Tensor):
+            names.append(operand.name)
+            continue
+        name = _fresh(spec, f"attn_{role}", taken)
+        added[name] = t.TensorInfo(name, "intermediate", operand.shape, NOWHERE, operand)
+        mapping[operand] = t.Tensor(name, operand.shape)
+        names.append(name)
+    if added:
+        tensors = _insert(tensors, first, added)
+        for name in list(tensors):
+            info = tensors[name]
+            if info.expr is not None and name not in added:
+                tensors[name] = dataclasses.replace(info, expr=substitute(info.expr, mapping))
+    product = substitute(parts["product"], mapping)
+    score = substitute(parts["score"], mapping)
+    core_node = substitute(node, mapping)
+    output = owner
+    if tensors[owner].expr != core_node:
+        output = _fresh(spec, "attn", taken)
+        tensors = _insert(tensors, owner, {output: t.TensorInfo(output, "intermediate", core_node.shape,
+                                                                 NOWHERE, core_node)})
+        info = tensors[owner]
+        tensors[owner] = dataclasses.replace(info, expr=substitute(info.expr, {core_node: t.Tensor(output,
+                                                                                                 core_node.shape)}))
+    spec = dataclasses.replace(spec, tensors=tensors)
+    return spec, AttentionCore(output, *names, product=product, score=score, chain=chain, pure=parts["pure"],
+                               lead=parts["lead"], n_q=parts["n_q"], n_k=parts["n_k"], d_qk=parts["d_qk"],
+                               d_v=parts["d_v"])
+
+
+def score_grad(core: AttentionCore) -> t.Node:
+    """d score / d s for s = (Q @ K.T)[i, j], as an entry expression (may contain the product node)."""
+    d = _forward(core.score, core.product)
+    return d if d is not None else b.scalar(0)
+
+
+def _forward(node: t.Node, wrt: t.Node) -> t.Node | None:
+    if node == wrt:
+        return b.scalar(1)
+    if isinstance(node, t.Unary):
+        dx = _forward(node.x, wrt)
+        return None if dx is None else UNARY_RULES[node.fn][1](node.x, node, dx, b.Recorder())
+    if isinstance(node, t.Binary):
+        u, v = node.a, node.b
+        du, dv = _forward(u, wrt), _forward(v, wrt)
+        if du is None and dv is None:
+            return None
+        zero = b.scalar(0)
+        if node.op == "add":
+            return b.add(du, dv)
+        if node.op == "sub":
+            return b.sub(du or zero, dv or zero)
+        if node.op == "mul":
+            return b.add(b.mul(du, v) if du is not None else None, b.mul(u, dv) if dv is not None else None)
+        if node.op == "div":
+            left = b.div(du, v) if du is not None else None
+            right = b.neg(b.div(b.mul(u, dv), b.power(v, b.scalar(2)))) if dv is not None else None
+            return b.add(left, right)
+        if node.op == "pow":
+            if dv is not None:
+                raise _NotFusable("a power whose exponent depends on Q @ K.T")
+            return b.mul(b.mul(v, b.power(u, b.sub(v, b.scalar(1)))), du)
+    if isinstance(node, t.Where):
+        da, db = _forward(node.a, wrt), _forward(node.b, wrt)
+        if da is None and db is None:
+            return None
+        zero = b.scalar(0)
+        return b.where(node.cond, da or zero, db or zero)
+    return None

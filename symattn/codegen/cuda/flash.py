@@ -1,0 +1,448 @@
+"""The fused attention kernels (FlashAttention-2 style) for one `AttentionCore`.
+
+Contract: `score_functions` prints the core's score (and its derivative) as
+two device functions of (s, head coordinates, i, j); `forward_kernels` and
+`backward_kernels` return the `Kernel`s of the fused path:
+
+- forward: one block per SA_ATTN_ROWS query rows of one (batch entry, head),
+  one thread per row. Tiles of SA_ATTN_KEYS rows of K and V stream through
+  shared memory; each thread keeps its query row, its output accumulator and
+  the running max m and sum l in registers (online softmax). Writes O and the
+  row logsumexp lse = m + log(l). P is never stored.
+- backward: delta[i] = rowsum(dO * O)[i]; then a dK/dV kernel (one thread per
+  key row, tiles of queries in shared memory) and a dQ kernel (one thread per
+  query row, tiles of keys), both recomputing P = exp(score - lse) and
+  dS = P * (dP - delta) * score'(s). No atomics; the extra memory is lse and
+  delta: O(N) per (batch entry, head).
+
+The head dim is a runtime size: kernels are instantiated for head dims up to
+32 and up to 64 (zero-padded), and the host picks the smallest that fits.
+"""
+
+from __future__ import annotations
+
+from string import Template
+from typing import Sequence
+
+from ...ir import typed as t
+from ...ir.printing import to_spec
+from .core import AttentionCore, score_grad
+from .kernels import Buffer, Kernel
+from .names import CNames
+from .syntax import CPrinter, CudaCodegenError, dim_c
+
+__all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels"]
+
+HEAD_DIMS = (32, 64)
+
+FLASH_PRELUDE = """\
+// Fused attention: threads per block (one query or key row each), and tile heights.
+#define SA_ATTN_ROWS 64
+#define SA_ATTN_KEYS 32   // keys per tile in the forward
+#define SA_ATTN_STEP 16   // rows per tile of the other side in the backward kernels
+"""
+
+
+class _ScoreSource:
+    """Reads inside a score: tensors of constants are recomputed from their definitions."""
+
+    def __init__(self, pure: dict[str, t.Node], names: CNames) -> None:
+        self.pure = pure
+        self.names = names
+
+    def read(self, node, coords):
+        if not isinstance(node, t.Tensor) or node.name not in self.pure:
+            return None
+        definition = self.pure[node.name]
+        if isinstance(definition, t.IndexDef):
+            printer = CPrinter(self.names, self, indices={i.name: c for i, c in zip(definition.indices, coords)})
+            text = printer.entry(definition.body)
+        else:
+            printer = CPrinter(self.names, self)
+            text = printer.entry(definition, coords)
+        if printer.statements:
+            raise CudaCodegenError(f"{node.name} needs a loop; it cannot be recomputed inside the fused kernel")
+        return f"({text})"
+
+
+def score_functions(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str],
+                    dim_order: Sequence[str]) -> tuple[str, list[str]]:
+    """The device functions `<prefix>_score` and `<prefix>_score_grad`, and the head coordinate names."""
+    lead = [f"z{k}_" for k in range(len(core.lead))]
+    coords = (*lead, "i_", "j_")
+    source = _ScoreSource(dict(core.pure), names)
+    special = {core.product: "s_"}
+    score = CPrinter(names, source, special=special).entry(core.score, coords)
+    grad = CPrinter(names, source, special=special).entry(score_grad(core), coords)
+    params = ", ".join(["float s_", *[f"int {z}" for z in lead], "int i_", "int j_", *[f"int {d}" for d in dims]])
+    formula = to_spec(core.score, dim_order)
+    pure = [f"//   {name} = {to_spec(d.body if isinstance(d, t.IndexDef) else d, dim_order)}"
+            + (f"  (at [{', '.join(i.name for i in d.indices)}] = [i, j])" if isinstance(d, t.IndexDef) else "")
+            for name, d in core.pure]
+    text = "\n".join([
+        f"// The score of {core.output}: entry (i, j) of {formula}, as a function of s = ({to_spec(core.product, dim_order)})[i, j].",
+        *pure,
+        f"static __device__ __forceinline__ float {prefix}_score({params}) {{",
+        f"    return {score};",
+        "}",
+        "// d score / d s, for the backward.",
+        f"static __device__ __forceinline__ float {prefix}_score_grad({params}) {{",
+        f"    return {grad};",
+        "}",
+    ])
+    return text, lead
+
+
+def _head_offset(name: str, buffer: Buffer, rows: str, width: str) -> str:
+    base = "b_ * heads_ + head_" if buffer.batched else "head_"
+    return f"    {name} += ({base}) * (long long){rows} * {width};"
+
+
+def _param_names(pairs: Sequence[tuple[str, Buffer]]) -> dict[str, str]:
+    """Kernel parameter names: the buffer's own, unless one buffer plays two roles (softmax(X @ X.T) @ X)."""
+    seen: set[str] = set()
+    out = {}
+    for role, buffer in pairs:
+        name = buffer.name if buffer.name not in seen else f"{buffer.name}_{role.lower()}_"
+        seen.add(name)
+        out[role] = name
+    return out
+
+
+def _lead_coords(core: AttentionCore, lead: list[str], names: CNames) -> str:
+    if not lead:
+        return ""
+    lines = ["    long long rest_ = head_;"]
+    for k in range(len(lead) - 1, 0, -1):
+        size = dim_c(core.lead[k], names)
+        lines += [f"    const int {lead[k]} = (int)(rest_ % {size});", f"    rest_ /= {size};"]
+    lines.append(f"    const int {lead[0]} = (int)rest_;")
+    return "\n".join(lines)
+
+
+def _variants(name: str, body: str, params: str, args: str, comment: str) -> tuple[str, list[tuple[str, str]]]:
+    wrappers, variants = [], []
+    for head_dim in HEAD_DIMS:
+        kernel = f"{name}_d{head_dim}"
+        wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS, 1) {kernel}(\n        {params}) {{\n'
+                        f"    {body}<{head_dim}>({args});\n}}")
+        variants.append((f"head_dim_ <= {head_dim}", kernel))
+    return f"// {comment}\n" + "\n".join(wrappers), variants
+
+
+_FORWARD = Template("""\
+// $formula
+// Forward: one thread per query row i, tiles of SA_ATTN_KEYS keys in shared memory, online softmax
+// (running max m and sum l, the accumulator rescaled whenever m grows).
+template <int HEAD_DIM>
+static __device__ __forceinline__ void ${prefix}_forward(
+        float* __restrict__ $O, float* __restrict__ $lse, const float* __restrict__ $Q,
+        const float* __restrict__ $K, const float* __restrict__ $V,
+        int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    __shared__ float k_tile_[SA_ATTN_KEYS][HEAD_DIM];
+    __shared__ float v_tile_[SA_ATTN_KEYS][HEAD_DIM];
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$lead_coords
+$offsets
+    const int i_ = blockIdx.x * SA_ATTN_ROWS + threadIdx.x;  // this thread's query row
+    float q_[HEAD_DIM], acc_[HEAD_DIM];
+#pragma unroll
+    for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+        q_[c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
+        acc_[c_] = 0.0f;
+    }
+    float m_ = -INFINITY;  // running max of the scores of row i
+    float l_ = 0.0f;       // running sum of exp(score - m_)
+    for (int j0_ = 0; j0_ < n_k_; j0_ += SA_ATTN_KEYS) {
+        for (int e_ = threadIdx.x; e_ < SA_ATTN_KEYS * HEAD_DIM; e_ += SA_ATTN_ROWS) {
+            const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, j_ = j0_ + r_;
+            k_tile_[r_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
+            v_tile_[r_][c_] = j_ < n_k_ && c_ < d_v_ ? $V[(long long)j_ * d_v_ + c_] : 0.0f;
+        }
+        __syncthreads();  // the K and V tiles are loaded
+        const int keys_ = n_k_ - j0_ < SA_ATTN_KEYS ? n_k_ - j0_ : SA_ATTN_KEYS;
+#pragma unroll 1
+        for (int r_ = 0; r_ < keys_; ++r_) {
+            float dot_ = 0.0f;
+#pragma unroll
+            for (int c_ = 0; c_ < HEAD_DIM; ++c_) dot_ += q_[c_] * k_tile_[r_][c_];
+            const float s_ = ${prefix}_score(dot_, ${lead_args}i_, j0_ + r_$dim_args);
+            if (s_ > m_) {  // a new running max: rescale what was accumulated so far
+                const float rescale_ = expf(m_ - s_);  // 0 while everything so far was masked
+                l_ *= rescale_;
+#pragma unroll
+                for (int c_ = 0; c_ < HEAD_DIM; ++c_) acc_[c_] *= rescale_;
+                m_ = s_;
+            }
+            const float p_ = s_ == -INFINITY ? 0.0f : expf(s_ - m_);  // masked: exactly 0, never NaN
+            l_ += p_;
+#pragma unroll
+            for (int c_ = 0; c_ < HEAD_DIM; ++c_) acc_[c_] += p_ * v_tile_[r_][c_];
+        }
+        __syncthreads();  // every thread is done with the tiles before they are overwritten
+    }
+    if (i_ < n_q_) {
+        const float inv_ = l_ > 0.0f ? 1.0f / l_ : 0.0f;  // a fully masked row gives zeros
+#pragma unroll
+        for (int c_ = 0; c_ < HEAD_DIM; ++c_)
+            if (c_ < d_v_) $O[(long long)i_ * d_v_ + c_] = acc_[c_] * inv_;
+        $lse[i_] = l_ > 0.0f ? m_ + logf(l_) : -INFINITY;
+    }
+}""")
+
+_DELTA = Template("""\
+// delta[i] = sum_c grad($O)[i, c] * $O[i, c]  (= rowsum(dP * P), the softmax backward's correction)
+extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS) ${prefix}_delta(
+        float* __restrict__ $delta, const float* __restrict__ $O, const float* __restrict__ $dO,
+        int n_q_, int d_v_, int heads_) {
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$offsets
+    const int i_ = blockIdx.x * SA_ATTN_ROWS + threadIdx.x;
+    if (i_ < n_q_) {
+        float total_ = 0.0f;
+        for (int c_ = 0; c_ < d_v_; ++c_) total_ += $dO[(long long)i_ * d_v_ + c_] * $O[(long long)i_ * d_v_ + c_];
+        $delta[i_] = total_;
+    }
+}""")
+
+# P and dS of entry (i, j), from s = q_i . k_j, dp = dO_i . v_j; zero where the row is fully masked.
+_RECOMPUTE = """\
+            float p_ = 0.0f, ds_ = 0.0f;
+            if (i_ < n_q_ && j_ < n_k_ && lse_i_ != -INFINITY) {
+                p_ = expf(${prefix}_score(dot_, ${lead_args}i_, j_$dim_args) - lse_i_);
+                if (p_ != 0.0f) ds_ = p_ * (dp_ - delta_i_) * ${prefix}_score_grad(dot_, ${lead_args}i_, j_$dim_args);
+            }"""
+
+_DKDV = Template("""\
+// Backward, dK and dV: one thread per key row j, tiles of SA_ATTN_STEP queries in shared memory.
+//   dV[j] = sum_i P[i, j] dO[i],  dK[j] = sum_i dS[i, j] Q[i],  dS = P * (dP - delta) * score'
+template <int HEAD_DIM>
+static __device__ __forceinline__ void ${prefix}_backward_dkdv(
+        float* __restrict__ $dK, float* __restrict__ $dV, const float* __restrict__ $Q,
+        const float* __restrict__ $K, const float* __restrict__ $V, const float* __restrict__ $dO,
+        const float* __restrict__ $lse, const float* __restrict__ $delta,
+        int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    __shared__ float k_own_[SA_ATTN_ROWS][HEAD_DIM + 1];  // row t is thread t's key (padded: no bank conflicts)
+    __shared__ float v_own_[SA_ATTN_ROWS][HEAD_DIM + 1];
+    __shared__ float q_tile_[SA_ATTN_STEP][HEAD_DIM];
+    __shared__ float do_tile_[SA_ATTN_STEP][HEAD_DIM];
+    __shared__ float lse_tile_[SA_ATTN_STEP];
+    __shared__ float delta_tile_[SA_ATTN_STEP];
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$lead_coords
+$offsets
+    const int t_ = threadIdx.x;
+    const int j_ = blockIdx.x * SA_ATTN_ROWS + t_;  // this thread's key row
+    float dk_[HEAD_DIM], dv_[HEAD_DIM];
+#pragma unroll
+    for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+        k_own_[t_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
+        v_own_[t_][c_] = j_ < n_k_ && c_ < d_v_ ? $V[(long long)j_ * d_v_ + c_] : 0.0f;
+        dk_[c_] = 0.0f;
+        dv_[c_] = 0.0f;
+    }
+    // Only this thread touches its own rows. Reading them through volatile keeps the compiler from
+    // hoisting both rows into registers, which with dK and dV would not fit (spills at HEAD_DIM 64).
+    const volatile float* k_mine_ = k_own_[t_];
+    const volatile float* v_mine_ = v_own_[t_];
+    for (int i0_ = 0; i0_ < n_q_; i0_ += SA_ATTN_STEP) {
+        for (int e_ = t_; e_ < SA_ATTN_STEP * HEAD_DIM; e_ += SA_ATTN_ROWS) {
+            const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, i_ = i0_ + r_;
+            q_tile_[r_][c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
+            do_tile_[r_][c_] = i_ < n_q_ && c_ < d_v_ ? $dO[(long long)i_ * d_v_ + c_] : 0.0f;
+        }
+        for (int r_ = t_; r_ < SA_ATTN_STEP; r_ += SA_ATTN_ROWS) {
+            lse_tile_[r_] = i0_ + r_ < n_q_ ? $lse[i0_ + r_] : -INFINITY;
+            delta_tile_[r_] = i0_ + r_ < n_q_ ? $delta[i0_ + r_] : 0.0f;
+        }
+        __syncthreads();  // the query tile is loaded
+#pragma unroll 1
+        for (int r_ = 0; r_ < SA_ATTN_STEP; ++r_) {
+            const int i_ = i0_ + r_;
+            float dot_ = 0.0f, dp_ = 0.0f;
+#pragma unroll
+            for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+                dot_ += q_tile_[r_][c_] * k_mine_[c_];
+                dp_ += do_tile_[r_][c_] * v_mine_[c_];
+            }
+            const float lse_i_ = lse_tile_[r_], delta_i_ = delta_tile_[r_];
+$recompute
+            // Fresh (volatile) reads: keeping the tile rows in registers since the dot products would
+            // not fit beside dK and dV.
+            const volatile float* q_row_ = q_tile_[r_];
+            const volatile float* do_row_ = do_tile_[r_];
+#pragma unroll
+            for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+                dv_[c_] += p_ * do_row_[c_];
+                dk_[c_] += ds_ * q_row_[c_];
+            }
+        }
+        __syncthreads();  // every thread is done with the query tile before it is overwritten
+    }
+    if (j_ < n_k_) {
+#pragma unroll
+        for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+            if (c_ < d_qk_) $dK[(long long)j_ * d_qk_ + c_] = dk_[c_];
+            if (c_ < d_v_) $dV[(long long)j_ * d_v_ + c_] = dv_[c_];
+        }
+    }
+}""")
+
+_DQ = Template("""\
+// Backward, dQ: one thread per query row i, tiles of SA_ATTN_STEP keys in shared memory.
+//   dQ[i] = sum_j dS[i, j] K[j]
+template <int HEAD_DIM>
+static __device__ __forceinline__ void ${prefix}_backward_dq(
+        float* __restrict__ $dQ, const float* __restrict__ $Q, const float* __restrict__ $K,
+        const float* __restrict__ $V, const float* __restrict__ $dO, const float* __restrict__ $lse,
+        const float* __restrict__ $delta, int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    __shared__ float q_own_[SA_ATTN_ROWS][HEAD_DIM + 1];  // row t is thread t's query (padded)
+    __shared__ float do_own_[SA_ATTN_ROWS][HEAD_DIM + 1];
+    __shared__ float k_tile_[SA_ATTN_STEP][HEAD_DIM];
+    __shared__ float v_tile_[SA_ATTN_STEP][HEAD_DIM];
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$lead_coords
+$offsets
+    const int t_ = threadIdx.x;
+    const int i_ = blockIdx.x * SA_ATTN_ROWS + t_;  // this thread's query row
+    float dq_[HEAD_DIM];
+#pragma unroll
+    for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+        q_own_[t_][c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
+        do_own_[t_][c_] = i_ < n_q_ && c_ < d_v_ ? $dO[(long long)i_ * d_v_ + c_] : 0.0f;
+        dq_[c_] = 0.0f;
+    }
+    // Only this thread touches its own rows; volatile keeps them in shared memory, not registers.
+    const volatile float* q_mine_ = q_own_[t_];
+    const volatile float* do_mine_ = do_own_[t_];
+    const float lse_i_ = i_ < n_q_ ? $lse[i_] : -INFINITY;
+    const float delta_i_ = i_ < n_q_ ? $delta[i_] : 0.0f;
+    for (int j0_ = 0; j0_ < n_k_; j0_ += SA_ATTN_STEP) {
+        for (int e_ = t_; e_ < SA_ATTN_STEP * HEAD_DIM; e_ += SA_ATTN_ROWS) {
+            const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, j_ = j0_ + r_;
+            k_tile_[r_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
+            v_tile_[r_][c_] = j_ < n_k_ && c_ < d_v_ ? $V[(long long)j_ * d_v_ + c_] : 0.0f;
+        }
+        __syncthreads();  // the key tile is loaded
+#pragma unroll 1
+        for (int r_ = 0; r_ < SA_ATTN_STEP; ++r_) {
+            const int j_ = j0_ + r_;
+            float dot_ = 0.0f, dp_ = 0.0f;
+#pragma unroll
+            for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+                dot_ += q_mine_[c_] * k_tile_[r_][c_];
+                dp_ += do_mine_[c_] * v_tile_[r_][c_];
+            }
+$recompute
+#pragma unroll
+            for (int c_ = 0; c_ < HEAD_DIM; ++c_) dq_[c_] += ds_ * k_tile_[r_][c_];
+        }
+        __syncthreads();  // every thread is done with the key tile before it is overwritten
+    }
+    if (i_ < n_q_) {
+#pragma unroll
+        for (int c_ = 0; c_ < HEAD_DIM; ++c_)
+            if (c_ < d_qk_) $dQ[(long long)i_ * d_qk_ + c_] = dq_[c_];
+    }
+}""")
+
+
+class Sizes:
+    """The core's sizes as host C expressions."""
+
+    def __init__(self, core: AttentionCore, names: CNames) -> None:
+        self.n_q = dim_c(core.n_q, names)
+        self.n_k = dim_c(core.n_k, names)
+        self.d_qk = dim_c(core.d_qk, names)
+        self.d_v = dim_c(core.d_v, names)
+        self.heads = " * ".join(dim_c(d, names) for d in core.lead) if core.lead else "1"
+
+    def host_args(self) -> list[tuple[str, str]]:
+        return [("n_q_", self.n_q), ("n_k_", self.n_k), ("d_qk_", self.d_qk), ("d_v_", self.d_v),
+                ("heads_", self.heads)]
+
+
+def _grid(rows: str, heads: str, batch: str) -> tuple[str, str, str]:
+    return (f"({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS", heads, batch)
+
+
+def _common(core, prefix, names, dims, lead):
+    dim_params = "".join(f", int {d}" for d in dims)
+    dim_args = "".join(f", {d}" for d in dims)
+    return dict(prefix=prefix, dim_params=dim_params, dim_args=dim_args, lead_args="".join(f"{z}, " for z in lead),
+                lead_coords=_lead_coords(core, lead, names))
+
+
+def forward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: Buffer, out: Buffer, lse: Buffer,
+                    names: CNames, dims: Sequence[str], lead: list[str], batch: str, formula: str) -> Kernel:
+    common = _common(core, prefix, names, dims, lead)
+    p = _param_names([("O", out), ("lse", lse), ("Q", q), ("K", k), ("V", v)])
+    offsets = "\n".join([_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),
+                         _head_offset(p["V"], v, "n_k_", "d_v_"), _head_offset(p["O"], out, "n_q_", "d_v_"),
+                         _head_offset(p["lse"], lse, "n_q_", "1")])
+    body = _FORWARD.substitute(common, formula=formula, offsets=offsets, **p)
+    params = (f"float* __restrict__ {p['O']}, float* __restrict__ {p['lse']}, const float* __restrict__ {p['Q']}, "
+              f"const float* __restrict__ {p['K']}, const float* __restrict__ {p['V']},\n        "
+              f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{common['dim_params']}")
+    args = f"{p['O']}, {p['lse']}, {p['Q']}, {p['K']}, {p['V']}, n_q_, n_k_, d_qk_, d_v_, heads_{common['dim_args']}"
+    wrappers, variants = _variants(f"{prefix}_fwd", f"{prefix}_forward", params, args,
+                                   f"{core.output} = softmax(score) @ V: the forward at each supported head dim")
+    sizes = Sizes(core, names)
+    return Kernel(f"{prefix}_fwd", [formula], body + "\n\n" + wrappers, [out, lse], [q, k, v],
+                  _grid(sizes.n_q, sizes.heads, batch), ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(),
+                  phase="forward", variants=variants)
+
+
+def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: Buffer, out: Buffer, d_out: Buffer,
+                     lse: Buffer, delta: Buffer, dq: Buffer, dk: Buffer, dv: Buffer, names: CNames,
+                     dims: Sequence[str], lead: list[str], batch: str) -> list[Kernel]:
+    common = _common(core, prefix, names, dims, lead)
+    sizes = Sizes(core, names)
+    grid_q = _grid(sizes.n_q, sizes.heads, batch)
+    grid_k = _grid(sizes.n_k, sizes.heads, batch)
+    recompute = Template(_RECOMPUTE).substitute(common)
+    p = _param_names([("dQ", dq), ("dK", dk), ("dV", dv), ("Q", q), ("K", k), ("V", v), ("O", out),
+                      ("dO", d_out), ("lse", lse), ("delta", delta)])
+
+    delta_offsets = "\n".join([_head_offset(p["delta"], delta, "n_q_", "1"), _head_offset(p["O"], out, "n_q_", "d_v_"),
+                               _head_offset(p["dO"], d_out, "n_q_", "d_v_")])
+    delta_text = _DELTA.substitute(common, offsets=delta_offsets, **p)
+    delta_kernel = Kernel(f"{prefix}_delta", [f"delta = rowsum(grad({core.output}) * {core.output})"], delta_text,
+                          [delta], [out, d_out], grid_q, ("SA_ATTN_ROWS", "1", "1"),
+                          extra=[("n_q_", sizes.n_q), ("d_v_", sizes.d_v), ("heads_", sizes.heads)],
+                          phase="backward", takes_dims=False)
+
+    operands = [_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),
+                _head_offset(p["V"], v, "n_k_", "d_v_"), _head_offset(p["dO"], d_out, "n_q_", "d_v_"),
+                _head_offset(p["lse"], lse, "n_q_", "1"), _head_offset(p["delta"], delta, "n_q_", "1")]
+    read_params = (f"const float* __restrict__ {p['Q']}, const float* __restrict__ {p['K']}, "
+                   f"const float* __restrict__ {p['V']}, const float* __restrict__ {p['dO']},\n        "
+                   f"const float* __restrict__ {p['lse']}, const float* __restrict__ {p['delta']}, "
+                   f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{common['dim_params']}")
+    read_args = (f"{p['Q']}, {p['K']}, {p['V']}, {p['dO']}, {p['lse']}, {p['delta']}, "
+                 f"n_q_, n_k_, d_qk_, d_v_, heads_{common['dim_args']}")
+
+    dkdv_offsets = "\n".join([_head_offset(p["dK"], dk, "n_k_", "d_qk_"), _head_offset(p["dV"], dv, "n_k_", "d_v_"),
+                              *operands])
+    dkdv_body = _DKDV.substitute(common, offsets=dkdv_offsets, recompute=recompute, **p)
+    dkdv_wrappers, dkdv_variants = _variants(
+        f"{prefix}_bwd_dkdv", f"{prefix}_backward_dkdv",
+        f"float* __restrict__ {p['dK']}, float* __restrict__ {p['dV']}, " + read_params,
+        f"{p['dK']}, {p['dV']}, " + read_args, "dK and dV at each supported head dim")
+    dkdv = Kernel(f"{prefix}_bwd_dkdv", [f"grad({core.k}), grad({core.v}) through {core.output}"],
+                  dkdv_body + "\n\n" + dkdv_wrappers, [dk, dv], [q, k, v, d_out, lse, delta], grid_k,
+                  ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(), phase="backward", variants=dkdv_variants)
+
+    dq_offsets = "\n".join([_head_offset(p["dQ"], dq, "n_q_", "d_qk_"), *operands])
+    dq_body = _DQ.substitute(common, offsets=dq_offsets, recompute=recompute, **p)
+    dq_wrappers, dq_variants = _variants(
+        f"{prefix}_bwd_dq", f"{prefix}_backward_dq", f"float* __restrict__ {p['dQ']}, " + read_params,
+        f"{p['dQ']}, " + read_args, "dQ at each supported head dim")
+    dq_kernel = Kernel(f"{prefix}_bwd_dq", [f"grad({core.q}) through {core.output}"], dq_body + "\n\n" + dq_wrappers,
+                       [dq], [q, k, v, d_out, lse, delta], grid_q, ("SA_ATTN_ROWS", "1", "1"),
+                       extra=sizes.host_args(), phase="backward", variants=dq_variants)
+    return [delta_kernel, dkdv, dq_kernel]

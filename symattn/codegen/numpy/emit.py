@@ -1,0 +1,311 @@
+"""Generate a standalone NumPy module from a spec: `symattn emit numpy SPEC -o FILE.py`.
+
+Contract: `numpy_source(spec)` returns the text of a Python module that imports
+only NumPy and follows DESIGN.md's "Generated NumPy module" contract:
+`forward(**tensors) -> {output: array}`, `backward(**tensors, grad_O=...) ->
+{input or param: gradient}`, plus `forward_backward(...) -> (outputs,
+gradients)` from one forward pass. Sizes are read from the arrays (a dim that
+no input's shape has keeps the spec's default); extra leading batch axes
+broadcast; a shape that disagrees with the spec is a `ValueError` naming the
+tensor, the expected and the given shape; float32 stays float32 and float64
+stays float64; softmax is the stable one and a fully masked row gives zeros,
+never NaN. The module's header names the spec and the symattn version and
+embeds nothing the user wrote but validated names. `load_module(source)` runs
+such text as a module object.
+
+This module is the template: signatures, shape checks, the forward section,
+the backward section, the returned dictionaries. The statements come from
+`codegen_program`, their code from `codegen_numpy_printer`, and the small
+runtime helpers they call from `codegen_numpy_runtime`.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING
+
+import sympy
+
+from ...version import __version__
+from ...ir import typed as t
+from ...ir.shapes import format_dim, format_shape
+
+# The printer, the program builder and the runtime helpers (which import NumPy) are imported where they
+# are used: the command line imports this module to dispatch `symattn emit`, and every other command
+# should not pay for them.
+if TYPE_CHECKING:
+    from .printer import NumPyPrinter
+    from ..program import Program, Stmt
+
+__all__ = ["numpy_source", "load_module", "size_keywords"]
+
+
+def size_keywords(spec: t.TypedSpec) -> list[str]:
+    """Dims that no input's or param's shape has alone on an axis: the module takes them as keywords.
+
+    (`split_heads(X, h)` with no tensor of shape [h, ...]: `forward(X=..., h=4)`, default the spec's size.)
+    """
+    alone = {d for name in spec.leaves for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
+    return [name for name, info in spec.dims.items() if info.symbol not in alone]
+
+
+# --- the module -------------------------------------------------------------------------------
+
+
+def _module_name(spec: t.TypedSpec) -> str:
+    return spec.name if spec.name.isidentifier() else "attention"
+
+
+def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
+    """The text of the generated NumPy module for `spec` (see the module docstring)."""
+    from .printer import RESERVED, NumPyPrinter
+    from ..program import CodegenError, build_program
+
+    program = build_program(spec, derivation, reserved=RESERVED)
+    printer = NumPyPrinter(program)
+    order = list(spec.dims)
+    leaves = [program.tensor_vars[n] for n in spec.leaves]
+    keywords = [program.upstream[o] for o in spec.outputs]
+    sizes = size_keywords(spec)
+    for name in sizes:
+        if name in keywords:
+            raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
+    unsafe = [n for n in list(spec.leaves) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
+
+    body: list[str] = []
+    body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
+    printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream"})
+    body += _bind_dims(spec, program, printer)
+    body.append("")
+    body.append("# forward pass")
+    named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
+
+    def consumed() -> str | None:
+        return printer.consumed if printer.consumed in named else None
+
+    def release(k: int) -> list[str]:  # an [N, N] buffer nothing reads any more is freed at once
+        dead = printer.released(k)
+        return [f"del {', '.join(dead)}"] if dead else []
+
+    for k, stmt in enumerate(program.forward):
+        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
+    outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
+    body.append(f"outputs = {{{outputs}}}")
+    body.append(f"if {keywords[0]} is None:")
+    body.append("    return outputs, None")
+    body.append("")
+    body.append("# backward pass: L = " + " + ".join(f"sum({o} * grad({o}))" for o in spec.outputs)
+                + "; dT is grad(T) = dL/dT")
+    for out in spec.outputs:
+        shape = spec.tensors[out].shape
+        body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
+                    f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
+    for k, stmt in enumerate(program.backward, start=program.forward_count):
+        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
+    grads = []
+    for leaf in spec.leaves:
+        var = program.leaf_grads[leaf]
+        leaf_var = program.tensor_vars[leaf]
+        if var is None:
+            grads.append(f'"{leaf}": np.zeros_like({leaf_var})')
+        else:
+            printer.helpers.add("_sum_to")
+            grads.append(f'"{leaf}": _sum_to({var}, {leaf_var}.shape)')
+    body.append("gradients = {")
+    body += [f"    {g}," for g in grads]
+    body.append("}")
+    body.append("return outputs, gradients")
+
+    lines = _header(spec, program)
+    lines += ["", "import numpy as np", "", '__all__ = ["forward", "backward", "forward_backward"]', "", ""]
+    lines += _public(spec, program, leaves, keywords, unsafe, printer, sizes)
+    signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords]
+                          + [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes])
+    lines.append(f"def _forward_backward({signature}):")
+    lines += [("    " + line) if line else "" for line in body]
+    lines += _helper_sources(printer.helpers)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
+    """The formula a statement computes, where its code does not read as that formula already."""
+    from ..index import IndexArray
+
+    plain = len(lines) == 1 and not stmt.rewritten and stmt.labels is None and not isinstance(stmt.node, IndexArray)
+    out = []
+    if stmt.title and not plain:
+        out.append(f"# {stmt.title}")
+    if stmt.note:
+        out.append(f"#   using {stmt.note}")
+    if consumed is not None and len(lines) == 1:
+        out.append(f"# (in {consumed}'s buffer: {consumed} is not read again)")
+    return out + lines
+
+
+def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
+    """Read each dim's size from the first array that has it alone on an axis; check every array against them."""
+    order = list(spec.dims)
+    bound: set[sympy.Symbol] = set()
+    lines: list[str] = []
+    later: list[str] = []  # arrays with an axis that could not be checked when they were read
+
+    def call(leaf: str, expected: list[str]) -> str:
+        shape = format_shape(spec.tensors[leaf].shape, order)
+        tail = "," if len(expected) == 1 else ""
+        return f'_bind("{leaf}", {program.tensor_vars[leaf]}, "{shape}", ({", ".join(expected)}{tail}))'
+
+    for leaf in spec.leaves:
+        targets, expected, new = [], [], set()
+        for d in map(sympy.sympify, spec.tensors[leaf].shape):
+            if d.is_Symbol and d not in bound:
+                targets.append(printer.dims[d])
+                expected.append("None")
+                bound.add(d)
+                new.add(d)
+            elif d.free_symbols <= bound and not d.free_symbols & new:
+                targets.append("_")
+                expected.append(printer.dim(d).text)
+            else:
+                targets.append("_")
+                expected.append("None")
+                if leaf not in later:
+                    later.append(leaf)
+        if any(name != "_" for name in targets):
+            lines.append(f"{', '.join(targets)}{',' if len(targets) == 1 else ''} = {call(leaf, expected)}")
+        else:
+            lines.append(call(leaf, expected))
+    for name in size_keywords(spec):
+        var = program.dim_vars[name]
+        lines.append(f'{var} = _size("{name}", {var})  # no array has an axis of size {name} alone: a keyword')
+        printer.helpers.add("_size")
+        bound.add(spec.dims[name].symbol)
+    lines += _exact_dims(spec, printer)
+    for leaf in later:
+        lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
+    ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
+                      for leaf in spec.leaves)
+    lines.append(f"_batch_axes({ranks})")
+    return lines
+
+
+def _exact_dims(spec: t.TypedSpec, printer: NumPyPrinter) -> list[str]:
+    """A check for each quotient of sizes the spec relies on (`d / h`, `(N + 1) / 2`): it must divide.
+
+    Everywhere else such a dim is printed with `//`; this makes a size at which it
+    does not divide a ValueError, as the reference evaluator refuses it too.
+    """
+    from ...ir.sizes import constraints
+
+    # split_heads checks its own width ("not a multiple of 3 heads"), unless an input's shape has it too
+    in_leaves = {d for name in spec.leaves for d in spec.tensors[name].shape}
+    seen = {n.shape[-1] for info in spec.tensors.values() if info.expr is not None for n in t.walk(info.expr)
+            if isinstance(n, t.SplitHeads)} - in_leaves
+    lines = []
+    for constraint in constraints(spec):
+        num, den = sympy.fraction(sympy.together(constraint.dim))
+        if den == 1 or constraint.dim in seen:
+            continue
+        seen.add(constraint.dim)
+        printer.helpers.add("_exact")
+        shown = format_dim(constraint.dim, list(spec.dims))
+        lines.append(f'_exact("{shown}", {printer.dim(num).text}, {printer.dim(den).text})')
+    return lines
+
+
+def _header(spec: t.TypedSpec, program: Program) -> list[str]:
+    order = list(spec.dims)
+    name = _module_name(spec)
+    rows = []
+    for tensor in list(spec.leaves) + list(spec.outputs):
+        info = spec.tensors[tensor]
+        rows.append((info.kind if tensor not in spec.outputs else "output", tensor, format_shape(info.shape, order)))
+    width = max(len(r[1]) for r in rows)
+    leaves = ", ".join(spec.leaves)
+    grads = ", ".join(program.upstream[o] for o in spec.outputs)
+    outs = ", ".join(f'"{o}": ...' for o in spec.outputs)
+    lines = [
+        f'"""The attention spec `{name}`: forward and backward pass, generated by symattn {__version__}.',
+        "",
+        "Do not edit: regenerate with `symattn emit numpy SPEC -o FILE.py`.",
+        "",
+        f"    forward({leaves}) -> {{{outs}}}",
+        f"    backward({leaves}, {grads}) -> the gradient of every input and param",
+        f"    forward_backward({leaves}, {grads}) -> (outputs, gradients)",
+        "",
+        "All arguments are keywords. Shapes (extra leading batch axes broadcast):",
+        "",
+    ]
+    lines += [f"    {kind:<6} {tensor:<{width}}  {shape}" for kind, tensor, shape in rows]
+    sizes = size_keywords(spec)
+    if sizes:
+        lines += ["", "Sizes that no input's shape gives are keywords too: "
+                  + ", ".join(f"{n}={spec.sizes[n]}" for n in sizes) + " by default."]
+    lines += [
+        "",
+        "Sizes are read from the arrays. float32 arrays give float32 results, float64",
+        "arrays float64 (mixed ones promote as NumPy does; float16 is computed in float32,",
+        "integers in float64). backward() returns dL/dT for L = "
+        + " + ".join(f"sum({o} * grad_{o})" for o in spec.outputs) + ".",
+        '"""',
+    ]
+    return lines
+
+
+def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, printer, sizes) -> list[str]:
+    lines = []
+    outs = ", ".join(spec.outputs)
+    dims = [program.dim_vars[n] for n in sizes]
+    if unsafe:  # a spec name that Python cannot take as a parameter: take keywords as a dict
+        printer.helpers.add("_take")
+        names = ", ".join(f'"{n}"' for n in spec.leaves)
+        both = ", ".join(f'"{n}"' for n in list(spec.leaves) + keywords)
+        pops = [f'    {program.dim_vars[n]} = tensors.pop("{n}", {spec.sizes[n]})' for n in sizes]
+        sig_f, sig_b = "**tensors", "**tensors"
+        pre_f = pops + [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]
+        pre_b = pops + [f"    {', '.join(leaves + keywords)}, = _take(tensors, ({both},))"]
+    else:
+        defaults = [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes]
+        sig_f = "*, " + ", ".join(leaves + defaults)
+        sig_b = "*, " + ", ".join(leaves + keywords + defaults)
+        pre_f, pre_b = [], []
+    args = ", ".join(leaves)
+    grads = ", ".join(keywords)
+    if dims:
+        passed = ", " + ", ".join(f"{d}={d}" for d in dims)
+        args_f, grads = args + passed, grads + passed
+    else:
+        args_f = args
+    lines += [f"def forward({sig_f}):", f'    """The outputs {outs}, by name."""', *pre_f,
+              f"    return _forward_backward({args_f})[0]", "", ""]
+    lines += [f"def backward({sig_b}):",
+              '    """dL/dT for every input and param T, by name."""', *pre_b,
+              f"    return _forward_backward({args}, {grads})[1]", "", ""]
+    lines += [f"def forward_backward({sig_b}):",
+              '    """(outputs, gradients) from one forward pass."""', *pre_b,
+              f"    return _forward_backward({args}, {grads})", "", ""]
+    return lines
+
+
+def _helper_sources(used: set[str]) -> list[str]:
+    from .runtime import CALLS, HELPERS, helper_source
+
+    needed: set[str] = set()
+    stack = sorted(used)
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(CALLS.get(name, ()))
+    lines: list[str] = []
+    for name in HELPERS:
+        if name in needed:
+            lines += ["", ""] + helper_source(name).split("\n")
+    return lines
+
+
+def load_module(source: str, name: str = "symattn_generated") -> types.ModuleType:
+    """Execute generated source as a new module object (nothing is written to disk)."""
+    module = types.ModuleType(name)
+    module.__file__ = f"<symattn generated {name}>"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module

@@ -1,0 +1,656 @@
+"""The NumPy printer: typed-IR nodes of a program as NumPy expressions and statements.
+
+Contract: `NumPyPrinter(program).statement(k, stmt)` returns the lines of code
+for statement k, and records the runtime helpers they call in `.helpers`.
+The printer is a table from operation to NumPy syntax (`UNARY`, `BINARY`,
+`REDUCE`, `CONSTANT`, and one `_print` method per node type). Arrays keep
+their dtype: constants are Python numbers (NumPy treats them as "weak") or
+arrays made in the computation's dtype. Operands of a lower rank that may
+carry batch axes get axes inserted so that batch axes line up. Elementwise
+chains are computed in place (`S = Q @ K.T` then `S += M`) when the buffer
+is fresh, or dead and owned, and the operand's batch axes fit into it; the
+softmax and its backward overwrite their input when nothing reads it later.
+`Program` supplies the liveness that makes those decisions safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import singledispatchmethod
+
+import sympy
+
+from ...ir import typed as t
+from ..index import IndexArray, LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
+from .runtime import HELPERS
+from ..program import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var
+
+__all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
+
+# Python precedence, loosest to tightest.
+CMP, ADD, MUL, UNARY_PREC, POW, ATOM = 3, 5, 6, 7, 8, 10
+
+UNARY = {  # fn -> (template over the operand, helper it needs)
+    "neg": ("-{x}", None),
+    "exp": ("np.exp({x})", None),
+    "log": ("np.log({x})", None),
+    "sqrt": ("np.sqrt({x})", None),
+    "abs": ("np.abs({x})", None),
+    "tanh": ("np.tanh({x})", None),
+    "sin": ("np.sin({x})", None),
+    "cos": ("np.cos({x})", None),
+    "relu": ("np.maximum({x}, 0)", None),
+    "sigmoid": ("_sigmoid({x})", "_sigmoid"),
+}
+SCALAR_UNARY = {"sqrt": "{x} ** 0.5", "neg": "-{x}"}  # on Python numbers; others: float(np.fn(x))
+BINARY = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL), "pow": ("**", POW)}
+INPLACE = {"add": "+=", "sub": "-=", "mul": "*=", "div": "/="}
+REDUCE = {"sum": "np.sum({x}, axis={axis}, keepdims=True)", "mean": "np.mean({x}, axis={axis}, keepdims=True)",
+          "logsumexp": "_logsumexp({x}, axis={axis})"}
+CONSTANT = {
+    "sinusoidal": ("_sinusoidal({args}, dtype)", "_sinusoidal"),
+    "causal_mask": ("_causal_mask({args}, dtype)", "_causal_mask"),
+    "eye": ("np.eye({args}, dtype=dtype)", None),
+    "ones": ("np.ones(({args},), dtype=dtype)", None),
+}
+
+RESERVED = {"np", "dtype", "outputs", "gradients", "forward", "backward", "forward_backward",
+            "_forward_backward", "_", "float", "dict", "tuple", "list", "len", "range", "ValueError"} | set(HELPERS)
+
+
+@dataclass
+class Code:
+    """Printed code: its text, Python precedence, whether it makes a new array, whether it has the dtype."""
+
+    text: str
+    prec: int = ATOM
+    fresh: bool = True
+    carrying: bool = True  # an array of the computation's dtype (not a Python number, not float64 by accident)
+
+
+def _wrap(code: Code, need: int) -> str:
+    return code.text if code.prec >= need else f"({code.text})"
+
+
+class NumPyPrinter:
+    """Print one `Program` as a module."""
+
+    def __init__(self, program: Program) -> None:
+        self.p = program
+        self.spec = program.spec
+        self.helpers: set[str] = set()
+        self.k = 0  # the statement being printed
+        self.owned: dict[str, bool] = {}
+        self.parent: dict[str, str] = {}
+        self.dims = {self.spec.dims[n].symbol: v for n, v in program.dim_vars.items()}
+
+    # --- dims and scalars -----------------------------------------------------------------
+
+    def dim(self, expr, integer: bool = True) -> Code:
+        """A dim expression as Python arithmetic on the size variables.
+
+        A quotient is printed over one common denominator, `(N + 1) // 2` (exact
+        integer division where a size is meant: the module checks up front that
+        it divides, see `codegen_numpy._exact_dims`), or `(N + 1) / 2` where the value is a number.
+        """
+        expr = sympy.sympify(expr)
+        num, den = sympy.fraction(sympy.together(expr))
+        if den != 1 and not expr.is_Rational:
+            top, bottom = self._polynomial(num, integer), self._polynomial(den, integer)
+            text = f"{_wrap(top, MUL)} {'//' if integer else '/'} {_wrap(bottom, MUL + 1)}"
+            return Code(text, MUL, carrying=False)
+        return self._polynomial(expr, integer)
+
+    def _polynomial(self, expr, integer: bool) -> Code:
+        if expr.is_Integer:
+            return Code(str(int(expr)), ATOM if expr >= 0 else UNARY_PREC, carrying=False)
+        if expr.is_Rational:
+            return Code(f"{expr.p} / {expr.q}", MUL, carrying=False)
+        if expr.is_Symbol:
+            if expr not in self.dims:
+                raise CodegenError(f"unknown dim {expr}")
+            return Code(self.dims[expr], carrying=False)
+        if expr.is_Add:
+            terms = [self.dim(a, integer) for a in expr.as_ordered_terms()]
+            text = terms[0].text
+            for term in terms[1:]:
+                text += f" - {term.text[1:]}" if term.text.startswith("-") else f" + {_wrap(term, ADD + 1)}"
+            return Code(text, ADD, carrying=False)
+        if expr.is_Mul:
+            coeff, rest = expr.as_coeff_Mul()
+            num, den = sympy.fraction(coeff)
+            factors = ([str(num)] if num != 1 else []) + [_wrap(self.dim(f, integer), MUL + 1)
+                                                       for f in sympy.Mul.make_args(rest)]
+            text = " * ".join(factors) if factors else "1"
+            if den != 1:
+                text = f"{text} {'//' if integer else '/'} {den}"
+            return Code(text, MUL, carrying=False)
+        if expr.is_Pow:
+            base, exp = expr.as_base_exp()
+            if exp == sympy.Rational(1, 2):
+                return Code(f"{_wrap(self.dim(base, integer), ATOM)} ** 0.5", POW, carrying=False)
+            return Code(f"{_wrap(self.dim(base, integer), ATOM)} ** {_wrap(self.dim(exp), UNARY_PREC)}", POW,
+                        carrying=False)
+        raise CodegenError(f"cannot print the dim expression {expr}")
+
+    def shape_tuple(self, shape) -> str:
+        parts = [self.dim(d).text for d in shape]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    @staticmethod
+    def number(value) -> Code:
+        value = sympy.sympify(value)
+        if value == sympy.oo:
+            return Code("np.inf", carrying=False)
+        if value == -sympy.oo:
+            return Code("-np.inf", UNARY_PREC, carrying=False)
+        if value == sympy.pi:
+            return Code("np.pi", carrying=False)
+        if value.is_Integer:
+            return Code(str(int(value)), ATOM if value >= 0 else UNARY_PREC, carrying=False)
+        if value.is_Rational:
+            as_float = float(value)
+            if sympy.Rational(repr(as_float)) == value:
+                return Code(repr(as_float), ATOM if as_float >= 0 else UNARY_PREC, carrying=False)
+            return Code(f"{value.p} / {value.q}", MUL, carrying=False)
+        return Code(repr(float(value)), ATOM, carrying=False)
+
+    # --- values ----------------------------------------------------------------------------
+
+    def sources(self, node) -> frozenset:
+        found: set[str] = set()
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            var = n.name if isinstance(n, Var) else n.var if isinstance(n, (LVar, LEntry, LScalarTensor)) else None
+            if var is not None:
+                found |= self.p.info[var].sources
+            elif isinstance(n, IndexArray):
+                stack.append(n.root)
+            elif isinstance(n, LOp):
+                stack.extend(n.args)
+            elif isinstance(n, LContract):
+                stack.extend(n.factors)
+            elif isinstance(n, LSum):
+                stack.append(n.x)
+            elif isinstance(n, t.Node):
+                stack.extend(n.children)
+        return frozenset(found)
+
+    def batched(self, node) -> bool:
+        return bool(self.sources(node))
+
+    def aligned(self, node: t.Node, rank: int) -> Code:
+        """`node` printed, with axes inserted before its own so that its batch axes line up at `rank`."""
+        code = self.print(node)
+        own = len(node.shape)
+        if own >= rank or not self.batched(node):
+            return code
+        index = ", ".join(["..."] + ["None"] * (rank - own) + [":"] * own)
+        return Code(f"{_wrap(code, ATOM)}[{index}]", ATOM, False, code.carrying)
+
+    def print(self, node) -> Code:
+        return self._print(node)
+
+    @singledispatchmethod
+    def _print(self, node) -> Code:
+        raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
+
+    @_print.register
+    def _(self, node: Var) -> Code:
+        return Code(node.name, ATOM, fresh=False)
+
+    @_print.register
+    def _(self, node: t.Scalar) -> Code:
+        return self.number(node.value)
+
+    @_print.register
+    def _(self, node: t.DimValue) -> Code:
+        return self.dim(node.dim, integer=False)
+
+    def reciprocal(self, node: t.Node) -> Code:
+        """1 / node for a constant scalar, as Python arithmetic: `d_k ** -0.5` for sqrt(d_k)."""
+        if isinstance(node, t.Unary) and node.fn == "sqrt":
+            return Code(f"{_wrap(self.print(node.x), POW + 1)} ** -0.5", POW, carrying=False)
+        if isinstance(node, t.Scalar) and node.value != 0:
+            return self.number(1 / node.value)
+        return Code(f"1 / {_wrap(self.print(node), MUL + 1)}", MUL, carrying=False)
+
+    def _constant_scalar(self, node: t.Node) -> bool:
+        return node.shape == () and not self.batched(node) and not any(
+            isinstance(n, (Var, t.Constant, IndexArray)) for n in _nodes(node))
+
+    @_print.register
+    def _(self, node: t.Unary) -> Code:
+        x = self.print(node.x)
+        if self._constant_scalar(node):  # Python arithmetic keeps the scalar "weak": no upcast of float32
+            if node.fn in SCALAR_UNARY:
+                need = POW + 1 if node.fn == "sqrt" else UNARY_PREC
+                return Code(SCALAR_UNARY[node.fn].format(x=_wrap(x, need)),
+                            POW if node.fn == "sqrt" else UNARY_PREC, carrying=False)
+            return Code(f"float({UNARY[node.fn][0].format(x=x.text)})", carrying=False)
+        template, helper = UNARY[node.fn]
+        if helper:
+            self.helpers.add(helper)
+        if node.fn == "neg":
+            return Code(f"-{_wrap(x, UNARY_PREC)}", UNARY_PREC, True, x.carrying)
+        return Code(template.format(x=x.text), ATOM, True, x.carrying)
+
+    @_print.register
+    def _(self, node: t.Binary) -> Code:
+        rank = len(node.shape)
+        if node.op == "div" and node.a.shape and self._constant_scalar(node.b):
+            # an array divided by a constant is multiplied by its reciprocal: a multiplication is cheaper
+            a = self.aligned(node.a, rank)
+            return Code(f"{_wrap(a, MUL)} * {_wrap(self.reciprocal(node.b), MUL + 1)}", MUL, True, a.carrying)
+        a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
+        symbol, prec = BINARY[node.op]
+        if node.op == "pow":
+            text = f"{_wrap(a, ATOM)} ** {_wrap(b, UNARY_PREC)}"
+        else:
+            text = f"{_wrap(a, prec)} {symbol} {_wrap(b, prec + 1)}"
+        return Code(text, prec, True, a.carrying or b.carrying)
+
+    @_print.register
+    def _(self, node: t.MatMul) -> Code:
+        a_node, b_node = node.a, node.b
+        a, b = self.print(a_node), self.print(b_node)
+        ra, rb = len(a_node.shape), len(b_node.shape)
+        squeeze = ""
+        if ra == 1 and self.batched(a_node):  # a batched vector: make it a row, take the row back after
+            a, ra, squeeze = Code(f"{_wrap(a, ATOM)}[..., None, :]", ATOM, False), 2, "[..., 0, :]"
+        if rb == 1 and self.batched(b_node):
+            b, rb = Code(f"{_wrap(b, ATOM)}[..., :, None]", ATOM, False), 2
+            squeeze = "[..., 0, 0]" if squeeze else "[..., 0]"
+        rank = max(ra, rb)
+        if ra < rank and self.batched(a_node):
+            a = Code(f"{_wrap(a, ATOM)}[{', '.join(['...'] + ['None'] * (rank - ra) + [':'] * ra)}]", ATOM, False)
+        if rb < rank and self.batched(b_node):
+            b = Code(f"{_wrap(b, ATOM)}[{', '.join(['...'] + ['None'] * (rank - rb) + [':'] * rb)}]", ATOM, False)
+        left = f"({a.text})" if a.prec == MUL else _wrap(a, MUL)  # `(Q / c) @ K`, not `Q / c @ K`
+        text = f"{left} @ {_wrap(b, MUL + 1)}"
+        if squeeze:
+            return Code(f"({text}){squeeze}", ATOM, False)
+        return Code(text, MUL, True)
+
+    @_print.register
+    def _(self, node: t.Transpose) -> Code:
+        x = self.print(node.x)
+        return Code(f"{_wrap(x, ATOM)}.swapaxes(-1, -2)", ATOM, False, x.carrying)
+
+    def _axis(self, axis, rank) -> str:
+        if axis is None:
+            return "(" + ", ".join(str(k) for k in range(-rank, 0)) + ("," if rank == 1 else "") + ")"
+        return str(axis - rank)
+
+    @_print.register
+    def _(self, node: t.Reduce) -> Code:
+        rank = len(node.x.shape)
+        inner = node.x
+        if node.kind == "sum" and node.axis == rank - 1 and isinstance(inner, t.Binary) and inner.op == "mul" \
+                and inner.a.shape == inner.b.shape == inner.shape and rank >= 1:
+            self.helpers.add("_rowdot")  # no array of the products
+            a, b = self.print(inner.a), self.print(inner.b)
+            return Code(f"_rowdot({a.text}, {b.text})", ATOM, True, a.carrying or b.carrying)
+        x = self.print(inner)
+        if node.kind == "logsumexp":
+            self.helpers.add("_logsumexp")
+        return Code(REDUCE[node.kind].format(x=x.text, axis=self._axis(node.axis, rank)), ATOM, True, x.carrying)
+
+    @_print.register
+    def _(self, node: t.Softmax) -> Code:
+        axis = node.axis - len(node.x.shape)
+        x = self.print(node.x)
+        if x.fresh or self._dead(node.x):
+            self.helpers.add("_softmax_")
+            self.consumed = getattr(node.x, "name", None)
+            return Code(f"_softmax_({x.text}, axis={axis})", ATOM, True, x.carrying)
+        self.helpers.update({"_softmax", "_softmax_"})
+        return Code(f"_softmax({x.text}, axis={axis})", ATOM, True, x.carrying)
+
+    @_print.register
+    def _(self, node: SoftmaxGrad) -> Code:
+        p, rowdot = self.print(node.p), self.print(node.rowdot)
+        g = self.print(node.g)
+        if g.fresh or self._dead(node.g):
+            self.helpers.add("_softmax_backward_")
+            self.consumed = getattr(node.g, "name", None)
+            return Code(f"_softmax_backward_({p.text}, {g.text}, {rowdot.text})", ATOM, True)
+        self.helpers.add("_softmax_backward")
+        return Code(f"_softmax_backward({p.text}, {g.text}, {rowdot.text})", ATOM, True)
+
+    @_print.register
+    def _(self, node: t.Compare) -> Code:
+        rank = len(node.shape)
+        a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
+        return Code(f"{_wrap(a, ADD)} {node.op} {_wrap(b, ADD)}", CMP, True, False)
+
+    @_print.register
+    def _(self, node: t.Where) -> Code:
+        rank = len(node.shape)
+        c, a, b = (self.aligned(n, rank) for n in (node.cond, node.a, node.b))
+        text = f"np.where({c.text}, {a.text}, {b.text})"
+        if not (a.carrying or b.carrying):
+            return Code(f"{text}.astype(dtype)", ATOM, True)
+        return Code(text, ATOM, True)
+
+    @_print.register
+    def _(self, node: t.MergeHeads) -> Code:
+        self.helpers.add("_merge_heads")
+        return Code(f"_merge_heads({self.print(node.x).text})", ATOM, False)
+
+    @_print.register
+    def _(self, node: t.SplitHeads) -> Code:
+        self.helpers.add("_split_heads")
+        return Code(f"_split_heads({self.print(node.x).text}, {self.dim(node.heads).text})", ATOM, False)
+
+    @_print.register
+    def _(self, node: t.Concat) -> Code:
+        self.helpers.add("_concat")
+        parts = ", ".join(self.print(p).text for p in node.parts)
+        return Code(f"_concat([{parts}], axis={node.axis - len(node.shape)})", ATOM, True)
+
+    @_print.register
+    def _(self, node: t.Constant) -> Code:
+        template, helper = CONSTANT[node.kind]
+        if helper:
+            self.helpers.add(helper)
+        args = ", ".join(self.dim(a).text for a in node.args)
+        return Code(template.format(args=args), ATOM, True)
+
+    @_print.register
+    def _(self, node: t.SumTo) -> Code:
+        x = self.print(node.x)
+        rank = len(node.x.shape)
+        lead = rank - len(node.shape)
+        kept = tuple(a - rank for a in node.axes if a >= lead)
+        text = x.text
+        if kept:
+            text = f"np.sum({text}, axis={kept[0] if len(kept) == 1 else kept}, keepdims=True)"
+        if lead:
+            axes = tuple(range(-rank, -rank + lead))
+            text = f"np.sum({text}, axis={axes[0] if len(axes) == 1 else axes})"
+        return Code(text, ATOM, True, x.carrying)
+
+    @_print.register
+    def _(self, node: t.Slice) -> Code:
+        x = self.print(node.x)
+        cut = f"{self.dim(node.start).text}:{self.dim(node.stop).text}"
+        after = len(node.x.shape) - 1 - node.axis
+        return Code(f"{_wrap(x, ATOM)}[{', '.join(['...', cut] + [':'] * after)}]", ATOM, False, x.carrying)
+
+    @_print.register
+    def _(self, node: IndexArray) -> Code:
+        root = node.root
+        target = node.indices
+        if not root.labels and not self.batched(root):
+            value = self.label(root)
+            return Code(f"np.full({self.shape_tuple(node.ranges)}, {value.text}, dtype=dtype)", ATOM, True)
+        present = tuple(n for n in target if n in root.labels)
+        code = self.label_aligned(root, target, keep_missing=True)
+        if len(present) < len(target):
+            self.helpers.add("_expand")
+            code = Code(f"_expand({code.text}, {self.shape_tuple(node.ranges)})", ATOM, False, code.carrying)
+        if not code.carrying:
+            code = Code(f"{_wrap(code, ATOM)}.astype(dtype)", ATOM, True)
+        return code
+
+    # --- index notation: labelled arrays ----------------------------------------------------
+
+    def label(self, node: LNode) -> Code:
+        """A labelled node printed with its own labels, in their order."""
+        if isinstance(node, LEntry):
+            if len(set(node.indices)) == len(node.indices):
+                return Code(node.var, ATOM, False)
+            letters = _letters(node.indices)
+            sub = "".join(letters[i] for i in node.indices)
+            out = "".join(letters[i] for i in node.labels)
+            dots = "..." if self.batched(node) else ""
+            return Code(f'np.einsum("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
+        if isinstance(node, (LVar, LScalarTensor)):
+            return Code(node.var, ATOM, False)
+        if isinstance(node, LConst):
+            return self.print(node.node)
+        if isinstance(node, LOp):
+            return self._label_op(node)
+        if isinstance(node, LContract):
+            return self._contract(node)
+        if isinstance(node, LSum):
+            x = self.label(node.x)
+            axis = node.x.labels.index(node.index) - len(node.x.labels)
+            return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
+        raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
+
+    def label_aligned(self, node: LNode, target: tuple[str, ...], keep_missing: bool = False) -> Code:
+        """`node` with its axes permuted and new axes inserted so that its labels line up with `target`."""
+        code = self.label(node)
+        labels = node.labels
+        present = tuple(n for n in target if n in labels)
+        if labels != present:  # same labels, other order: move the axes
+            src = [labels.index(n) - len(labels) for n in present]
+            if len(labels) == 2:
+                code = Code(f"{_wrap(code, ATOM)}.swapaxes(-1, -2)", ATOM, False, code.carrying)
+            else:
+                dst = list(range(-len(labels), 0))
+                code = Code(f"np.moveaxis({code.text}, {src}, {dst})", ATOM, False, code.carrying)
+        if len(present) == len(target) or (not labels and not self.batched(node)):
+            return code
+        batched = self.batched(node)
+        index = [":" if n in labels else "None" for n in target]
+        if not batched:
+            while index and index[0] == "None":
+                index.pop(0)
+        if batched:
+            index.insert(0, "...")
+        if all(i == ":" for i in index):
+            return code
+        return Code(f"{_wrap(code, ATOM)}[{', '.join(index)}]", ATOM, False, code.carrying)
+
+    def _label_op(self, node: LOp) -> Code:
+        args = [self.label_aligned(a, node.labels) for a in node.args]
+        carrying = any(a.carrying for a in args)
+        if node.kind == "unary":
+            template, helper = UNARY[node.op]
+            if helper:
+                self.helpers.add(helper)
+            if not node.labels and not self.batched(node):  # a scalar: Python arithmetic
+                if node.op in SCALAR_UNARY:
+                    return Code(SCALAR_UNARY[node.op].format(x=_wrap(args[0], POW + 1)), POW, carrying=False)
+                return Code(f"float({template.format(x=args[0].text)})", carrying=False)
+            if node.op == "neg":
+                return Code(f"-{_wrap(args[0], UNARY_PREC)}", UNARY_PREC, True, carrying)
+            return Code(template.format(x=args[0].text), ATOM, True, carrying)
+        if node.kind == "binary":
+            symbol, prec = BINARY[node.op]
+            a, b = args
+            if node.op == "pow":
+                return Code(f"{_wrap(a, ATOM)} ** {_wrap(b, UNARY_PREC)}", POW, True, carrying)
+            return Code(f"{_wrap(a, prec)} {symbol} {_wrap(b, prec + 1)}", prec, True, carrying)
+        if node.kind == "compare":
+            a, b = args
+            return Code(f"{_wrap(a, ADD)} {node.op} {_wrap(b, ADD)}", CMP, True, False)
+        c, a, b = args
+        text = f"np.where({c.text}, {a.text}, {b.text})"
+        if not (a.carrying or b.carrying):
+            return Code(f"{text}.astype(dtype)", ATOM, True)
+        return Code(text, ATOM, True)
+
+    def _contract(self, node: LContract) -> Code:
+        operands = []
+        for f in node.factors:
+            if isinstance(f, LEntry):
+                operands.append((Code(f.var, ATOM, False), f.indices, self.batched(f)))
+            else:
+                operands.append((self.label(f), f.labels, self.batched(f)))
+        code = self._matmul_form(operands, node) or self._einsum(operands, node)
+        if node.coeff is not None:
+            c = self.print(node.coeff)
+            code = Code(f"{_wrap(c, MUL)} * {_wrap(code, MUL + 1)}", MUL, True, code.carrying)
+        return code
+
+    def _matmul_form(self, operands, node: LContract) -> Code | None:
+        if len(operands) != 2 or len(node.summed) != 1 or len(node.labels) != 2:
+            return None
+        (a, ia, _), (b, ib, _) = operands
+        k = node.summed[0]
+        if len(ia) != 2 or len(ib) != 2 or len(set(ia)) != 2 or len(set(ib)) != 2 or k not in ia or k not in ib:
+            return None
+        fa = ia[0] if ia[1] == k else ia[1]
+        fb = ib[0] if ib[1] == k else ib[1]
+        if fa == fb or {fa, fb} != set(node.labels):
+            return None
+
+        def oriented(code: Code, have, want) -> str:
+            return code.text if tuple(have) == want else f"{_wrap(code, ATOM)}.swapaxes(-1, -2)"
+
+        if node.labels == (fa, fb):
+            return Code(f"{oriented(a, ia, (fa, k))} @ {oriented(b, ib, (k, fb))}", MUL, True)
+        return Code(f"{oriented(b, ib, (fb, k))} @ {oriented(a, ia, (k, fa))}", MUL, True)
+
+    def _einsum(self, operands, node: LContract) -> Code:
+        names = [n for _, idx, _ in operands for n in idx] + list(node.labels)
+        letters = _letters(names)
+        any_batch = any(batched for _, _, batched in operands)
+        subs = ",".join(("..." if batched else "") + "".join(letters[n] for n in idx)
+                        for _, idx, batched in operands)
+        out = ("..." if any_batch else "") + "".join(letters[n] for n in node.labels)
+        args = ", ".join(code.text for code, _, _ in operands)
+        optimize = ", optimize=True" if len(operands) > 2 else ""
+        return Code(f'np.einsum("{subs}->{out}", {args}{optimize})', ATOM, True)
+
+    # --- buffers: which arrays a statement may overwrite --------------------------------
+
+    def _find(self, var: str) -> str:
+        while self.parent.get(var, var) != var:
+            var = self.parent[var]
+        return var
+
+    def _union(self, a: str, b: str) -> None:
+        ra, rb = self._find(a), self._find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+    def _dead(self, node) -> bool:
+        """Whether `node` is a variable this code owns and that nothing reads after the current statement."""
+        if not isinstance(node, Var):
+            return False
+        var = node.name
+        if not self.owned.get(var):
+            return False
+        root = self._find(var)
+        group = [v for v in self.owned if self._find(v) == root] + [v for v in self.p.info if
+                                                                     self._find(v) == root]
+        return all(self.p.info[v].last_use <= self.k for v in group if v in self.p.info)
+
+    # --- statements ------------------------------------------------------------------------
+
+    def statement(self, k: int, stmt: Stmt) -> list[str]:
+        self.k = k
+        self.consumed = None
+        var = stmt.var
+        if isinstance(stmt.node, Arange):
+            self.owned[var] = True
+            return [f"{var} = np.arange({self.dim(stmt.node.size).text}, dtype=dtype)"]
+        if stmt.labels is not None:
+            code = self.label(stmt.node)
+            self._record(var, stmt, code.fresh)
+            if not code.carrying:
+                return [f"{var} = {_wrap(code, ATOM)}.astype(dtype)"]
+            return [f"{var} = {code.text}"]
+        lines = self._in_place(var, stmt)
+        if lines is None:
+            code = self.print(stmt.node)
+            lines = [f"{var} = {code.text}"]
+            self._record(var, stmt, code.fresh)
+        return lines
+
+    def _record(self, var: str, stmt: Stmt, fresh: bool) -> None:
+        self.owned[var] = fresh or self.consumed is not None
+        if self.consumed is not None:
+            self._union(var, self.consumed)
+        elif not fresh:
+            for read in stmt.reads:
+                self._union(var, read)
+
+    def released(self, k: int) -> list[str]:
+        """Variables to `del` after statement k: buffers of a quadratic shape ([N, N]) that nothing reads
+        any more, so they do not stay alive to the end of the function."""
+        groups: dict[str, list[str]] = {}
+        for var in self.owned:
+            groups.setdefault(self._find(var), []).append(var)
+        out = []
+        for members in groups.values():
+            infos = [self.p.info[v] for v in members if v in self.p.info]
+            if not infos or any(i.section == "argument" for i in infos):
+                continue
+            last = max(i.last_use for i in infos)
+            quadratic = any(len(set(i.shape)) < len(i.shape) for i in infos)
+            if last == k and quadratic:
+                out += sorted(members)
+        return out
+
+    def _in_place(self, var: str, stmt: Stmt) -> list[str] | None:
+        """`var = base; var op= operand ...` when the elementwise chain can reuse one buffer."""
+        node, ops = stmt.node, []
+        while isinstance(node, t.Binary) and node.op in INPLACE:
+            if self._fits(node, node.a, node.b):
+                ops.append((node.op, node.b))
+                node = node.a
+            elif node.op in ("add", "mul") and self._fits(node, node.b, node.a):
+                ops.append((node.op, node.a))
+                node = node.b
+            else:
+                break
+        if not ops:
+            return None
+        base = self.print(node)
+        if not base.carrying:
+            return None
+        if not base.fresh:
+            if not self._dead(node) or any(_mentions(operand, node.name) for _, operand in ops):
+                return None
+            self.consumed = node.name
+        elif self.consumed is not None and any(_mentions(operand, self.consumed) for _, operand in ops):
+            return None
+        lines = [f"{var} = {base.text}"]
+        for op, operand in reversed(ops):
+            if op == "div" and self._constant_scalar(operand):
+                lines.append(f"{var} *= {self.reciprocal(operand).text}")
+            else:
+                lines.append(f"{var} {INPLACE[op]} {self.aligned(operand, len(stmt.shape)).text}")
+        self._record(var, stmt, True)
+        return lines
+
+    def _fits(self, node: t.Binary, base: t.Node, operand: t.Node) -> bool:
+        """`base op= operand` gives `node`: same shape, and the operand's batch axes fit into the base's."""
+        return (len(base.shape) > 0 and tuple(base.shape) == tuple(node.shape)
+                and self.sources(operand) <= self.sources(base))
+
+
+def _letters(names) -> dict[str, str]:
+    pool = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    out: dict[str, str] = {}
+    for n in names:
+        if n not in out:
+            if len(out) == len(pool):
+                raise CodegenError("more than 52 distinct indices in one contraction")
+            out[n] = pool[len(out)]
+    return out
+
+
+def _nodes(node):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, t.Node) and not isinstance(n, IndexArray):
+            stack.extend(n.children)
+
+
+def _mentions(node, var: str) -> bool:
+    for n in _nodes(node):
+        if isinstance(n, Var) and n.name == var:
+            return True
+        if isinstance(n, IndexArray):
+            return True  # conservative
+    return False

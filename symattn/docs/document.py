@@ -1,0 +1,524 @@
+"""Derivation documents: every step shown, every step checked.
+
+Contract: `build(spec)` assembles a `Document` (a list of blocks) from the
+very objects symattn checked: the typed IR, the derivation's recorded steps,
+the element-level cross-check, the verdicts of every `check`, the
+permutation proof, and the cost polynomials. `render(doc, fmt)` writes it as
+Markdown (math GitHub renders), standalone HTML (MathML, renders offline) or
+LaTeX (compiles with a standard distribution). The same inputs give the same
+bytes. Figures come from `symattn.docs.figures` when matplotlib is installed and
+are left out, with a note, when it is not.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from html import escape
+from typing import Callable
+
+import numpy as np
+import sympy
+
+from .. import progress
+from ..version import __version__
+from ..ir import typed as t
+from ..prove.verdicts import Verdict
+from ..symbolic.cost import spec_cost
+from ..symbolic.derive import Derivation
+from .display import counterexample_lines
+from ..symbolic.element import ElementModel
+from ..prove.equivariance import LEMMAS
+from ..errors import SizeGuardError
+from .figures import Figure
+from ..symbolic.evaluate import NUMERIC, Evaluator
+from .mathbox import Box, Ident, Op, row, to_latex, to_mathml
+from .mathprint import Names, definition_box, dim_box, entry_box, grad_box, gradient_box, loss_box, matrix_box
+from ..ir.shapes import format_shape
+
+__all__ = ["Document", "build", "render", "FORMATS"]
+
+
+# --- the document model ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Math:
+    """One formula in both renderings."""
+
+    latex: str
+    mathml: str
+
+    @staticmethod
+    def of(box: Box) -> "Math":
+        return Math(to_latex(box), to_mathml(box))
+
+    @staticmethod
+    def of_sympy(expr: sympy.Expr) -> "Math":
+        # Element symbols are named `P_{1,1}`, `W^{q}_{2,1}`; SymPy's MathML printer wants `P_1,1`.
+        plain = {s: sympy.Symbol(s.name.replace("{", "").replace("}", "")) for s in expr.free_symbols}
+        inner = sympy.mathml(expr.xreplace(plain), printer="presentation")
+        return Math(sympy.latex(expr), f'<math xmlns="http://www.w3.org/1998/Math/MathML">{inner}</math>')
+
+
+Inline = str | Math
+
+
+@dataclass
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class Para:
+    parts: list[Inline]
+
+
+@dataclass
+class Display:
+    math: Math
+
+
+@dataclass
+class Code:
+    text: str
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[Inline]]
+
+
+@dataclass
+class Items:
+    items: list[list[Inline]]
+
+
+@dataclass
+class Document:
+    name: str
+    title: str
+    blocks: list = field(default_factory=list)
+
+    @property
+    def figures(self) -> list[Figure]:
+        return [b for b in self.blocks if isinstance(b, Figure)]
+
+    def add(self, *blocks) -> None:
+        self.blocks.extend(blocks)
+
+
+# --- building ------------------------------------------------------------------------------
+
+def _eq(left: Box, right: Box) -> Math:
+    return Math.of(row(left, Op("=", "="), right))
+
+
+def _textbook_names(spec: t.TypedSpec) -> dict[str, Box]:
+    """Names of the textbook walk-through: a_i, q, k, v, alpha, alpha', b_i (when the pattern is there)."""
+    names: dict[str, Box] = {}
+    inputs = spec.inputs
+    if not inputs:
+        return names
+    softmax = [n for n, i in spec.tensors.items() if isinstance(i.expr, t.Softmax)]
+    if not softmax:
+        return names
+    weights = softmax[0]
+    names[weights] = Ident("α′", "\\alpha'")
+    arg = spec.tensors[weights].expr.x
+    if isinstance(arg, t.Tensor) and arg.name in spec.tensors:
+        names[arg.name] = Ident("α", "\\alpha")
+    if len(inputs) == 1:
+        names[inputs[0]] = Ident("a")
+    for n, info in spec.tensors.items():
+        if isinstance(info.expr, t.MatMul) and isinstance(info.expr.a, t.Tensor) and info.expr.a.name in inputs \
+                and isinstance(info.expr.b, t.Tensor) and len(n) == 1 and n.lower() not in ("a", "b"):
+            names[n] = Ident(n.lower())
+    for out in spec.outputs:
+        if len(spec.outputs) == 1 and out not in names:
+            names[out] = Ident("b")
+    return names
+
+
+def _index_names(shape, tokens=()) -> list[str]:
+    """Index names for the axes of a tensor: i, j for token axes (as the textbooks write), c, e, ... else."""
+    token_names = iter(["i", "j"])
+    other_names = iter(["c", "e", "f", "g", "u"])
+    out = []
+    for dim in shape:
+        name = next(token_names, None) if dim in tokens else None
+        out.append(name or next(other_names, f"i{len(out)}"))
+    return out
+
+
+def _token_dims(spec: t.TypedSpec) -> tuple:
+    return tuple({spec.tensors[n].shape[0] for n in spec.inputs if spec.tensors[n].shape})
+
+
+def _forward(doc: Document, spec: t.TypedSpec) -> None:
+    dims = list(spec.dims)
+    doc.add(Heading(2, "Forward pass"), Para(["In matrix form, dims symbolic (valid for every size):"]))
+    for name, info in spec.tensors.items():
+        if info.expr is not None:
+            doc.add(Display(Math.of(definition_box(name, info, dims))))
+    names = _textbook_names(spec)
+    if names:
+        doc.add(Para(["Entry by entry, in the textbook's names (", *_legend(names), "):"]))
+    else:
+        doc.add(Para(["Entry by entry:"]))
+    for name, info in spec.tensors.items():
+        if info.expr is None or isinstance(info.expr, t.IndexDef):
+            continue
+        idx = _index_names(info.shape, _token_dims(spec))
+        nm = Names(names, used=idx + list(spec.dims) + list(spec.tensors) + _letters(names),
+                   tokens=_token_dims(spec))
+        doc.add(Display(_eq(nm.entry(name, idx), entry_box(info.expr, idx, nm))))
+    out = spec.outputs[0]
+    info = spec.tensors[out]
+    if info.shape:
+        idx = ["1"] + _index_names(info.shape, _token_dims(spec))[1:]
+        nm = Names(names, used=idx + list(spec.dims) + list(spec.tensors) + ["i"] + _letters(names),
+                   tokens=_token_dims(spec))
+        doc.add(Para([f"The first row of the output {out}:"]),
+                Display(_eq(nm.entry(out, idx), entry_box(info.expr, idx, nm))))
+
+
+def _letters(names: dict[str, Box]) -> list[str]:
+    """Letters the textbook names take (q, k, v, a, b), so no summation index reuses them."""
+    return [b.text for b in names.values() if isinstance(b, Ident)]
+
+
+def _legend(names: dict[str, Box]) -> list[Inline]:
+    parts: list[Inline] = []
+    for k, (tensor, box) in enumerate(names.items()):
+        if k:
+            parts.append(", ")
+        parts += [f"{tensor} is written ", Math.of(box)]
+    return parts
+
+
+def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, figures) -> None:
+    doc.add(Heading(2, "A small example"))
+    sizes = ", ".join(f"{k} = {v}" for k, v in spec.sizes.items())
+    if model is None:
+        doc.add(Para([f"The element-level example at {sizes} is too large to write out."]))
+        return
+    out = spec.outputs[0]
+    first = (0,) * len(spec.tensors[out].shape)
+    doc.add(Para([f"At the default sizes ({sizes}) every entry is an explicit formula. The first entry of {out}, "
+                  "in the entries of the tensors its definition reads:"]))
+    sym = model.slot[out][first] if spec.tensors[out].shape else model.slot[out]
+    doc.add(Display(Math.of_sympy(sympy.Eq(sym, model.local[out][first] if spec.tensors[out].shape
+                                           else model.local[out], evaluate=False))))
+    weights = [n for n, i in spec.tensors.items() if isinstance(i.expr, t.Softmax)]
+    if weights:
+        w = weights[0]
+        entry = (0,) * len(spec.tensors[w].shape)
+        doc.add(Para([f"and the first attention weight {w}, a softmax written with exp:"]),
+                Display(Math.of_sympy(sympy.Eq(model.slot[w][entry], model.local[w][entry], evaluate=False))))
+        values = _example_values(spec)[w]
+        while values.ndim > 2:
+            values = values[0]
+        doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {w} are:"]))
+        header = [""] + [str(j + 1) for j in range(values.shape[-1])]
+        doc.add(Table(header, [[str(i + 1)] + [f"{v:.3f}" for v in r] for i, r in enumerate(values)]))
+        fig = figures.heatmap(spec.name, w, values) if figures else None
+        if fig is not None:
+            doc.add(fig)
+        elif figures is None:
+            doc.add(Para(["(The heatmap of these weights is left out: matplotlib is not installed; "
+                          "`pip install 'symattn[plots]'` adds it.)"]))
+
+
+def _example_values(spec: t.TypedSpec) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    leaves = {n: rng.integers(-2, 3, size=spec.concrete_shape(spec.tensors[n].shape)) / 2.0 for n in spec.leaves}
+    return Evaluator(spec, NUMERIC).run(leaves)
+
+
+def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified: dict) -> None:
+    dims = list(spec.dims)
+    doc.add(Heading(2, "Backward pass"),
+            Para(["The loss is ", Math.of(loss_box(spec)), ". Each gradient below is the result of the rules "
+                  "listed under it, applied from the outputs back to the inputs, with dims symbolic. Each was then "
+                  "compared with the exact element-level chain rule (every entry written out in SymPy and "
+                  "differentiated with sympy.diff)."]))
+    for name, grad in derivation.gradients.items():
+        if grad.expr is None:
+            doc.add(Para([Math.of(grad_box(name)), f" = 0: L does not depend on {name}."]))
+            continue
+        if isinstance(grad.expr, t.Grad) and name in spec.outputs:
+            doc.add(Para([Math.of(grad_box(name)), f" is the upstream gradient of the output {name}."]))
+            continue
+        doc.add(Heading(3, f"grad({name})"))
+        doc.add(Display(Math.of(gradient_box(name, grad.expr, spec))))
+        steps: list[list[Inline]] = []
+        for step in grad.steps:
+            steps.append([f"{step.rule}: through ", Math.of(matrix_box(step.before, dims)),
+                          " the gradient becomes ", Math.of(matrix_box(step.after, dims))])
+        if steps:
+            doc.add(Items(steps))
+        if name in verified:
+            doc.add(Para([verified[name]]))
+
+
+def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
+    doc.add(Heading(2, "Checks"))
+    if not verdicts:
+        doc.add(Para(["The spec states no `check`."]))
+        return
+    rows = [[str(v.line), f"`{v.claim}`", v.verdict, v.method] for v in verdicts]
+    doc.add(Table(["line", "claim", "verdict", "how it was settled"], rows))
+    for v in verdicts:
+        if v.counterexample is not None:
+            doc.add(Code("\n".join(counterexample_lines(v))))
+
+
+def _symmetry(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict], symmetry_of: Callable) -> None:
+    doc.add(Heading(2, "Permutation symmetry"))
+    stated = [(c, v) for c, v in zip(spec.checks, verdicts) if c.kind != "equal"]
+    if not stated and spec.inputs:
+        source = spec.inputs[0]
+        first = spec.tensors[source].shape[0] if spec.tensors[source].shape else None
+        if first is not None and first.is_Symbol:
+            verdict = symmetry_of(spec.outputs[0], source, str(first))
+            stated = [(None, verdict)]
+            doc.add(Para([f"The spec states no symmetry claim; symattn asks whether {spec.outputs[0]} is "
+                          f"equivariant under permuting the rows of {source}."]))
+    for check, verdict in stated:
+        method = verdict.method[:1].upper() + verdict.method[1:]
+        doc.add(Heading(3, verdict.claim), Para([f"Verdict: {verdict.verdict}. {method}."]))
+        items = []
+        for lemma, tensor, statement in verdict.steps:
+            law = LEMMAS[lemma].statement if lemma in LEMMAS else ""
+            items.append([f"{statement}" + (f" (lemma: {law})" if law else "")])
+        if items:
+            doc.add(Items(items))
+
+
+def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> None:
+    cost = spec_cost(spec, derivation)
+    doc.add(Heading(2, "Cost"),
+            Para(["FLOPs count a multiply-add as 2 and one elementwise operation as 1; memory counts floats. "
+                  "Every formula is a polynomial in the dims."]))
+    fused = cost.quadratic != 0
+
+    def m(expr) -> Math:
+        return Math.of(dim_box(expr)[0])
+
+    rows = [
+        ["mathematics and generated NumPy", m(cost.forward_flops), m(cost.backward_flops), m(cost.activations)],
+    ]
+    if fused:
+        recompute = cost.recompute
+        rows.append(["generated CUDA, fused attention (recomputes the weights in the backward)",
+                     m(cost.forward_flops), m(sympy.expand(cost.backward_flops + recompute)),
+                     m(sympy.expand(cost.activations - cost.quadratic))])
+    doc.add(Table(["", "forward FLOPs", "backward FLOPs", "floats held by the forward"], rows))
+    doc.add(Para([f"Sequential depth: the longest chain of dependent operations has {cost.depth} steps whatever "
+                  "the sequence length, so attention is O(1) in sequential steps; an RNN over the same sequence "
+                  "needs O(N) steps one after another. The price is the memory of the N x N weights: ",
+                  m(cost.quadratic) if fused else "none here", "."]))
+    fig = figures.cost_curve(spec, cost) if figures else None
+    if fig is not None:
+        doc.add(fig)
+
+
+class _NoFigures:
+    """Stands in for `symattn.docs.figures` when the caller will drop the figures anyway: the same
+    blocks as with matplotlib, less the figures, without importing and drawing them."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    @staticmethod
+    def heatmap(*args) -> None:
+        return None
+
+    @staticmethod
+    def cost_curve(*args) -> None:
+        return None
+
+
+def build(spec, force: bool = False, figures: bool = True) -> Document:
+    """The derivation document of a `symattn.Spec`. With `figures=False` it has no Figure blocks
+    (and no note about them): the document `build` gives, less its figures, for a caller that
+    has nowhere to put them."""
+    from . import figures as figure_module
+
+    typed = spec.typed
+    if not figure_module.available():
+        drawer = None
+    else:
+        drawer = figure_module if figures else _NoFigures()
+    progress.step("deriving")
+    derivation = spec.derive()
+    doc = Document(typed.name, f"Derivation of {typed.name}")
+    doc.add(Heading(1, doc.title),
+            Para([f"Generated by symattn {__version__} from `{typed.filename.split('/')[-1]}`. Every formula "
+                  "below was produced by the steps symattn recorded and checked; nothing is typed by hand."]))
+    doc.add(Heading(2, "The spec"), Code(typed.source.rstrip("\n")))
+    order = list(typed.dims)
+    rows = [[f"`{n}`", i.role, f"`{format_shape(i.shape, order)}`",
+             f"`{list(typed.concrete_shape(i.shape))}`"] for n, i in typed.tensors.items()]
+    doc.add(Table(["tensor", "role", "shape", "at the default sizes"], rows))
+    _forward(doc, typed)
+    # One element-level pass serves the example, the gradient checks and the claims (the spec
+    # keeps it, and the results, for later documents and calls).
+    progress.step("building the element model")
+    try:
+        model = spec.session(force).model
+    except SizeGuardError:
+        model = None
+    progress.step("the small example")
+    _example(doc, typed, model, drawer)
+    verified = {}
+    if model is not None:
+        for check in spec.verify_gradients(force=force):
+            verified[check.tensor] = f"Checked: {check.method}." if check.ok else f"Unknown: {check.method}."
+    _backward(doc, typed, derivation, verified)
+    verdicts = spec.check(force=force)
+    _checks(doc, typed, verdicts)
+    progress.step("permutation symmetry")
+    _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
+    progress.step("cost")
+    _cost(doc, typed, derivation, drawer)
+    if drawer is None:
+        doc.add(Para(["Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."]))
+    return doc
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+def _md_inline(parts: list[Inline]) -> str:
+    return "".join(f"${p.latex}$" if isinstance(p, Math) else p for p in parts)
+
+
+def _md_cell(cell: Inline) -> str:
+    return (f"${cell.latex}$" if isinstance(cell, Math) else cell).replace("|", "\\|")
+
+
+def render_md(doc: Document) -> str:
+    out = []
+    for b in doc.blocks:
+        if isinstance(b, Heading):
+            out.append("#" * b.level + " " + b.text)
+        elif isinstance(b, Para):
+            out.append(_md_inline(b.parts))
+        elif isinstance(b, Display):
+            out.append(f"$$\n{b.math.latex}\n$$")
+        elif isinstance(b, Code):
+            out.append("```\n" + b.text.replace("```", "'''") + "\n```")
+        elif isinstance(b, Table):
+            lines = ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
+            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
+            out.append("\n".join(lines))
+        elif isinstance(b, Items):
+            out.append("\n".join("- " + _md_inline(i) for i in b.items))
+        elif isinstance(b, Figure):
+            out.append(f"![{b.caption}]({b.name})")
+    return "\n\n".join(out) + "\n"
+
+
+# Long lines stay inside the page's column: code (a counterexample's note) wraps;
+# wide tables, formulas and lists of steps scroll sideways. On a list the scrolling
+# box is the <ul>, not each <li>, which would clip its bullet.
+_CSS = """body{font-family:Georgia,serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
+code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}
+pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;overflow-x:auto}
+table{border-collapse:collapse;margin:1em 0;display:block;max-width:100%;overflow-x:auto}
+td,th{border:1px solid #ccc;padding:.3em .6em}ul,p{overflow-x:auto;overflow-y:hidden}
+math[display=block]{margin:.8em 0;overflow-x:auto;overflow-y:hidden;max-width:100%}img{max-width:100%}"""
+
+
+def _html_inline(parts: list[Inline]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, Math):
+            out += p.mathml
+        else:
+            text = escape(p)
+            pieces = text.split("`")
+            out += "".join(f"<code>{s}</code>" if k % 2 else s for k, s in enumerate(pieces))
+    return out
+
+
+def render_html(doc: Document) -> str:
+    body = []
+    for b in doc.blocks:
+        if isinstance(b, Heading):
+            body.append(f"<h{b.level}>{escape(b.text)}</h{b.level}>")
+        elif isinstance(b, Para):
+            body.append(f"<p>{_html_inline(b.parts)}</p>")
+        elif isinstance(b, Display):
+            body.append(b.math.mathml.replace("<math ", '<math display="block" ', 1))
+        elif isinstance(b, Code):
+            body.append(f"<pre>{escape(b.text)}</pre>")
+        elif isinstance(b, Table):
+            head = "".join(f"<th>{escape(h)}</th>" for h in b.header)
+            rows = "".join("<tr>" + "".join(f"<td>{_html_inline([c])}</td>" for c in r) + "</tr>" for r in b.rows)
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+        elif isinstance(b, Items):
+            body.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in b.items) + "</ul>")
+        elif isinstance(b, Figure):
+            data = base64.b64encode(b.png).decode("ascii")
+            body.append(f'<figure><img alt="{escape(b.caption)}" src="data:image/png;base64,{data}">'
+                        f"<figcaption>{escape(b.caption)}</figcaption></figure>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{escape(doc.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(body) + "\n</body>\n</html>\n")
+
+
+_TEX_TEXT = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "$": "\\$",
+             "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}"}
+
+
+def _tex_text(text: str) -> str:
+    escaped = "".join(_TEX_TEXT.get(c, c) for c in text)
+    pieces = escaped.split("`")
+    return "".join(f"\\texttt{{{s}}}" if k % 2 else s for k, s in enumerate(pieces))
+
+
+def _tex_inline(parts: list[Inline]) -> str:
+    return "".join(f"${p.latex}$" if isinstance(p, Math) else _tex_text(p) for p in parts)
+
+
+def render_tex(doc: Document) -> str:
+    out = ["\\documentclass{article}", "\\usepackage[utf8]{inputenc}", "\\usepackage{amsmath,amssymb}",
+           "\\usepackage{graphicx}", "\\usepackage[margin=2cm]{geometry}", "\\usepackage{longtable}",
+           f"\\title{{{_tex_text(doc.title)}}}", "\\date{}", "\\begin{document}", "\\maketitle"]
+    for b in doc.blocks:
+        if isinstance(b, Heading):
+            if b.level == 1:
+                continue
+            command = {2: "section", 3: "subsection"}.get(b.level, "paragraph")
+            out.append(f"\\{command}*{{{_tex_text(b.text)}}}")
+        elif isinstance(b, Para):
+            out.append(_tex_inline(b.parts) + "\n")
+        elif isinstance(b, Display):
+            out.append(f"\\[\n{b.math.latex}\n\\]")
+        elif isinstance(b, Code):
+            out.append("\\begin{verbatim}\n" + b.text.replace("\\end{verbatim}", "\\end {verbatim}")
+                       + "\n\\end{verbatim}")
+        elif isinstance(b, Table):
+            spec = "l" * len(b.header)
+            rows = [" & ".join(_tex_text(h) for h in b.header) + " \\\\ \\hline"]
+            rows += [" & ".join(_tex_inline([c]) for c in r) + " \\\\" for r in b.rows]
+            out.append(f"\\begin{{longtable}}{{{spec}}}\n" + "\n".join(rows) + "\n\\end{longtable}")
+        elif isinstance(b, Items):
+            out.append("\\begin{itemize}\n" + "\n".join(f"\\item {_tex_inline(i)}" for i in b.items)
+                       + "\n\\end{itemize}")
+        elif isinstance(b, Figure):
+            out.append(f"\\begin{{figure}}[h]\\centering\\IfFileExists{{{b.name}}}"
+                       f"{{\\includegraphics[width=0.6\\textwidth]{{{b.name}}}}}{{}}"
+                       f"\\par {_tex_text(b.caption)}\\end{{figure}}")
+    out.append("\\end{document}")
+    return "\n".join(out) + "\n"
+
+
+FORMATS: dict[str, Callable[[Document], str]] = {"md": render_md, "html": render_html, "tex": render_tex}
+
+
+def render(doc: Document, fmt: str = "md") -> str:
+    return FORMATS[fmt](doc)

@@ -1,0 +1,274 @@
+"""The builtin functions of the spec language: one typing rule each.
+
+Contract: `validate_call(validator, call, scope)` returns the typed node for
+a call of a builtin, or raises a located `SpecError`. The table `RULES` maps
+each function name to its rule; a name not in it is an unknown function.
+`scope` is None in matrix notation and the index scope in index notation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import sympy
+
+from . import syntax as ir
+from ..ir import typed as t
+from ..errors import SpecCheckError, SpecNameError, SpecShapeError
+from ..ir.shapes import ShapeMismatch, broadcast, normalize_axis, same_dim
+
+__all__ = ["validate_call", "RULES"]
+
+
+def _err(cls, message: str, pos: ir.Pos, hint: str | None = None):
+    return cls(message, line=pos.line, column=pos.column, hint=hint, length=pos.length)
+
+
+class _Args:
+    """A call's positional and keyword arguments, checked against a signature."""
+
+    def __init__(self, call: ir.Call, names: tuple[str, ...], required: int) -> None:
+        self.call = call
+        positional = [a for a in call.args if not isinstance(a, ir.Keyword)]
+        keywords = {}
+        for a in call.args:
+            if isinstance(a, ir.Keyword):
+                if a.name not in names[len(positional):] or a.name in keywords:
+                    raise _err(SpecShapeError, f"{call.func}() got an unexpected keyword argument '{a.name}'", a.pos,
+                               f"{call.func} takes ({', '.join(names)})")
+                keywords[a.name] = a.value
+        if len(positional) > len(names):
+            raise _err(SpecShapeError, f"{call.func}() takes at most {len(names)} argument"
+                       f"{'s' if len(names) != 1 else ''}, got {len(positional)}", call.pos,
+                       f"{call.func} takes ({', '.join(names)})")
+        self.values: dict[str, ir.Expr] = dict(zip(names, positional))
+        self.values.update(keywords)
+        missing = [n for n in names[:required] if n not in self.values]
+        if missing:
+            raise _err(SpecShapeError, f"{call.func}() is missing the argument '{missing[0]}'", call.pos,
+                       f"{call.func} takes ({', '.join(names)})")
+
+    def get(self, name: str) -> ir.Expr | None:
+        return self.values.get(name)
+
+
+def _matrix_only(v, call: ir.Call, scope) -> None:
+    if scope is not None:
+        raise _err(SpecShapeError, f"{call.func}() works on whole tensors; it is not available in index notation",
+                   call.func_pos)
+
+
+def _axis(v, args: _Args, x: t.Node, default: int | None) -> int | None:
+    node = args.get("axis")
+    if node is None:
+        return default if default is None else normalize_axis(default, max(1, len(x.shape)))
+    axis = v.int_literal(node, "axis")
+    try:
+        return normalize_axis(axis, len(x.shape))
+    except ShapeMismatch:
+        raise _err(SpecShapeError, f"axis {axis} is out of range for {args.call.func}() of a tensor with shape "
+                   f"{v.shape_text(x.shape)} ({len(x.shape)} ax{'is' if len(x.shape) == 1 else 'es'})",
+                   node.pos) from None
+
+
+def _elementwise(v, call, scope):
+    (x,) = _tensors(v, call, scope, ("x",))
+    return t.Unary(call.func, x, x.shape, pos=call.pos)
+
+
+def _tensors(v, call, scope, names):
+    args = _Args(call, names, len(names))
+    out = []
+    for n in names:
+        node = v.expr(args.get(n), scope)
+        if isinstance(node, t.Compare):
+            raise _err(SpecShapeError, "a comparison is only allowed as the condition of where(cond, a, b)",
+                       node.pos)
+        out.append(node)
+    return out
+
+
+def _reduction(v, call, scope):
+    if scope is not None and call.func == "sum":
+        return _index_sum(v, call, scope)
+    _matrix_only(v, call, scope)
+    args = _Args(call, ("x", "axis"), 1)
+    x = v.expr(args.get("x"), scope)
+    if x.shape == ():
+        raise _err(SpecShapeError, f"{call.func}() of a scalar; it needs a tensor with an axis", call.pos)
+    axis = _axis(v, args, x, None)
+    shape = tuple(sympy.Integer(1) if axis is None or k == axis else d for k, d in enumerate(x.shape))
+    return t.Reduce(call.func, x, axis, shape, pos=call.pos)
+
+
+def _index_sum(v, call, scope):
+    args = [a for a in call.args]
+    if len(args) != 2 or not isinstance(args[0], ir.Name) or isinstance(args[1], ir.Keyword):
+        raise _err(SpecShapeError, "in index notation, sum takes an index and a term: sum(k, expr)", call.pos)
+    index = args[0]
+    if index.id in scope.ranges:
+        raise _err(SpecNameError, f"index '{index.id}' is already in use here", index.pos,
+                   "pick a new name for the summed index")
+    if index.id in v.dims or index.id in v.tensors or index.id in ("inf", "pi"):
+        raise _err(SpecNameError, f"index '{index.id}' clashes with the {v._what(index.id)} of that name",
+                   index.pos)
+    scope.ranges[index.id] = None
+    scope.seen_at[index.id] = index.pos
+    try:
+        body = v.expr(args[1], scope)
+        rng = scope.ranges[index.id]
+        if rng is None:
+            raise _err(SpecShapeError, f"cannot infer the range of the summed index '{index.id}'", index.pos,
+                       f"use {index.id} as a subscript, as in X[i, {index.id}]")
+    finally:
+        scope.ranges.pop(index.id, None)
+    return t.IndexSum(t.Index(index.id, rng), body, pos=call.pos)
+
+
+def _softmax(v, call, scope):
+    _matrix_only(v, call, scope)
+    args = _Args(call, ("x", "axis"), 1)
+    x = v.expr(args.get("x"), scope)
+    if x.shape == ():
+        raise _err(SpecShapeError, "softmax() of a scalar; it needs a tensor with an axis", call.pos)
+    return t.Softmax(x, _axis(v, args, x, -1), x.shape, pos=call.pos)
+
+
+def _where(v, call, scope):
+    args = _Args(call, ("cond", "a", "b"), 3)
+    cond = v.expr(args.get("cond"), scope)
+    if not isinstance(cond, t.Compare):
+        raise _err(SpecShapeError, "the condition of where() must be a comparison (< <= > >= == !=)", cond.pos)
+    a, b = v.expr(args.get("a"), scope), v.expr(args.get("b"), scope)
+    try:
+        shape = broadcast(cond.shape, a.shape, b.shape, op=",", order=v.order)
+    except ShapeMismatch as exc:
+        raise v.shape_error(exc, call.pos) from None
+    return t.Where(cond, a, b, shape, pos=call.pos)
+
+
+def _merge_heads(v, call, scope):
+    _matrix_only(v, call, scope)
+    (x,) = _tensors(v, call, scope, ("x",))
+    if len(x.shape) < 3:
+        raise _err(SpecShapeError, f"merge_heads() needs [..., h, N, k], got {v.shape_text(x.shape)}", call.pos)
+    *batch, h, n, k = x.shape
+    return t.MergeHeads(x, (*batch, n, h * k), pos=call.pos)
+
+
+def _split_heads(v, call, scope):
+    _matrix_only(v, call, scope)
+    args = _Args(call, ("x", "h"), 2)
+    x = v.expr(args.get("x"), scope)
+    heads = v.dim_expr(args.get("h"), "the number of heads")
+    if len(x.shape) < 2:
+        raise _err(SpecShapeError, f"split_heads() needs [..., N, h * k], got {v.shape_text(x.shape)}", call.pos)
+    *batch, n, width = x.shape
+    per_head = sympy.cancel(width / heads)
+    v.check_size(per_head, call.pos)
+    return t.SplitHeads(x, heads, (*batch, heads, n, per_head), pos=call.pos)
+
+
+def _concat(v, call, scope):
+    _matrix_only(v, call, scope)
+    parts = [v.expr(a, scope) for a in call.args if not isinstance(a, ir.Keyword)]
+    keywords = [a for a in call.args if isinstance(a, ir.Keyword)]
+    for n, k in enumerate(keywords):
+        if k.name != "axis" or n > 0:
+            raise _err(SpecShapeError, f"concat() got an unexpected keyword argument '{k.name}'", k.pos)
+    if len(parts) < 2:
+        raise _err(SpecShapeError, "concat() joins at least two tensors", call.pos)
+    rank = len(parts[0].shape)
+    if rank == 0 or any(len(p.shape) != rank for p in parts):
+        shown = ", ".join(v.shape_text(p.shape) for p in parts)
+        raise _err(SpecShapeError, f"concat() needs tensors of the same rank (at least 1), got {shown}", call.pos)
+    axis_node = keywords[0].value if keywords else None
+    axis = v.int_literal(axis_node, "axis") if axis_node is not None else 0
+    try:
+        axis = normalize_axis(axis, rank)
+    except ShapeMismatch as exc:
+        raise v.shape_error(exc, axis_node.pos if axis_node is not None else call.pos) from None
+    for p in parts[1:]:
+        for k in range(rank):
+            if k != axis and not same_dim(p.shape[k], parts[0].shape[k]):
+                raise _err(SpecShapeError, f"concat() along axis {axis}: {v.shape_text(parts[0].shape)} and "
+                           f"{v.shape_text(p.shape)} differ on axis {k}", call.pos)
+    shape = list(parts[0].shape)
+    shape[axis] = sum((p.shape[axis] for p in parts), sympy.Integer(0))
+    return t.Concat(tuple(parts), axis, tuple(shape), pos=call.pos)
+
+
+def _transpose(v, call, scope):
+    (x,) = _tensors(v, call, scope, ("x",))
+    return v.transpose(x, call.pos, call.func_pos, scope)
+
+
+def _constant(arity: tuple[int, int]):
+    def rule(v, call, scope):
+        _matrix_only(v, call, scope)
+        lo, hi = arity
+        if not lo <= len(call.args) <= hi or any(isinstance(a, ir.Keyword) for a in call.args):
+            count = f"{lo}" if lo == hi else f"{lo} to {hi}"
+            raise _err(SpecShapeError, f"{call.func}() takes {count} dim argument{'s' if hi > 1 else ''}", call.pos)
+        dims = tuple(v.dim_expr(a, f"an argument of {call.func}()") for a in call.args)
+        for d, a in zip(dims, call.args):
+            v.check_size(d, a.pos)
+        shape = {"sinusoidal": dims, "causal_mask": dims * 2, "eye": dims * 2, "ones": dims}[call.func]
+        return t.Constant(call.func, dims, tuple(shape), pos=call.pos)
+
+    return rule
+
+
+def _grad(v, call, scope):
+    if not v.in_check:
+        raise _err(SpecCheckError, "grad(...) is only available in check statements", call.func_pos,
+                   "the backward pass is derived by symattn; state claims about it with `check`")
+    if len(call.args) != 1 or not isinstance(call.args[0], ir.Name):
+        raise _err(SpecCheckError, "grad() takes one tensor name, as in grad(Q)", call.pos)
+    name = call.args[0]
+    if name.id not in v.tensors:
+        if name.id in v.dims:
+            raise _err(SpecCheckError, f"grad of '{name.id}': it is a dim, not a tensor", name.pos)
+        raise _err(SpecCheckError, f"grad of unknown tensor '{name.id}'", name.pos,
+                   v.unknown(name.id, name.pos).hint)
+    return t.Grad(name.id, v.tensors[name.id].shape, pos=call.pos)
+
+
+def _symmetry(v, call, scope):
+    raise _err(SpecCheckError, f"{call.func}(...) is a claim; it can only stand alone in a check", call.func_pos,
+               f"write `check {call.func}(...)` on its own line")
+
+
+RULES: dict[str, Callable] = {
+    **{name: _elementwise for name in t.ELEMENTWISE},
+    **{name: _reduction for name in t.REDUCTIONS},
+    "softmax": _softmax,
+    "where": _where,
+    "merge_heads": _merge_heads,
+    "split_heads": _split_heads,
+    "concat": _concat,
+    "transpose": _transpose,
+    "sinusoidal": _constant((2, 2)),
+    "causal_mask": _constant((1, 1)),
+    "eye": _constant((1, 1)),
+    "ones": _constant((1, 8)),
+    "grad": _grad,
+    "equivariant": _symmetry,
+    "invariant": _symmetry,
+}
+
+
+def validate_call(v, call: ir.Call, scope) -> t.Node:
+    rule = RULES.get(call.func)
+    if rule is None:
+        if call.func in v.tensors or call.func in v.dims:
+            raise _err(SpecNameError, f"'{call.func}' is not a function", call.func_pos,
+                       f"to pick entries write {call.func}[i, j] in index notation; to multiply write *")
+        from difflib import get_close_matches
+
+        # A higher cutoff than difflib's 0.6, which offers 'softmax' for 'max'.
+        close = get_close_matches(call.func, list(RULES), n=1, cutoff=0.75)
+        raise _err(SpecNameError, f"unknown function '{call.func}'", call.func_pos,
+                   f"did you mean '{close[0]}'?" if close else
+                   "the builtins are " + ", ".join(sorted(n for n in RULES if n not in ("equivariant", "invariant"))))
+    return rule(v, call, scope)

@@ -1,0 +1,527 @@
+"""Validate a parsed spec and build its typed IR.
+
+Contract: `validate(program, filename, source, sizes)` returns a
+`typed.TypedSpec`, or raises a located `SpecError` subclass: names resolved
+(defined once, before use, never a keyword or builtin), every tensor's shape
+inferred with symbolic dims (NumPy broadcasting, batched `@`, `.T` on the
+last two axes, reductions keeping their axis), index ranges inferred and
+checked, and every `check` typed (both sides the same shape, `grad(T)` of
+defined tensors only). No other exception escapes for any `ir.Program`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from functools import singledispatchmethod
+from pathlib import Path
+from typing import Mapping
+
+import sympy
+
+from . import syntax as ir
+from ..ir import typed as t
+from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
+from .parse import KEYWORDS
+from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
+
+__all__ = ["validate", "BUILTINS"]
+
+_MATRIX_FUNCTIONS = (
+    "softmax", "where", "merge_heads", "split_heads", "concat", "transpose",
+) + t.REDUCTIONS + t.CONSTANTS
+_CHECK_FUNCTIONS = ("grad", "equivariant", "invariant")
+BUILTINS = frozenset(t.ELEMENTWISE + _MATRIX_FUNCTIONS + _CHECK_FUNCTIONS + ("inf", "pi"))
+_BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
+
+# Bounds that keep exact arithmetic on literals and dims instantaneous; a
+# spec beyond them is refused with an error rather than hanging the tool.
+_MAX_DIGITS = 1000        # digits of a number literal
+_MAX_EXPONENT = 1000      # |e| in 1e-6 style literals
+_MAX_DIM_POWER = 64       # exponent of a dim in dim arithmetic
+_MAX_DIM_BITS = 4096      # size of an integer in dim arithmetic
+
+
+def number_value(node: ir.Number) -> sympy.Rational:
+    """The exact value of a number literal; absurdly long or large ones are refused."""
+    mantissa, _, exponent = node.text.lower().partition("e")
+    digits = len(mantissa.replace(".", "").lstrip("0"))
+    exponent_digits = exponent.lstrip("+-").lstrip("0")
+    if digits > _MAX_DIGITS or len(exponent_digits) > 4 or (exponent and abs(int(exponent)) > _MAX_EXPONENT):
+        raise _err(SpecSyntaxError, f"the number {node.text[:20]}{'...' if len(node.text) > 20 else ''} is out "
+                   f"of range: at most {_MAX_DIGITS} digits and an exponent of at most {_MAX_EXPONENT}", node.pos)
+    return sympy.Rational(node.text)
+
+
+def _same_shape(a, b) -> bool:
+    """Equal shapes, ignoring leading axes of size 1 (which broadcasting adds and removes freely)."""
+    a, b = list(a), list(b)
+    while len(a) > len(b) and a[0] == ONE:
+        a.pop(0)
+    while len(b) > len(a) and b[0] == ONE:
+        b.pop(0)
+    return len(a) == len(b) and all(map(same_dim, a, b))
+
+
+def _err(cls, message: str, pos: ir.Pos, hint: str | None = None) -> SpecError:
+    return cls(message, line=pos.line, column=pos.column, hint=hint, length=pos.length)
+
+
+def _did_you_mean(name: str, candidates) -> str | None:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f"did you mean '{close[0]}'?" if close else None
+
+
+@dataclass
+class _IndexScope:
+    """Index names visible in an index-notation body, with inferred ranges."""
+
+    ranges: dict[str, sympy.Expr | None] = field(default_factory=dict)
+    seen_at: dict[str, ir.Pos] = field(default_factory=dict)
+
+
+class _Validator:
+    def __init__(self, program: ir.Program, filename: str, overrides: Mapping[str, int]) -> None:
+        self.program = program
+        self.filename = filename
+        self.overrides = dict(overrides)
+        self.name = Path(filename).stem if filename and not filename.startswith("<") else "spec"
+        self.dims: dict[str, t.DimInfo] = {}
+        self.tensors: dict[str, t.TensorInfo] = {}
+        self.outputs: list[str] = []
+        self.checks: list[t.CheckInfo] = []
+        self.defined_at: dict[str, ir.Pos] = {}
+        self.later: dict[str, ir.Pos] = {}  # every name a statement defines, for "used before"
+        self.in_check = False
+
+    # --- helpers ---------------------------------------------------------------
+
+    @property
+    def order(self) -> list[str]:
+        return list(self.dims)
+
+    def shape_text(self, shape) -> str:
+        return format_shape(shape, self.order)
+
+    def shape_error(self, exc: ShapeMismatch, pos: ir.Pos, hint: str | None = None) -> SpecError:
+        return _err(SpecShapeError, str(exc), pos, hint)
+
+    def define(self, name: ir.Name) -> None:
+        if name.id in KEYWORDS:
+            raise _err(SpecNameError, f"'{name.id}' is a keyword and cannot be redefined", name.pos)
+        if name.id in BUILTINS:
+            raise _err(SpecNameError, f"'{name.id}' is a builtin and cannot be redefined", name.pos,
+                       "choose another name")
+        if name.id in self.defined_at:
+            first = self.defined_at[name.id]
+            raise _err(SpecNameError, f"redefinition of '{name.id}' (first defined at {first.line}:{first.column})",
+                       name.pos, "every name is defined once")
+        self.defined_at[name.id] = name.pos
+
+    def unknown(self, name: str, pos: ir.Pos, extra: tuple[str, ...] = ()) -> SpecError:
+        if name in self.later:
+            where = self.later[name]
+            return _err(SpecNameError, f"'{name}' is used before its definition at {where.line}:{where.column}",
+                        pos, "define every name before it is used")
+        if name in ("inf", "pi"):
+            return _err(SpecNameError, f"'{name}' is a number, not a tensor or dim", pos)
+        if name in BUILTINS:
+            return _err(SpecNameError, f"'{name}' is a function; call it as {name}(...)", pos)
+        known = list(self.dims) + list(self.tensors) + list(extra)
+        return _err(SpecNameError, f"unknown name '{name}'", pos, _did_you_mean(name, known))
+
+    # --- dims and dim arithmetic -------------------------------------------------
+
+    def dim_expr(self, node: ir.Expr, what: str = "a shape") -> sympy.Expr:
+        """Dim arithmetic (`h * d_k`, `N + 1`, `2`) as a SymPy expression."""
+        if isinstance(node, ir.Name):
+            if node.id in self.dims:
+                return self.dims[node.id].symbol
+            if node.id in self.tensors:
+                raise _err(SpecShapeError, f"'{node.id}' is a tensor, not a dim; {what} is made of dims and integers",
+                           node.pos)
+            raise self.unknown(node.id, node.pos)
+        if isinstance(node, ir.Number):
+            value = number_value(node)
+            if not value.is_integer or value <= 0:
+                raise _err(SpecShapeError, f"{node.text} is not a positive integer; {what} is made of dims and "
+                           "positive integers", node.pos)
+            return sympy.Integer(value)
+        if isinstance(node, ir.BinOp) and node.op in "+-*/^":
+            a, b = self.dim_expr(node.left, what), self.dim_expr(node.right, what)
+            if node.op == "^" and not b.is_Integer:
+                raise _err(SpecShapeError, "a dim can only be raised to an integer power", node.op_pos)
+            if node.op == "^" and abs(b) > _MAX_DIM_POWER:
+                raise _err(SpecShapeError, f"a dim power of {b} is too large (at most {_MAX_DIM_POWER})", node.op_pos)
+            result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[node.op]
+            too_high = any(p.exp.is_Integer and abs(p.exp) > _MAX_DIM_POWER for p in result.atoms(sympy.Pow))
+            too_big = any(max(abs(r.p), r.q).bit_length() > _MAX_DIM_BITS for r in result.atoms(sympy.Rational))
+            if too_high or too_big:
+                raise _err(SpecShapeError, f"{what} is too large to work with (a power above {_MAX_DIM_POWER} "
+                           f"or an integer above 2^{_MAX_DIM_BITS})", node.pos)
+            return result
+        if isinstance(node, ir.UnaryOp) and node.op == "+":
+            return self.dim_expr(node.operand, what)
+        raise _err(SpecShapeError, f"{what} is made of dims and integers joined by + - * /", node.pos)
+
+    def check_size(self, dim: sympy.Expr, pos: ir.Pos) -> None:
+        """A dim expression must be a positive integer at the spec's sizes."""
+        if dim.is_Symbol and any(dim == info.symbol for info in self.dims.values()):
+            return  # a declared dim: positive by construction
+        sizes = self.sizes
+        value = dim.xreplace({info.symbol: sympy.Integer(sizes[name]) for name, info in self.dims.items()})
+        if not (value.is_integer and value > 0):
+            shown = ", ".join(f"{n}={self.sizes[n]}" for n in self.dims)
+            raise _err(SpecShapeError, f"{format_dim(dim, self.order)} is {value} at {shown}, not a positive integer",
+                       pos)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {name: self.overrides.get(name, info.default) for name, info in self.dims.items()}
+
+    def int_literal(self, node: ir.Expr, what: str) -> int:
+        sign = 1
+        while isinstance(node, ir.UnaryOp):
+            sign = -sign if node.op == "-" else sign
+            node = node.operand
+        if isinstance(node, ir.Number):
+            value = number_value(node)
+            if value.is_integer:
+                return sign * int(value)
+        raise _err(SpecShapeError, f"{what} must be an integer literal", node.pos)
+
+    # --- statements ----------------------------------------------------------------
+
+    def run(self) -> t.TypedSpec:
+        statements = self.program.statements
+        for stmt in statements:
+            for name in self._names_defined(stmt):
+                self.later.setdefault(name.id, name.pos)
+        for position, stmt in enumerate(statements):
+            if isinstance(stmt, ir.Header):
+                if position != 0:
+                    raise _err(SpecNameError, "the 'attention' header must be the first statement", stmt.pos)
+                if stmt.name.id in KEYWORDS:
+                    raise _err(SpecNameError, f"'{stmt.name.id}' is a keyword", stmt.name.pos)
+                self.name = stmt.name.id
+            else:
+                self.statement(stmt)
+        for name in self.overrides:
+            if name not in self.dims:
+                raise UsageError(f"--dim {name}: the spec has no dim '{name}' (it declares "
+                                 f"{', '.join(self.dims) or 'none'})")
+        if not self.outputs:
+            last = statements[-1].pos if statements else ir.NOWHERE
+            raise SpecNameError("a spec needs at least one output", line=last.line, column=1,
+                                hint="add a line `output NAME` naming what the spec computes")
+        tensors = {
+            name: t.TensorInfo(info.name, info.kind, info.shape, info.pos, info.expr, name in self.outputs)
+            for name, info in self.tensors.items()
+        }
+        return t.TypedSpec(self.name, self.filename, "", dict(self.dims), self.sizes, tensors,
+                           tuple(self.outputs), tuple(self.checks))
+
+    @staticmethod
+    def _names_defined(stmt: ir.Statement):
+        if isinstance(stmt, ir.DimDecl):
+            return [item.name for item in stmt.items]
+        if isinstance(stmt, ir.TensorDecl):
+            return [item.name for item in stmt.items]
+        if isinstance(stmt, ir.Define):
+            return [stmt.name]
+        return []
+
+    @singledispatchmethod
+    def statement(self, stmt) -> None:
+        raise TypeError(f"no validation rule for statement {type(stmt).__name__}")
+
+    @statement.register
+    def _(self, stmt: ir.DimDecl) -> None:
+        for item in stmt.items:
+            self.define(item.name)
+            size = item.size
+            sign = 1
+            while isinstance(size, ir.UnaryOp):
+                sign = -sign if size.op == "-" else sign
+                size = size.operand
+            value = number_value(size) * sign if isinstance(size, ir.Number) else None
+            if value is None or not value.is_integer or value <= 0:
+                raise _err(SpecShapeError, f"dim {item.name.id} must have a positive integer size", item.size.pos,
+                           f"for example `dim {item.name.id} = 4`")
+            self.dims[item.name.id] = t.DimInfo(item.name.id, dim_symbol(item.name.id), int(value), item.name.pos)
+            if item.name.id in self.overrides and self.overrides[item.name.id] <= 0:
+                raise UsageError(f"--dim {item.name.id}={self.overrides[item.name.id]}: sizes are positive integers")
+
+    @statement.register
+    def _(self, stmt: ir.TensorDecl) -> None:
+        for item in stmt.items:
+            self.define(item.name)
+            shape: tuple = ()
+            if item.shape is not None:
+                shape = tuple(self.dim_expr(e, f"the shape of {item.name.id}") for e in item.shape)
+                for dim, e in zip(shape, item.shape):
+                    self.check_size(dim, e.pos)
+            self.tensors[item.name.id] = t.TensorInfo(item.name.id, stmt.kind, shape, item.name.pos)
+
+    @statement.register
+    def _(self, stmt: ir.Define) -> None:
+        self.define(stmt.name)
+        if stmt.indices is None:
+            node = self.expr(stmt.expr, None)
+            if isinstance(node, t.Compare):
+                raise _err(SpecShapeError, "a comparison is not a tensor; use it as where(cond, a, b)", node.pos)
+        else:
+            node = self.index_definition(stmt)
+        self.tensors[stmt.name.id] = t.TensorInfo(stmt.name.id, "intermediate", node.shape, stmt.name.pos, node)
+
+    @statement.register
+    def _(self, stmt: ir.OutputDecl) -> None:
+        for name in stmt.names:
+            if name.id not in self.tensors:
+                if name.id in self.dims:
+                    raise _err(SpecNameError, f"'{name.id}' is a dim; an output must be a tensor", name.pos)
+                raise self.unknown(name.id, name.pos)
+            if name.id in self.outputs:
+                raise _err(SpecNameError, f"'{name.id}' is already an output", name.pos)
+            self.outputs.append(name.id)
+
+    @statement.register
+    def _(self, stmt: ir.Check) -> None:
+        self.in_check = True
+        try:
+            self.checks.append(self.check(stmt))
+        finally:
+            self.in_check = False
+
+    # --- checks --------------------------------------------------------------------
+
+    def check(self, stmt: ir.Check) -> t.CheckInfo:
+        claim = stmt.claim
+        if isinstance(claim, ir.Compare) and claim.op == "==":
+            lhs, rhs = self.expr(claim.left, None), self.expr(claim.right, None)
+            if lhs.shape != () and rhs.shape != () and not _same_shape(lhs.shape, rhs.shape):
+                raise _err(SpecCheckError,
+                           f"the two sides have different shapes: {self.shape_text(lhs.shape)} == "
+                           f"{self.shape_text(rhs.shape)}", claim.op_pos)
+            return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, "equal", stmt.pos, lhs=lhs, rhs=rhs)
+        if isinstance(claim, ir.Call) and claim.func in ("equivariant", "invariant"):
+            return self.symmetry_check(stmt, claim)
+        raise _err(SpecCheckError, "a check is `A == B`, `equivariant(O, X)` or `invariant(O, Y)`", claim.pos,
+                   "prefix with `not` to claim that a counterexample exists")
+
+    def symmetry_check(self, stmt: ir.Check, claim: ir.Call) -> t.CheckInfo:
+        args = claim.args
+        if not 2 <= len(args) <= 3 or any(not isinstance(a, ir.Name) for a in args):
+            raise _err(SpecCheckError, f"{claim.func} takes (OUTPUT, INPUT) or (OUTPUT, INPUT, DIM), all names",
+                       claim.pos)
+        out, inp = args[0], args[1]
+        for name in (out, inp):
+            if name.id not in self.tensors:
+                raise self.unknown(name.id, name.pos)
+        if self.tensors[inp.id].kind not in ("input", "param"):
+            raise _err(SpecCheckError, f"'{inp.id}' is computed, not declared; permute an input or param",
+                       inp.pos)
+        in_shape = self.tensors[inp.id].shape
+        if len(args) == 3:
+            dim_name = args[2]
+            if dim_name.id not in self.dims:
+                raise _err(SpecCheckError, f"'{dim_name.id}' is not a dim", dim_name.pos)
+            dim = self.dims[dim_name.id].symbol
+            if not any(same_dim(dim, d) for d in in_shape):
+                raise _err(SpecCheckError,
+                           f"{inp.id} {self.shape_text(in_shape)} has no axis of dim {dim_name.id}", dim_name.pos)
+            chosen = dim_name.id
+        else:
+            if not in_shape:
+                raise _err(SpecCheckError, f"'{inp.id}' is a scalar; there is nothing to permute", inp.pos)
+            first = in_shape[0]
+            if not first.is_Symbol:
+                raise _err(SpecCheckError, f"the first axis of {inp.id} is {first}, not a single dim", inp.pos,
+                           f"name the dim to permute: {claim.func}({out.id}, {inp.id}, DIM)")
+            chosen = str(first)
+        return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, claim.func, stmt.pos,
+                           output=out.id, input=inp.id, dim=chosen)
+
+    # --- index notation ----------------------------------------------------------------
+
+    def index_definition(self, stmt: ir.Define) -> t.IndexDef:
+        scope = _IndexScope()
+        for item in stmt.indices:
+            name = item.name.id
+            if name in self.dims or name in self.tensors or name in BUILTINS or name in KEYWORDS:
+                raise _err(SpecNameError, f"index '{name}' clashes with the {self._what(name)} of that name",
+                           item.name.pos, "index names are local; pick one that is not a dim or tensor")
+            if name in scope.ranges:
+                raise _err(SpecNameError, f"index '{name}' appears twice on the left", item.name.pos)
+            scope.ranges[name] = None
+            if item.range is not None:
+                scope.ranges[name] = self.dim_expr(item.range, f"the range of {name}")
+                self.check_size(scope.ranges[name], item.range.pos)
+            scope.seen_at[name] = item.name.pos
+        body = self.expr(stmt.expr, scope)
+        if body.shape != ():
+            raise _err(SpecShapeError, f"index notation defines one entry at a time, but the right side has shape "
+                       f"{self.shape_text(body.shape)}", stmt.expr.pos)
+        indices = []
+        for item in stmt.indices:
+            rng = scope.ranges[item.name.id]
+            if rng is None:
+                raise _err(SpecShapeError, f"cannot infer the range of index '{item.name.id}'", item.name.pos,
+                           f"give it explicitly, as {item.name.id}:N")
+            indices.append(t.Index(item.name.id, rng))
+        return t.IndexDef(tuple(indices), body, tuple(i.range for i in indices), pos=stmt.pos)
+
+    def _what(self, name: str) -> str:
+        if name in self.dims:
+            return "dim"
+        if name in self.tensors:
+            return "tensor"
+        return "builtin"
+
+    def bind_range(self, scope: _IndexScope, index: str, rng: sympy.Expr, pos: ir.Pos, where: str) -> None:
+        known = scope.ranges[index]
+        if known is None:
+            scope.ranges[index] = rng
+            scope.seen_at[index] = pos
+        elif not same_dim(known, rng):
+            first = scope.seen_at[index]
+            raise _err(SpecShapeError,
+                       f"index '{index}' ranges over {self.shape_text((rng,))[1:-1]} here ({where}) but over "
+                       f"{self.shape_text((known,))[1:-1]} at {first.line}:{first.column}", pos)
+
+    # --- expressions -------------------------------------------------------------------
+
+    @singledispatchmethod
+    def expr(self, node, scope: _IndexScope | None) -> t.Node:
+        raise TypeError(f"no validation rule for expression {type(node).__name__}")
+
+    @expr.register
+    def _(self, node: ir.Number, scope) -> t.Node:
+        return t.Scalar(number_value(node), pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.Name, scope) -> t.Node:
+        name = node.id
+        if scope is not None and name in scope.ranges:
+            return t.IndexVar(name, pos=node.pos)
+        if name == "inf":
+            return t.Scalar(sympy.oo, pos=node.pos)
+        if name == "pi":
+            return t.Scalar(sympy.pi, pos=node.pos)
+        if name in self.dims:
+            return t.DimValue(self.dims[name].symbol, pos=node.pos)
+        if name in self.tensors:
+            shape = self.tensors[name].shape
+            if scope is not None and shape != ():
+                subs = ", ".join("ijkl"[: len(shape)]) if len(shape) <= 4 else "..."
+                raise _err(SpecShapeError, f"'{name}' has shape {self.shape_text(shape)}; in index notation "
+                           f"write one entry, as {name}[{subs}]", node.pos)
+            return t.Tensor(name, shape, pos=node.pos)
+        if scope is not None and name not in self.later and name not in BUILTINS:
+            raise _err(SpecNameError, f"unknown name '{name}'", node.pos,
+                       f"an index must appear on the left (T[{name}, ...] = ...) or be summed: sum({name}, ...)")
+        raise self.unknown(name, node.pos)
+
+    @expr.register
+    def _(self, node: ir.UnaryOp, scope) -> t.Node:
+        x = self.expr(node.operand, scope)
+        if node.op == "+":
+            return x
+        if isinstance(x, t.Scalar):
+            return t.Scalar(-x.value, pos=node.pos)
+        return t.Unary("neg", x, x.shape, pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.BinOp, scope) -> t.Node:
+        a, b = self.expr(node.left, scope), self.expr(node.right, scope)
+        for side in (a, b):
+            if isinstance(side, t.Compare):
+                raise _err(SpecShapeError, "a comparison is only allowed as the condition of where(cond, a, b)",
+                           side.pos)
+        if node.op == "@":
+            if scope is not None:
+                raise _err(SpecShapeError, "@ is matrix notation; in index notation write sum(k, A[i, k] * B[k, j])",
+                           node.op_pos)
+            try:
+                shape = matmul_shape(a.shape, b.shape, self.order)
+            except ShapeMismatch as exc:
+                raise self.shape_error(exc, node.op_pos) from None
+            return t.MatMul(a, b, shape, pos=node.pos)
+        try:
+            shape = broadcast(a.shape, b.shape, op=node.op, order=self.order)
+        except ShapeMismatch as exc:
+            raise self.shape_error(exc, node.op_pos, "elementwise operators broadcast like NumPy; "
+                                   "for a matrix product use @") from None
+        return t.Binary(_BINARY[node.op], a, b, shape, pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.Transpose, scope) -> t.Node:
+        x = self.expr(node.operand, scope)
+        return self.transpose(x, node.pos, node.op_pos, scope)
+
+    def transpose(self, x: t.Node, pos: ir.Pos, op_pos: ir.Pos, scope) -> t.Node:
+        if scope is not None:
+            raise _err(SpecShapeError, ".T is matrix notation; in index notation swap the indices instead", op_pos)
+        if len(x.shape) < 2:
+            raise _err(SpecShapeError, f".T swaps the last two axes, but the operand has shape "
+                       f"{self.shape_text(x.shape)}", op_pos)
+        shape = (*x.shape[:-2], x.shape[-1], x.shape[-2])
+        return t.Transpose(x, shape, pos=pos)
+
+    @expr.register
+    def _(self, node: ir.Compare, scope) -> t.Node:
+        a, b = self.expr(node.left, scope), self.expr(node.right, scope)
+        try:
+            shape = broadcast(a.shape, b.shape, op=node.op, order=self.order)
+        except ShapeMismatch as exc:
+            raise self.shape_error(exc, node.op_pos) from None
+        return t.Compare(node.op, a, b, shape, pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.Subscript, scope) -> t.Node:
+        if scope is None:
+            raise _err(SpecShapeError, f"{node.name}[...] picks one entry, which is index notation",
+                       node.pos, f"define an index-notation tensor: T[i, j] = ... {node.name}[i, j] ...")
+        if node.name not in self.tensors:
+            raise self.unknown(node.name, node.pos, tuple(scope.ranges))
+        shape = self.tensors[node.name].shape
+        if len(node.indices) != len(shape):
+            raise _err(SpecShapeError, f"{node.name} has shape {self.shape_text(shape)}: it takes {len(shape)} "
+                       f"ind{'ex' if len(shape) == 1 else 'ices'}, not {len(node.indices)}", node.pos)
+        names = []
+        for axis, index in enumerate(node.indices):
+            if isinstance(index, ir.Name) and index.id not in scope.ranges and index.id not in self.dims \
+                    and index.id not in self.tensors:
+                raise _err(SpecNameError, f"unknown index '{index.id}'", index.pos,
+                           f"an index must appear on the left (T[{index.id}, ...] = ...) or be summed: "
+                           f"sum({index.id}, ...)")
+            if not isinstance(index, ir.Name) or index.id not in scope.ranges:
+                raise _err(SpecShapeError, "a subscript must be an index name from the left side or a sum(k, ...)",
+                           index.pos)
+            self.bind_range(scope, index.id, shape[axis], index.pos, f"axis {axis} of {node.name}")
+            names.append(index.id)
+        return t.Entry(node.name, tuple(names), pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.Keyword, scope) -> t.Node:
+        raise _err(SpecShapeError, f"unexpected keyword argument '{node.name}='", node.pos)
+
+    @expr.register
+    def _(self, node: ir.Call, scope) -> t.Node:
+        from .builtins import validate_call
+
+        return validate_call(self, node, scope)
+
+
+def validate(program: ir.Program, filename: str = "<spec>", source: str = "",
+             sizes: Mapping[str, int] | None = None) -> t.TypedSpec:
+    """Resolve names and shapes of a parsed spec; `sizes` overrides dim defaults."""
+    validator = _Validator(program, filename, sizes or {})
+    try:
+        spec = validator.run()
+    except SpecError as err:
+        raise err.located(filename, source) from None
+    except RecursionError:
+        raise SpecShapeError("the expression is nested too deeply", line=1, column=1).located(filename, source) \
+            from None
+    return t.TypedSpec(spec.name, filename, source, spec.dims, spec.sizes, spec.tensors, spec.outputs, spec.checks)

@@ -1,0 +1,11 @@
+"""Stage ir: the typed IR every other stage reads and writes.
+
+Contract: `typed` is the closed set of frozen, slotted typed nodes (with
+`walk`, `tensors_read`, `scope_sum_indices`) and `TypedSpec`; `position`
+the source spans every node carries; `shapes` symbolic shapes (NumPy
+broadcasting, formatting); `build` the node builders that simplify as they
+build, recording each rule in a `Recorder`; `printing` the spec-text printer
+(every printed expression parses back to the same nodes); `sizes` concrete
+sizes that keep a spec valid and fit a budget. Nothing here imports a later
+stage: the front end builds this IR, everything after it consumes it.
+"""

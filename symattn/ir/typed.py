@@ -1,0 +1,520 @@
+"""The typed IR: resolved operations with symbolic shapes.
+
+Contract: `symattn.front.validate` produces a `TypedSpec` whose tensor definitions
+are trees of the frozen, slotted nodes below. Every node knows its `shape`,
+a tuple of SymPy expressions over the spec's dim symbols (positive integers),
+and its source position `pos` (not part of equality or hashing). Names are
+resolved, axes are normalised to non-negative integers, and syntax variants
+are gone (`K.T` and `transpose(K)` are both `Transpose`). The same nodes
+express matrix-level gradients (`Grad` is the upstream gradient of a tensor),
+so one printer (`symattn.ir.printing`) shows specs, derivations and claims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Iterator, Mapping
+
+import sympy
+
+from .position import NOWHERE, Pos
+
+__all__ = [
+    "Shape",
+    "Node",
+    "Tensor",
+    "Scalar",
+    "DimValue",
+    "Unary",
+    "Binary",
+    "MatMul",
+    "Transpose",
+    "Reduce",
+    "Softmax",
+    "Compare",
+    "Where",
+    "MergeHeads",
+    "SplitHeads",
+    "Concat",
+    "Constant",
+    "Grad",
+    "SumTo",
+    "Slice",
+    "Index",
+    "IndexDef",
+    "Entry",
+    "IndexVar",
+    "IndexSum",
+    "DimInfo",
+    "TensorInfo",
+    "CheckInfo",
+    "TypedSpec",
+    "ELEMENTWISE",
+    "REDUCTIONS",
+    "CONSTANTS",
+    "walk",
+    "tensors_read",
+    "scope_sum_indices",
+]
+
+Shape = tuple  # tuple[sympy.Expr, ...]
+
+ELEMENTWISE = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "sin", "cos")
+REDUCTIONS = ("sum", "mean", "logsumexp")
+CONSTANTS = ("sinusoidal", "causal_mask", "eye", "ones")
+
+
+def _pos() -> Pos:
+    return field(default=NOWHERE, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """Base of every typed node; subclasses define `shape`."""
+
+    @property
+    def children(self) -> tuple["Node", ...]:
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor(Node):
+    """A named tensor: input, param or a defined intermediate."""
+
+    name: str
+    shape: Shape
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar(Node):
+    """A number: exact rational, `oo` for inf, or `pi`."""
+
+    value: sympy.Expr
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class DimValue(Node):
+    """A dim (or dim arithmetic) used as a scalar value, as in `sqrt(d_k)`."""
+
+    dim: sympy.Expr
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Unary(Node):
+    """An elementwise function of one tensor; `fn` is in ELEMENTWISE or 'neg'."""
+
+    fn: str
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Binary(Node):
+    """Elementwise `add sub mul div pow` with NumPy broadcasting."""
+
+    op: str
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class MatMul(Node):
+    """`a @ b`, batched over leading axes like numpy.matmul."""
+
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class Transpose(Node):
+    """Swap the last two axes."""
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce(Node):
+    """`sum`, `mean` or `logsumexp` over `axis` (None: every axis), keeping it."""
+
+    kind: str
+    x: Node
+    axis: int | None
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Softmax(Node):
+    x: Node
+    axis: int
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Compare(Node):
+    """A boolean comparison, used as the condition of `Where`."""
+
+    op: str
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class Where(Node):
+    cond: Compare
+    a: Node
+    b: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.cond, self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class MergeHeads(Node):
+    """[..., h, N, k] -> [..., N, h * k], head-major."""
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitHeads(Node):
+    """[..., N, h * k] -> [..., h, N, k], the inverse of MergeHeads."""
+
+    x: Node
+    heads: sympy.Expr
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Concat(Node):
+    parts: tuple[Node, ...]
+    axis: int
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return self.parts
+
+
+@dataclass(frozen=True, slots=True)
+class Constant(Node):
+    """A fixed tensor: `sinusoidal(N, d)`, `causal_mask(N)`, `eye(N)`, `ones(...)`."""
+
+    kind: str
+    args: tuple[sympy.Expr, ...]
+    shape: Shape
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Grad(Node):
+    """`grad(T)`: dL/dT, with L = sum over outputs of <O, grad(O)>."""
+
+    name: str
+    shape: Shape
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class SumTo(Node):
+    """Sum `x` down to `shape` (undo NumPy broadcasting); made by the backward pass.
+
+    Leading axes that `shape` lacks are summed away; axes where `shape` has 1
+    are summed keeping the axis.
+    """
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The axes of `x` that are summed."""
+        lead = len(self.x.shape) - len(self.shape)
+        kept = [lead + k for k, d in enumerate(self.shape) if d == 1 and self.x.shape[lead + k] != 1]
+        return tuple(range(lead)) + tuple(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice(Node):
+    """`x` restricted to `start <= index < stop` along `axis`; made by the backward of concat."""
+
+    x: Node
+    axis: int
+    start: sympy.Expr
+    stop: sympy.Expr
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+# --- index notation ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """An index of index notation and the dim it ranges over (0 .. range-1)."""
+
+    name: str
+    range: sympy.Expr
+
+
+@dataclass(frozen=True, slots=True)
+class IndexDef(Node):
+    """`T[i, j] = body`: one entry per index tuple; `body` has shape ()."""
+
+    indices: tuple[Index, ...]
+    body: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.body,)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Node):
+    """`X[i, k]`: one entry of a tensor at index variables."""
+
+    tensor: str
+    indices: tuple[str, ...]
+    shape: Shape = ()
+    grad: bool = False  # an entry of grad(tensor), made by the backward pass
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexVar(Node):
+    """The value of an index (0-based), as in `where(j <= i, 0, -inf)`."""
+
+    name: str
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSum(Node):
+    """`sum(k, body)`: the sum of `body` over index k."""
+
+    index: Index
+    body: Node
+    shape: Shape = ()
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.body,)
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node of a tree, in preorder, left to right (a shared subtree is visited each time)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
+
+
+def tensors_read(node: Node) -> list[str]:
+    """The tensors a node reads (whole, or entry by entry in index notation), in order of first read."""
+    found: list[str] = []
+    for n in walk(node):
+        name = n.name if isinstance(n, Tensor) else n.tensor if isinstance(n, Entry) and not n.grad else None
+        if name is not None and name not in found:
+            found.append(name)
+    return found
+
+
+def scope_sum_indices(node: IndexDef) -> IndexDef:
+    """The same definition with one index name per binding, so a name means one axis.
+
+    Each `sum(k, ...)` scopes its own k: sibling sums may reuse a name over
+    different ranges (`sum(k, X[i, k] * W1[k, j]) + sum(k, Y[i, k] * W2[k, j])`).
+    Code that gives every index name one axis or one range (the reference
+    evaluator's grid, the vectorised lowering) runs on this form: a sum whose
+    name an index of the left side or an earlier sum already took is renamed
+    to a fresh `k_1`, `k_2`, ... (a name used nowhere in the definition) in its
+    own body. A definition without reuse comes back unchanged, equal and with
+    the same names.
+    """
+    taken = {i.name for i in node.indices}
+    used = taken | {n.index.name if isinstance(n, IndexSum) else n.name for n in walk(node.body)
+                    if isinstance(n, (IndexSum, IndexVar))}
+    used |= {i for n in walk(node.body) if isinstance(n, Entry) for i in n.indices}
+
+    def fresh(name: str) -> str:
+        k = 1
+        while f"{name}_{k}" in used:
+            k += 1
+        used.add(f"{name}_{k}")
+        return f"{name}_{k}"
+
+    def scoped(n: Node, names: dict[str, str]) -> Node:
+        if isinstance(n, IndexSum):
+            name = n.index.name if n.index.name not in taken else fresh(n.index.name)
+            taken.add(name)
+            body = scoped(n.body, {**names, n.index.name: name})
+            return replace(n, index=Index(name, n.index.range), body=body)
+        if isinstance(n, IndexVar):
+            return replace(n, name=names.get(n.name, n.name))
+        if isinstance(n, Entry):
+            return replace(n, indices=tuple(names.get(i, i) for i in n.indices))
+        changes = {}
+        for f in fields(n):
+            value = getattr(n, f.name)
+            if isinstance(value, Node):
+                changes[f.name] = scoped(value, names)
+            elif isinstance(value, tuple) and value and all(isinstance(v, Node) for v in value):
+                changes[f.name] = tuple(scoped(v, names) for v in value)
+        return replace(n, **changes) if changes else n
+
+    return replace(node, body=scoped(node.body, {}))
+
+
+# --- the whole spec ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DimInfo:
+    name: str
+    symbol: sympy.Symbol
+    default: int
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor of the spec. `kind` is input, param or intermediate."""
+
+    name: str
+    kind: str
+    shape: Shape
+    pos: Pos
+    expr: Node | None = None
+    is_output: bool = False
+
+    @property
+    def role(self) -> str:
+        return "output" if self.is_output else self.kind
+
+
+@dataclass(frozen=True)
+class CheckInfo:
+    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'."""
+
+    line: int
+    text: str
+    negated: bool
+    kind: str
+    pos: Pos
+    lhs: Node | None = None
+    rhs: Node | None = None
+    output: str | None = None
+    input: str | None = None
+    dim: str | None = None
+
+
+@dataclass(frozen=True)
+class TypedSpec:
+    name: str
+    filename: str
+    source: str
+    dims: Mapping[str, DimInfo]
+    sizes: Mapping[str, int]
+    tensors: Mapping[str, TensorInfo]
+    outputs: tuple[str, ...]
+    checks: tuple[CheckInfo, ...]
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "input")
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "param")
+
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        """Inputs and params, in declaration order: what the backward pass returns."""
+        return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param"))
+
+    @property
+    def intermediates(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "intermediate")
+
+    def substitutions(self) -> dict[sympy.Symbol, int]:
+        return {info.symbol: self.sizes[name] for name, info in self.dims.items()}
+
+    def size(self, dim: sympy.Expr) -> int:
+        """The concrete size of a dim expression at this spec's sizes."""
+        value = sympy.sympify(dim).subs(self.substitutions())
+        return int(value)
+
+    def concrete_shape(self, shape: Shape) -> tuple[int, ...]:
+        return tuple(self.size(d) for d in shape)

@@ -1,0 +1,227 @@
+"""Matrix-level equality proofs for all sizes: canonical index forms.
+
+Contract: `prove_equal(lhs, rhs, spec, definitions)` returns a `Proof` when the
+two typed nodes are equal for every value of the inputs, params and upstream
+gradients and for every size of the dims, and None when it cannot show that
+(None is "not proved", never "false"). It never returns a Proof for a false
+claim; it is incomplete by design.
+
+Method (the forms are built by `symattn.prove.index_forms` and put in canonical
+form by `symattn.prove.index_terms`). Each side is written as an *index form*: a sum of terms, each term a
+coefficient (a SymPy expression of numbers and dim symbols, such as
+`1/sqrt(d_k)`) times a product of factors carrying index variables, summed
+over contracted indices whose ranges are dims. The linear structure of the
+matrix language is expanded: `@` contracts an index, `.T` swaps two, `sum`
+and `SumTo` contract axes, `mean` also divides by the dim, `+ - *` distribute,
+a scalar divisor goes into the coefficient, broadcasting drops an index,
+`ones` is 1, `eye` is a Kronecker delta, `merge_heads`/`split_heads` and
+`concat`/slices are index maps (`m = a * k + b`, `m = c + offset`) with the
+rules that make them cancel against each other. Everything nonlinear (`exp`,
+`softmax`, `logsumexp`, division by a tensor, `where`, powers other than small
+natural ones, constants other than `ones` and `eye`) is an opaque factor keyed
+by the canonical forms of its arguments, with its free indices named by
+position, so that equal arguments give equal factors. A term is put in
+canonical form by relabelling its contracted indices (all labellings that
+respect an invariant of each index, the least serialisation wins), and two
+sides are equal when their collected terms and coefficients agree.
+
+`definitions` maps tensor names to their forward definitions and `"grad(T)"`
+to derived matrix-level gradients; `Tensor(T)` and `Grad(T)` references are
+unfolded when the direct comparison fails: gradients first (earliest tensor
+first), then forward intermediates (latest first), comparing again after each.
+
+Non-finite values. `-inf` masks, `log`, `sqrt` and division by a tensor can
+make entries infinite or NaN, and then `x - x == 0` or `0 * x == 0` fail in
+floating point. A static analysis classifies every node as finite, "maybe
+-inf but never NaN or +inf", or "maybe anything"; a term that may be
+non-finite is never dropped by cancellation or multiplication by zero, never
+merged with a like term of the other sign, and never selected through
+`eye(N) @` (which multiplies by 0); the argument of an opaque function that
+may be NaN is compared structurally rather than by its expansion, and the
+row-sum rule `sum(softmax(x), axis) = 1` needs a finite `x` (a fully masked
+row has softmax 0), and a factor that may be non-finite is never distributed
+over a sum (`(A + B) * M` is -inf where `A * M + B * M` is NaN). So a Proof
+means: at every point, with float64 semantics aside from rounding and
+overflow, both sides are equal, or the same non-finite value (see
+`symattn.symbolic.finiteness`).
+
+Incomplete by design: no algebra inside opaque functions (`exp(a + b)` is
+not `exp(a) * exp(b)`, `P = softmax(S)` is not expanded into `exp`), no
+cancellation of `x * (1 / x)`, no index arithmetic beyond the index-map
+rules, and an expansion larger than MAX_TERMS terms is given up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import sympy
+
+from ..ir import typed as t
+from ..ir.printing import to_spec
+from ..ir.shapes import same_dim
+from ..symbolic.finiteness import Finiteness
+from .index_forms import Converter
+from .index_terms import ZERO_INDEX, TooBig, Unsupported, collect, display
+
+__all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
+
+METHOD = "matrix level: canonical index forms agree for all sizes"
+MAX_ROUNDS = 16        # unfoldings tried after the direct comparison
+
+@dataclass(frozen=True)
+class Proof:
+    """How a claim was proved: the method and the (rule, before, after) steps."""
+
+    method: str
+    steps: tuple[tuple[str, str, str], ...]
+
+
+def definitions_for(spec: t.TypedSpec, derivation=None) -> dict[str, t.Node | None]:
+    """The `definitions` argument for a spec: forward definitions by name and,
+    given a `symattn.symbolic.derive.Derivation`, every derived gradient as `grad(NAME)`."""
+    defs: dict[str, t.Node | None] = {name: info.expr for name, info in spec.tensors.items()
+                                      if info.expr is not None}
+    if derivation is not None:
+        for name, gradient in derivation.gradients.items():
+            defs[f"grad({name})"] = gradient.expr
+    return defs
+
+
+# --- the prover -----------------------------------------------------------------------
+
+
+def _aligned(shape_a, shape_b):
+    """The common shape without leading 1s, or None when the shapes differ."""
+    def strip(shape):
+        shape = list(shape)
+        while shape and shape[0] == 1:
+            shape.pop(0)
+        return shape
+
+    a, b = strip(shape_a), strip(shape_b)
+    if len(a) != len(b) or not all((x == 1) == (y == 1) and same_dim(x, y) for x, y in zip(a, b)):
+        return None
+    return tuple(a)
+
+
+def _top_tokens(node_shape, shape):
+    lead = len(node_shape) - len(shape)
+    return (ZERO_INDEX,) * lead + tuple(ZERO_INDEX if d == 1 else f"p{k}" for k, d in enumerate(shape))
+
+
+def _forms(lhs, rhs, shape, spec, definitions, unfold, risk):
+    cv = Converter(spec, definitions, frozenset(unfold), risk)
+    names = {ZERO_INDEX: ZERO_INDEX}
+    for k, d in enumerate(shape):
+        if d != 1:
+            cv.ranges[f"p{k}"] = sympy.sympify(d)
+            names[f"p{k}"] = f"p{k}"
+    try:
+        left = collect(cv.conv(lhs, _top_tokens(lhs.shape, shape), {}), names, cv.ranges)
+        right = collect(cv.conv(rhs, _top_tokens(rhs.shape, shape), {}), names, cv.ranges)
+    except TooBig:
+        raise
+    except Unsupported:
+        return None, None, cv.seen
+    return left, right, cv.seen
+
+
+def _agree(left: dict, right: dict) -> bool:
+    for key in set(left) | set(right):
+        a, ra = left.get(key, (sympy.Integer(0), False))
+        b, rb = right.get(key, (sympy.Integer(0), False))
+        if a == b:
+            continue
+        if not _zero_for_all_sizes(a - b):
+            return False
+        if (key not in left or key not in right) and (ra or rb):
+            return False  # a possibly non-finite term would vanish
+    return True
+
+
+def _zero_for_all_sizes(c) -> bool:
+    """Whether a coefficient is 0 for every size: a cheap refutation at a few sizes first."""
+    if c == 0:
+        return True
+    if c.is_zero is False:
+        return False
+    symbols = sorted(c.free_symbols, key=str)
+    for point in ((7, 11, 13, 17, 19, 23, 29), (2, 3, 5, 4, 6, 8, 9)):
+        values = {x: point[k % len(point)] + k // len(point) for k, x in enumerate(symbols)}
+        try:
+            value = complex(c.subs(values).evalf(30))
+        except (TypeError, ValueError):
+            continue
+        if abs(value) > 1e-12:
+            return False
+    return sympy.expand(c) == 0 or sympy.simplify(c) == 0
+
+
+def _unfoldable(definitions, key, name) -> bool:
+    if key not in definitions:
+        return False
+    value = definitions[key]
+    return not (isinstance(value, t.Grad) and value.name == name)
+
+
+def _next_unfold(seen, unfolded, definitions, order):
+    grads = [key[5:-1] for key in seen if key.startswith("grad(") and key not in unfolded]
+    grads = [name for name in grads if _unfoldable(definitions, f"grad({name})", name)]
+    if grads:
+        name = min(grads, key=lambda n: (order.get(n, len(order)), n))
+        return f"grad({name})"
+    forward = [key for key in seen if not key.startswith("grad(") and key not in unfolded
+               and definitions.get(key) is not None]
+    if forward:
+        return max(forward, key=lambda n: (order.get(n, -1), n))
+    return None
+
+
+def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
+                definitions: Mapping[str, t.Node | None]) -> Proof | None:
+    """A Proof that `lhs == rhs` for all values and all dim sizes, or None (not shown).
+
+    `definitions`: tensor name -> forward definition, `"grad(T)"` -> derived
+    gradient (None: L does not depend on T, so grad(T) is zero); see
+    `definitions_for`. References are unfolded only when needed.
+    """
+    shape = _aligned(lhs.shape, rhs.shape)
+    if shape is None:
+        return None
+    dims = list(spec.dims)
+    order = {name: k for k, name in enumerate(spec.tensors)}
+    risk = Finiteness(spec, definitions)
+    unfolded: list[str] = []
+    steps: list[tuple[str, str, str]] = []
+    try:
+        for _ in range(MAX_ROUNDS + 1):
+            left, right, seen = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk)
+            if left is not None and _agree(left, right):
+                steps.append(("left side in canonical index form", to_spec(lhs, dims), display(left)))
+                steps.append(("right side in canonical index form", to_spec(rhs, dims), display(right)))
+                steps.append(("like terms collected: the forms agree term by term, dims symbolic",
+                              display(left), display(right)))
+                return Proof(METHOD, tuple(steps))
+            key = _next_unfold(seen, unfolded, definitions, order)
+            if key is None:
+                return None
+            unfolded.append(key)
+            definition = definitions[key]
+            after = "0 (L does not depend on it)" if definition is None else to_spec(definition, dims)
+            rule = "substitute the derived gradient" if key.startswith("grad(") else "substitute the definition"
+            steps.append((f"{rule} of {key}", key, after))
+    except (Unsupported, RecursionError):
+        return None
+    return None
+
+
+def index_form_text(node: t.Node, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None] | None = None,
+                    unfold: tuple[str, ...] = ()) -> str | None:
+    """The canonical index form of one node as text (free indices p0, p1, ... by axis);
+    None when it cannot be formed. For documents and debugging."""
+    definitions = definitions or {}
+    shape = _aligned(node.shape, node.shape)
+    left, _, _ = _forms(node, node, shape, spec, definitions, list(unfold), Finiteness(spec, definitions))
+    return None if left is None else display(left)

@@ -1,0 +1,495 @@
+"""Answer `check` statements: proved, refuted (with a counterexample) or unknown.
+
+Contract: `check_spec(spec)` returns one `Verdict` per `check`, in order.
+"Equal" means equal at every point under IEEE float64 semantics, NaN and
+infinities included (see `symattn.symbolic.finiteness`). An equality `A == B` climbs
+the verification ladder, cheapest first, and the verdict names the rung that
+settled it:
+
+1. matrix level, dims symbolic: canonical index forms agree -> proved for all sizes;
+2. element level, at the spec's sizes: exact identity of every entry -> proved at
+   those sizes; only for sides whose values cannot be NaN or +-inf for finite
+   inputs (`Finiteness.deep`), since SymPy rewrites exp(log(x)) to x and x/x to 1;
+3. concrete inputs (multiples of 1/2 in [-1, 1], zeros and negatives included) at
+   which the two sides differ at 30 digits *and* in plain float64, re-evaluated by
+   the float64 evaluator (independent of SymPy, with gradients from the matrix-level
+   derivation) -> refuted, with the inputs and both float64 values;
+4. otherwise unknown, saying why (agreement at random points is reported as such,
+   never as a proof).
+
+Every claim runs under a time budget (`budget` seconds, default
+`symattn.budget.DEFAULT_SECONDS`); a claim over it is unknown, "gave up after
+5.0 s". A derivation that fails costs only the claims that need gradients.
+`check not CLAIM` inverts proved and refuted. Equivariance claims are
+delegated to `symattn.prove.equivariance`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import mpmath
+import numpy as np
+import sympy
+
+from .. import progress
+from ..ir import typed as t
+from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
+from ..symbolic.derive import Derivation, derive
+from ..symbolic.element import ElementModel
+from ..errors import SizeGuardError, SymAttnError
+from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
+from ..symbolic.finiteness import ANY, Finiteness
+from ..ir.sizes import SEARCH_BUDGET, fit_sizes, user_sizes
+from .verdicts import Counterexample, GradientCheck, Verdict
+
+__all__ = ["check_spec", "verify_gradients", "open_session"]
+
+POINTS = 4          # random rational points tried for a counterexample
+# Where log, sqrt and division by a tensor leave the reals: tried too when a claim's values may be NaN.
+SPECIAL_POINTS = ["zeros", "negative", "zero scalars", "sparse", "sparse", "sparse", "sparse"]
+DIGITS = 30         # precision of the values compared at a point
+SEPARATION = 1e-12  # relative gap that counts as a difference at 30 digits
+FLOAT64_GAP = 1e-8  # relative gap that counts as a difference in float64 (rounding is ~1e-15)
+MATRIX_SHARE = 0.5  # of a claim's time budget, the most the matrix-level prover may take
+# Array entries (every tensor and subexpression, `symattn.ir.sizes.entries`) above which a claim's
+# counterexample search moves to smaller sizes: it evaluates the spec at 30 digits in SymPy floats.
+# Sizes given with --dim stand up to the numeric search's budget.
+CLAIM_SEARCH_ENTRIES = 3_000
+
+
+def _sizes_text(spec: t.TypedSpec) -> str:
+    return ", ".join(f"{k}={v}" for k, v in spec.sizes.items())
+
+
+def _tolist(array) -> Any:
+    array = np.asarray(array, dtype=object)
+    if array.shape == ():
+        return _number(array.item())
+    return [_tolist(a) for a in array]
+
+
+def _number(value):
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, (mpmath.mpf, mpmath.mpc)):
+        return float(value.real) if isinstance(value, mpmath.mpc) else float(value)
+    value = sympy.sympify(value)
+    if value.is_Integer:
+        return int(value)
+    return float(value)
+
+
+class _Session:
+    """Shared work for all checks of one spec: derivation, element model, evaluators."""
+
+    def __init__(self, spec: t.TypedSpec, force: bool = False, budget: float | None = None) -> None:
+        self.spec = spec
+        self.force = force
+        self.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
+        self.matrix_gave_up = ""
+        self.unreproduced = ""  # a 30-digit difference that float64 did not reproduce
+        self._derivation: Derivation | None = None
+        self.derive_error: str | None = None
+        self._model: ElementModel | None = None
+        self.model_error: str | None = None
+        self._finiteness: Finiteness | None = None
+        self._searcher: _Session | None = None
+        self.size_note = ""  # set on a searcher at sizes the size guard picked
+
+    def searcher(self) -> "_Session":
+        """The session the counterexample search runs in: this one, or, when the spec's sizes would
+        make its float64 and 30-digit evaluations too large, one at sizes the size guard picks."""
+        if self._searcher is None:
+            choice = fit_sizes(self.spec, CLAIM_SEARCH_ENTRIES, fixed=user_sizes(self.spec),
+                               fixed_budget=SEARCH_BUDGET)
+            if choice.shrunk:
+                self._searcher = _Session(dataclasses.replace(self.spec, sizes=choice.sizes), self.force)
+                self._searcher.size_note = choice.where()
+            else:
+                self._searcher = self
+        return self._searcher
+
+    @property
+    def derivation(self) -> Derivation | None:
+        """The matrix-level derivation, or None when it fails (derive_error says why)."""
+        if self._derivation is None and self.derive_error is None:
+            try:
+                self._derivation = derive(self.spec)
+            except SymAttnError as err:
+                self.derive_error = str(err)
+        return self._derivation
+
+    @property
+    def model(self) -> ElementModel:
+        """The element model; raises SizeGuardError, or OutOfTime the first time building it runs
+        out of time (then every later claim is told so at once instead of trying again)."""
+        if self.model_error is not None:
+            raise SizeGuardError(self.model_error)
+        if self._model is None:
+            try:
+                self._model = ElementModel(self.spec, force=self.force)
+            except SizeGuardError as err:
+                self.model_error = str(err)
+                raise
+            except OutOfTime as err:
+                self.model_error = f"building the element model {err}"
+                raise
+        return self._model
+
+    @property
+    def model_built(self) -> bool:
+        """Whether the element model exists already (reading `model` would build it)."""
+        return self._model is not None
+
+    @property
+    def finiteness(self) -> Finiteness:
+        if self._finiteness is None:
+            self._finiteness = Finiteness(self.spec, self.definitions())
+        return self._finiteness
+
+    def symbolic(self, node: t.Node) -> np.ndarray:
+        """A node's entries in the element model's slots and gradient symbols; tensors that
+        may be -inf enter with their exact entries, never as finite symbols."""
+        model = self.model
+        ev = Evaluator(self.spec, SYMBOLIC)
+        ev.values = {**model.leaf, **model.slot, **{n: model.forward[n] for n in model.risky}}
+        ev.grads = model.upstream
+        shape = self.spec.concrete_shape(node.shape)
+        value = np.asarray(ev.evaluate(node), dtype=object)
+        return value.reshape(shape) if value.size == int(np.prod(shape, dtype=int)) else value
+
+    def definitions(self) -> dict[str, t.Node | None]:
+        defs = {n: i.expr for n, i in self.spec.tensors.items() if i.expr is not None}
+        if self.derivation is not None:
+            for name, grad in self.derivation.gradients.items():
+                if name not in self.spec.outputs:  # None: L does not depend on it, grad is 0
+                    defs[f"grad({name})"] = grad.expr
+        return defs
+
+    def at_point(self, values: dict, upstream: dict, digits: int | None = None,
+                 subs: dict | None = None) -> Evaluator | None:
+        """An evaluator holding every tensor and gradient at a point: in float64 (digits None, the
+        NUMERIC backend) or in SymPy floats of `digits` digits (the same rules, to rule out rounding).
+        Gradients come from the derived matrix-level formulas, or, without a derivation, from the
+        element level's values at the point (`subs`); None when neither is available."""
+        spec = self.spec
+        if digits is None:
+            ev = Evaluator(spec, NUMERIC)
+
+            def convert(array):
+                return np.asarray(np.asarray(array, dtype=object).astype(float), dtype=np.float64)
+        else:
+            ev = Evaluator(spec, SYMBOLIC)
+
+            def convert(array):
+                return np.vectorize(lambda v: sympy.Float(v, digits + 10), otypes=[object])(
+                    np.asarray(array, dtype=object))
+        ev.run({n: convert(v) for n, v in values.items()})
+        ev.grads = {n: convert(v) for n, v in upstream.items()}
+        derivation = self.derivation
+        for name in reversed(list(spec.tensors)):
+            if name in spec.outputs:
+                continue
+            shape = spec.concrete_shape(spec.tensors[name].shape)
+            if derivation is not None and name in derivation.gradients:
+                expr = derivation.gradients[name].expr
+                value = np.zeros(shape, dtype=object) if expr is None else ev.evaluate(expr)
+            elif subs is not None:
+                value = np.array([_number(subs[s]) for s in self.model.upstream[name].flat]).reshape(shape)
+            else:
+                return None
+            value = np.broadcast_to(np.asarray(value, dtype=object), shape)
+            ev.grads[name] = value.astype(np.float64) if digits is None else value
+        return ev
+
+
+def open_session(spec: t.TypedSpec, force: bool = False, derivation: Derivation | None = None) -> _Session:
+    """One element-level pass for a spec, to share: pass it as `session=` to `check_spec` and
+    `verify_gradients` (and read its `model`, `derivation`) so that the element model, its
+    exact gradients and the finiteness analysis are built once. `derivation`, when given, is
+    the spec's matrix-level derivation (otherwise derived on first use)."""
+    session = _Session(spec, force)
+    if derivation is not None:
+        session._derivation = derivation
+    return session
+
+
+def _matrix_proof(session: _Session, lhs: t.Node, rhs: t.Node):
+    """The canonical-form proof, or None; it gets a share of the claim's budget so that the
+    element level still has time when the index forms grow large."""
+    from .canonical import prove_equal
+
+    try:
+        with time_budget(session.matrix_seconds) as mine:
+            return prove_equal(lhs, rhs, session.spec, session.definitions())
+    except SymAttnError:
+        return None
+    except OutOfTime as err:
+        if mine is None or err.budget is not mine:
+            raise
+        session.matrix_gave_up = f"the matrix level gave up after {err.seconds:.1f} s"
+        return None
+
+
+def _rational_point(session: _Session, rng: np.random.Generator, kind: str = "random") -> tuple[dict, dict]:
+    """Small exact inputs: multiples of 1/2 in [-1, 1] (zeros and negatives included), so softmax
+    stays far from saturation; `zeros` and `negative` are the points where log, sqrt and
+    division by a tensor leave the reals."""
+    spec = session.spec
+    halves = np.array([sympy.Rational(k, 2) for k in range(-2, 3)], dtype=object)
+    fixed = {"zeros": sympy.Integer(0), "negative": sympy.Rational(-1, 2)}
+
+    def leaf(name):
+        shape = spec.concrete_shape(spec.tensors[name].shape)
+        if kind in fixed:
+            return np.full(shape, fixed[kind], dtype=object)
+        if kind == "sparse":  # half the entries 0: divisions by 0 meet numerators that are not
+            return np.where(rng.random(shape) < 0.5, sympy.Integer(0), rng.choice(halves, size=shape))
+        if kind == "zero scalars" and not shape:
+            return np.array(sympy.Integer(0), dtype=object)
+        return rng.choice(halves, size=shape)
+
+    values = {n: leaf(n) for n in spec.leaves}
+    nonzero = np.array([sympy.Rational(k, 2) for k in (-2, -1, 1, 2)], dtype=object)
+    upstream = {n: rng.choice(nonzero, size=spec.concrete_shape(spec.tensors[n].shape)) for n in spec.outputs}
+    return values, upstream
+
+
+def _same_float(a: float, b: float, gap: float) -> bool:
+    """Equal under float64 semantics: the same non-finite value, or finite and within `gap` (relative)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    return abs(a - b) <= gap * max(1.0, abs(a), abs(b))
+
+
+def _mp_float(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, mpmath.mpc):
+        return float(value.real) if value.imag == 0 else math.nan
+    return float(value)
+
+
+def _float_of(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # a complex or symbolic leftover is NaN under float64
+        return math.nan
+
+
+def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = POINTS,
+                           special: bool = False) -> Counterexample | None:
+    """Inputs at which plain float64 (the float64 evaluator on the spec's nodes, independent of
+    SymPy's algebra) shows the sides differ, confirmed by the same evaluation at 30 digits so
+    that rounding never refutes; None when no such point turns up. A difference in which side is
+    NaN or infinite must show at 30 digits as the same kind of difference."""
+    spec = session.spec
+    rng = np.random.default_rng(20261129)
+    kinds = ["random"] * points + (SPECIAL_POINTS if special else [])
+    shape = spec.concrete_shape(_broadcast_shape(check))
+    for kind in kinds:
+        values, upstream = _rational_point(session, rng, kind)
+        subs = None
+        if session.derivation is None and _reads_grads(check):
+            subs = session.model.point(values, upstream, DIGITS)
+        ev = session.at_point(values, upstream, subs=subs)
+        left64 = np.broadcast_to(np.asarray(ev.evaluate(check.lhs), dtype=np.float64), shape)
+        right64 = np.broadcast_to(np.asarray(ev.evaluate(check.rhs), dtype=np.float64), shape)
+        indices = list(np.ndindex(*shape) if shape else [()])
+        candidates = [i for i in indices if not _same_float(float(left64[i]), float(right64[i]), FLOAT64_GAP)]
+        if not candidates:
+            continue
+        exact = session.at_point(values, upstream, DIGITS, subs=subs)
+        left = np.broadcast_to(np.asarray(exact.evaluate(check.lhs), dtype=object), shape)
+        right = np.broadcast_to(np.asarray(exact.evaluate(check.rhs), dtype=object), shape)
+        gaps = [i for i in candidates if not _same_float(_float_of(left[i]), _float_of(right[i]), SEPARATION)]
+        if not gaps:
+            i = candidates[0]
+            session.unreproduced = (f"float64 gives {float(left64[i]):.6g} and {float(right64[i]):.6g} at entry "
+                                    f"{list(i)}, but at {DIGITS} digits the sides agree there (rounding)")
+            continue
+
+        def size(i):
+            a, b = float(left64[i]), float(right64[i])
+            return math.inf if not (math.isfinite(a) and math.isfinite(b)) else abs(a - b)
+
+        index = max(gaps, key=size)
+        inputs = {n: _tolist(v) for n, v in values.items()}
+        inputs.update({f"grad({n})": _tolist(v) for n, v in upstream.items()})
+        where = "[" + ", ".join(str(i) for i in index) + "]"
+        return Counterexample(
+            sizes=dict(spec.sizes), inputs=inputs, lhs=_tolist(left64), rhs=_tolist(right64),
+            note=f"largest gap at entry {where} (0-based): left side {float(left64[index]):.6g}, "
+                 f"right side {float(right64[index]):.6g} in float64",
+        )
+    return None
+
+
+def _reads_grads(check: t.CheckInfo) -> bool:
+    return any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
+               for side in (check.lhs, check.rhs) for n in t.walk(side))
+
+
+def _broadcast_shape(check: t.CheckInfo) -> tuple:
+    a, b = check.lhs.shape, check.rhs.shape
+    if len(a) < len(b):
+        a, b = b, a
+    b = (1,) * (len(a) - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
+def _refuted(check: t.CheckInfo, search: "_Session", counter: Counterexample) -> Verdict:
+    where = search.size_note or f"at {_sizes_text(search.spec)}"
+    return Verdict(check.line, check.text, "refuted",
+                   f"counterexample {where}: inputs that are multiples of 1/2, at which the "
+                   f"sides differ in plain float64 (and at {DIGITS} digits where both are finite)", counter)
+
+
+def _float64_contradicts(session: _Session, check: t.CheckInfo) -> str | None:
+    """Defence in depth for an element-level proof: evaluate both sides in float64 at three
+    points (zeros and negatives included) and say where they disagree, if they do."""
+    rng = np.random.default_rng(7)
+    for kind in ("random", "zeros", "negative"):
+        values, upstream = _rational_point(session, rng, kind)
+        try:
+            ev = session.at_point(values, upstream)
+            if ev is None:
+                return None
+            left = np.asarray(ev.evaluate(check.lhs), dtype=np.float64)
+            right = np.asarray(ev.evaluate(check.rhs), dtype=np.float64)
+        except (SymAttnError, KeyError):
+            return None  # a gradient the float64 evaluator cannot produce: nothing to compare
+        left, right = np.broadcast_arrays(left, right)
+        for index in np.ndindex(*left.shape):
+            if not _same_float(float(left[index]), float(right[index]), 1e-6):
+                return f"float64 gives {left[index]} and {right[index]} at entry {list(index)} ({kind} inputs)"
+    return None
+
+
+def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
+    spec = session.spec
+    finiteness = session.finiteness
+    may_be_nan = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs)) == ANY
+    search = session.searcher()  # the spec itself, or at sizes the size guard picked
+    search.unreproduced = ""
+    session.matrix_gave_up = ""
+    # A difference at a concrete point settles it in milliseconds; the proofs are for claims that hold.
+    counter = _search_counterexample(search, check, points=1, special=may_be_nan)
+    if counter is not None:
+        return _refuted(check, search, counter)
+    proof = _matrix_proof(session, check.lhs, check.rhs)
+    if proof is not None:
+        return Verdict(check.line, check.text, "proved", proof.method, steps=tuple(proof.steps))
+    why = session.matrix_gave_up or "no matrix-level proof"
+    if _reads_grads(check) and session.derivation is None:
+        why = f"the derivation failed ({session.derive_error}), so no matrix-level proof"
+    if not may_be_nan:
+        try:
+            lhs, rhs = session.symbolic(check.lhs), session.symbolic(check.rhs)
+        except SizeGuardError as err:
+            return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
+        same, unfolded = session.model.identical(lhs, rhs)
+        if same:
+            contradiction = _float64_contradicts(search, check)
+            if contradiction is not None:  # a bug in the element level: never a proof
+                return Verdict(check.line, check.text, "unknown",
+                               f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
+                               f"{contradiction}; this is a bug in symattn, please report it")
+            how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+            return Verdict(check.line, check.text, "proved",
+                           f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
+                           "(not shown for all sizes)")
+        why += f", no exact proof at {_sizes_text(spec)}"
+    else:
+        why += (", and the element level does not compare values that may be NaN or infinite for finite "
+                "inputs (log, sqrt, division by a tensor, powers, or what reads them)")
+    counter = _search_counterexample(search, check, special=may_be_nan)
+    if counter is not None:
+        return _refuted(check, search, counter)
+    if search.unreproduced:
+        return Verdict(check.line, check.text, "unknown", f"{why}; {search.unreproduced}")
+    where = search.size_note or f"at {_sizes_text(spec)}"
+    return Verdict(check.line, check.text, "unknown",
+                   f"{why}; the two sides agree {where} at {POINTS + 1} random rational points in float64 and "
+                   f"to {DIGITS} digits (agreement at points is not a proof)")
+
+
+def _negate(verdict: Verdict) -> Verdict:
+    text = f"not {verdict.claim}"
+    if verdict.verdict == "refuted":
+        return Verdict(verdict.line, text, "proved", f"the claim it negates is refuted: {verdict.method}",
+                       verdict.counterexample, verdict.steps)
+    if verdict.verdict == "proved":
+        return Verdict(verdict.line, text, "refuted", f"the claim it negates is proved: {verdict.method}",
+                       None, verdict.steps)
+    return Verdict(verdict.line, text, "unknown", verdict.method, verdict.counterexample, verdict.steps)
+
+
+def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DEFAULT_SECONDS,
+               session: _Session | None = None) -> list[Verdict]:
+    """One verdict per `check` statement of the spec, each within `budget` seconds (None: no limit).
+    `session` (from `open_session`, with the same spec and force) shares its element model."""
+    if session is None:
+        session = _Session(spec, force, budget)
+    else:
+        session.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
+    verdicts = []
+    for number, check in enumerate(spec.checks):
+        progress.step(f"check, line {check.line}", number, len(spec.checks))
+        try:
+            with time_budget(budget):
+                if check.kind == "equal":
+                    verdict = _check_equal(session, check)
+                else:
+                    verdict = _check_symmetry(session, check)
+        except OutOfTime as err:
+            verdict = Verdict(check.line, check.text, "unknown", f"{err} (the time budget per claim; "
+                              "raise it with --budget)")
+        verdicts.append(_negate(verdict) if check.negated else verdict)
+    return verdicts
+
+
+def _check_symmetry(session: _Session, check: t.CheckInfo) -> Verdict:
+    from .equivariance import check_symmetry
+
+    return check_symmetry(session.spec, check, force=session.force)
+
+
+def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivation | None = None,
+                     budget: float | None = None, session: _Session | None = None) -> list[GradientCheck]:
+    """Every matrix-level grad(T) against the element-level chain rule, exactly, at the spec's sizes,
+    each within `budget` seconds (None, the default: no limit, so documents do not depend on the
+    machine's load). A gradient that reads values that may be NaN or infinite is compared as
+    rational functions (the method says so). `session` (from `open_session`) shares its element
+    model and exact gradients with other checks of the same spec."""
+    if session is None:
+        session = open_session(spec, force, derivation)
+    if session.derivation is None:
+        raise SymAttnError(f"cannot verify gradients: {session.derive_error}")
+    model = session.model
+    finiteness = session.finiteness
+    out = []
+    for number, (name, grad) in enumerate(session.derivation.gradients.items()):
+        progress.step(f"checking grad({name})", number, len(session.derivation.gradients))
+        shape = spec.concrete_shape(spec.tensors[name].shape)
+        try:
+            with time_budget(budget):
+                if grad.expr is None:
+                    matrix = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
+                else:
+                    matrix = session.symbolic(grad.expr)
+                truth = model.ground_truth(name)
+                ok, unfolded = model.identical(matrix, truth, unfold_grads=False)
+        except OutOfTime as err:
+            out.append(GradientCheck(name, False, f"not checked: {err}"))
+            continue
+        how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+        caveat = ""
+        if grad.expr is not None and finiteness.deep(grad.expr) == ANY:
+            caveat = " (as rational functions: where an entry is NaN or infinite the formulas are not compared)"
+        out.append(GradientCheck(name, ok, f"exact identity of every entry at {_sizes_text(spec)}{how}{caveat}"
+                                 if ok else f"not shown equal at {_sizes_text(spec)}"))
+    return out

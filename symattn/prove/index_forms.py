@@ -1,0 +1,406 @@
+"""Index forms: typed nodes written as sums of products of indexed factors.
+
+Contract: `Converter(spec, definitions, unfold, finiteness).conv(node, idx, env)`
+returns the index form (see `symattn.prove.index_terms`) of a node at index
+tokens `idx`. `@` contracts an index, `.T` swaps two, reductions contract axes,
+`+ - *` distribute, a constant divisor goes into the coefficient, broadcasting
+drops an index, `ones` is 1, `eye` a Kronecker delta, `merge_heads`,
+`split_heads`, `concat` and slices are index maps, and everything nonlinear is an
+opaque factor keyed by the canonical forms of its arguments. A form that cannot
+be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
+zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Mapping
+
+import sympy
+
+from ..ir import typed as t
+from ..ir.shapes import same_dim
+from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
+from .index_terms import EYE, IVAR, MAX_TERMS, ONE, ZERO_INDEX, TooBig, Unsupported, form_key, risky
+
+__all__ = ["Converter"]
+
+
+# --- index forms ------------------------------------------------------------------
+
+
+def _bcast(sub_shape, shape, idx):
+    """The tokens of an operand broadcast into `shape` (right-aligned, size 1 -> ZERO_INDEX)."""
+    offset = len(shape) - len(sub_shape)
+    if offset < 0:
+        raise Unsupported("an operand has more axes than the result")
+    return tuple(ZERO_INDEX if d == 1 else idx[offset + k] for k, d in enumerate(sub_shape))
+
+
+
+def _mul_forms(a: list, b: list) -> list:
+    if not a or not b:
+        if any(risky(term) for term in a + b):
+            raise Unsupported("a possibly non-finite term would be multiplied by zero")
+        return []
+    if (len(a) > 1 and any(risky(term) for term in b)) or (len(b) > 1 and any(risky(term) for term in a)) \
+            or any(ta[2] and risky(tb) or tb[2] and risky(ta) for ta in a for tb in b):
+        # (A + B) * M is not A * M + B * M where M is -inf or 1/0: (1 + 0) * inf is inf while
+        # 1 * inf + 0 * inf is NaN; likewise a contracted sum, sum(X) / w vs sum(X / w).
+        raise Unsupported("a possibly non-finite factor would be distributed over a sum")
+    if len(a) * len(b) > MAX_TERMS:
+        raise TooBig("the expansion is too large")
+    return [(ca * cb, fa + fb, sa + sb) for ca, fa, sa in a for cb, fb, sb in b]
+
+
+def _scale(form: list, c) -> list:
+    return [(c * coef, f, s) for coef, f, s in form]
+
+
+class Converter:
+    """Typed nodes -> index forms, with a fixed set of unfolded references."""
+
+    def __init__(self, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None],
+                 unfold: frozenset[str], risk: Finiteness) -> None:
+        self.spec = spec
+        self.defs = definitions
+        self.unfold = unfold
+        self.risk = risk
+        self.ranges: dict[str, sympy.Expr] = {ZERO_INDEX: ONE}
+        self.count = itertools.count()
+        self.seen: set[str] = set()  # references met and not unfolded: 'X' or 'grad(X)'
+        self.depth = 0
+
+    def fresh(self, size) -> str:
+        if size == 1:
+            return ZERO_INDEX
+        token = f"#{next(self.count)}"
+        self.ranges[token] = sympy.sympify(size)
+        return token
+
+    # entry point: the node's value at index tokens `idx` (one per axis)
+    def conv(self, node: t.Node, idx: tuple, env: Mapping[str, str]) -> list:
+        if len(idx) != len(node.shape):
+            raise Unsupported(f"rank mismatch at {type(node).__name__}")
+        if node.shape == () and isinstance(node, (t.Unary, t.Binary)):
+            value = const_value(node)
+            if value is not None and finite_real(value):
+                return [] if value == 0 else [(value, (), ())]
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            raise Unsupported(f"no index form for {type(node).__name__}")
+        self.depth += 1
+        if self.depth > 400:
+            raise Unsupported("expression too deep")
+        try:
+            form = method(node, idx, env)
+        finally:
+            self.depth -= 1
+        if len(form) > MAX_TERMS:
+            raise TooBig("the expansion is too large")
+        return form
+
+    # references ----------------------------------------------------------------
+    def _reference(self, key: str, name: str, shape, idx, grad: bool) -> list:
+        idx = tuple(ZERO_INDEX if d == 1 else x for d, x in zip(shape, idx))
+        if key in self.unfold:
+            definition = self.defs[key]
+            if definition is None:
+                return []  # L does not depend on the tensor: its gradient is zero
+            extra = len(definition.shape) - len(shape)
+            if extra < 0 or any(d != 1 for d in definition.shape[:extra]) or not all(
+                    same_dim(a, b) for a, b in zip(definition.shape[extra:], shape)):
+                raise Unsupported(f"the definition of {key} has another shape")
+            return self.conv(definition, (ZERO_INDEX,) * extra + idx, {})
+        self.seen.add(key)
+        risk = self.risk.grad(name) if grad else self.risk.tensor(name)
+        return [(ONE, ((key, idx, risk, None),), ())]
+
+    def _Tensor(self, node, idx, env):
+        return self._reference(node.name, node.name, node.shape, idx, False)
+
+    def _Grad(self, node, idx, env):
+        return self._reference(f"grad({node.name})", node.name, node.shape, idx, True)
+
+    def _Entry(self, node, idx, env):
+        info = self.spec.tensors.get(node.tensor)
+        if info is None or len(info.shape) != len(node.indices):
+            raise Unsupported(f"unknown tensor {node.tensor}")
+        try:
+            tokens = tuple(env[i] for i in node.indices)
+        except KeyError:
+            raise Unsupported("an index is not bound") from None
+        key = f"grad({node.tensor})" if node.grad else node.tensor
+        return self._reference(key, node.tensor, info.shape, tokens, node.grad)
+
+    # numbers -------------------------------------------------------------------
+    def _Scalar(self, node, idx, env):
+        value = sympy.sympify(node.value)
+        if value == 0:
+            return []
+        if finite_real(value):
+            return [(value, (), ())]
+        if value == sympy.oo:
+            return [(ONE, (("$inf", (), ANY, None),), ())]
+        if value == -sympy.oo:
+            return [(-ONE, (("$inf", (), ANY, None),), ())]
+        raise Unsupported(f"the number {value}")
+
+    def _DimValue(self, node, idx, env):
+        return [(sympy.sympify(node.dim), (), ())]
+
+    def _IndexVar(self, node, idx, env):
+        token = env.get(node.name)
+        if token is None:
+            raise Unsupported("an index is not bound")
+        if token == ZERO_INDEX:
+            return []
+        return [(ONE, ((IVAR, (token,), FINITE, None),), ())]
+
+    def _Constant(self, node, idx, env):
+        if node.kind == "ones":
+            return [(ONE, (), ())]
+        if node.kind == "eye":
+            return [(ONE, ((EYE, idx, FINITE, None),), ())]
+        args = ",".join(str(a) for a in node.args)
+        risk = MINUS_INF if node.kind == "causal_mask" else FINITE
+        return [(ONE, ((f"${node.kind}({args})", idx, risk, None),), ())]
+
+    # elementwise ---------------------------------------------------------------
+    def _Unary(self, node, idx, env):
+        if node.fn == "neg":
+            return _scale(self.conv(node.x, idx, env), -ONE)
+        return self._opaque(f"${node.fn}", node, [(node.x, idx)], idx, env)
+
+    def _Binary(self, node, idx, env):
+        a, b, op = node.a, node.b, node.op
+        ia, ib = _bcast(a.shape, node.shape, idx), _bcast(b.shape, node.shape, idx)
+        if op == "add":
+            return self.conv(a, ia, env) + self.conv(b, ib, env)
+        if op == "sub":
+            return self.conv(a, ia, env) + _scale(self.conv(b, ib, env), -ONE)
+        if op == "mul":
+            return _mul_forms(self.conv(a, ia, env), self.conv(b, ib, env))
+        if op == "div":
+            value = const_value(b)
+            if value is not None and finite_real(value) and value.is_zero is False:
+                return _scale(self.conv(a, ia, env), 1 / value)
+            recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY)  # 1/0 is inf
+            return _mul_forms(self.conv(a, ia, env), recip)
+        if op == "pow":
+            value = const_value(b)
+            if value is not None and value.is_Integer and 0 <= value <= 6:
+                form = [(ONE, (), ())]
+                for _ in range(int(value)):
+                    form = _mul_forms(form, self.conv(a, ia, env))
+                return form
+            return self._opaque("$pow", node, [(a, ia), (b, ib)], idx, env)
+        raise Unsupported(f"elementwise {op}")
+
+    def _Compare(self, node, idx, env):
+        a, b = node.a, node.b
+        return self._opaque(f"$cmp{node.op}", node,
+                            [(a, _bcast(a.shape, node.shape, idx)), (b, _bcast(b.shape, node.shape, idx))], idx, env)
+
+    def _Where(self, node, idx, env):
+        c = node.cond
+        args = [(c.a, _bcast(c.a.shape, node.shape, idx)), (c.b, _bcast(c.b.shape, node.shape, idx)),
+                (node.a, _bcast(node.a.shape, node.shape, idx)), (node.b, _bcast(node.b.shape, node.shape, idx))]
+        return self._opaque(f"$where{c.op}", node, args, idx, env)
+
+    # linear structure ----------------------------------------------------------
+    def _MatMul(self, node, idx, env):
+        a, b = node.a, node.b
+        ra, rb = len(a.shape), len(b.shape)
+        batch = len(node.shape) - (ra >= 2) - (rb >= 2)
+        bidx = idx[:batch]
+        c = self.fresh(a.shape[-1])
+        if ra >= 2:
+            ia = _bcast(a.shape[:-2], node.shape[:batch], bidx) + (idx[batch], c)
+        else:
+            ia = (c,)
+        if rb >= 2:
+            ib = _bcast(b.shape[:-2], node.shape[:batch], bidx) + (c, idx[-1])
+        else:
+            ib = (c,)
+        if ra >= 2 and a.shape[-2] == 1:
+            ia = ia[:-2] + (ZERO_INDEX, c)
+        if rb >= 2 and b.shape[-1] == 1:
+            ib = ib[:-1] + (ZERO_INDEX,)
+        form = _mul_forms(self.conv(a, ia, env), self.conv(b, ib, env))
+        if c == ZERO_INDEX:
+            return form
+        return [(coef, f, s + ((c, self.ranges[c]),)) for coef, f, s in form]
+
+    def _Transpose(self, node, idx, env):
+        return self.conv(node.x, idx[:-2] + (idx[-1], idx[-2]), env)
+
+    def _reduced(self, x_shape, axes, idx):
+        """Tokens for x with fresh ones on the reduced axes, and those fresh tokens."""
+        inner, fresh = list(idx), []
+        for k in axes:
+            token = self.fresh(x_shape[k])
+            inner[k] = token
+            if token != ZERO_INDEX:
+                fresh.append(token)
+        return tuple(inner), fresh
+
+    def _Reduce(self, node, idx, env):
+        x = node.x
+        axes = list(range(len(x.shape))) if node.axis is None else [node.axis]
+        inner, fresh = self._reduced(x.shape, axes, idx)
+        if node.kind == "logsumexp":
+            return self._opaque(f"$logsumexp{axes}", node, [(x, inner)], idx, env, local=fresh)
+        form = self.conv(x, inner, env)
+        sums = tuple((tok, self.ranges[tok]) for tok in fresh)
+        form = [(coef, f, s + sums) for coef, f, s in form]
+        if node.kind == "mean":
+            form = _scale(form, 1 / sympy.Mul(*[x.shape[k] for k in axes]))
+        elif node.kind != "sum":
+            raise Unsupported(f"reduction {node.kind}")
+        return form
+
+    def _SumTo(self, node, idx, env):
+        x = node.x
+        lead = len(x.shape) - len(node.shape)
+        if lead < 0:
+            raise Unsupported("SumTo to a larger rank")
+        axes = set(node.axes)
+        inner, sums = [], []
+        for k, d in enumerate(x.shape):
+            if k in axes:
+                token = self.fresh(d)
+                if token != ZERO_INDEX:
+                    sums.append((token, self.ranges[token]))
+                inner.append(token)
+            elif k < lead:
+                if d != 1:
+                    raise Unsupported("SumTo keeps a leading axis")
+                inner.append(ZERO_INDEX)
+            else:
+                inner.append(ZERO_INDEX if d == 1 else idx[k - lead])
+        form = self.conv(x, tuple(inner), env)
+        return [(coef, f, s + tuple(sums)) for coef, f, s in form]
+
+    def _Softmax(self, node, idx, env):
+        inner, fresh = self._reduced(node.x.shape, [node.axis], idx)
+        return self._opaque(f"$softmax[{node.axis}]", node, [(node.x, inner)], idx, env, local=fresh)
+
+    # index maps ------------------------------------------------------------------
+    def _MergeHeads(self, node, idx, env):
+        x = node.x  # [..., h, n, k] -> [..., n, h * k]: m = a * k + b
+        h, k = x.shape[-3], x.shape[-1]
+        a, b = self.fresh(h), self.fresh(k)
+        inner = _bcast(x.shape[:-3], node.shape[:-2], idx[:-2]) + (a, idx[-2], b)
+        mix = (ONE, ((f"$mix({k})", (idx[-1], a, b), FINITE, k),), ())
+        form = _mul_forms([mix], self.conv(x, inner, env))
+        sums = tuple((tok, self.ranges[tok]) for tok in (a, b) if tok != ZERO_INDEX)
+        return [(coef, f, s + sums) for coef, f, s in form]
+
+    def _SplitHeads(self, node, idx, env):
+        x = node.x  # [..., n, h * k] -> [..., h, n, k]
+        k = node.shape[-1]
+        m = self.fresh(x.shape[-1])
+        inner = _bcast(x.shape[:-2], node.shape[:-3], idx[:-3]) + (idx[-2], m)
+        mix = (ONE, ((f"$mix({k})", (m, idx[-3], idx[-1]), FINITE, k),), ())
+        form = _mul_forms([mix], self.conv(x, inner, env))
+        sums = ((m, self.ranges[m]),) if m != ZERO_INDEX else ()
+        return [(coef, f, s + sums) for coef, f, s in form]
+
+    def _Concat(self, node, idx, env):
+        axis, out, offset = node.axis, [], sympy.Integer(0)
+        for part in node.parts:
+            if len(part.shape) != len(node.shape):
+                raise Unsupported("concat of parts with other ranks")
+            width = part.shape[axis]
+            c = self.fresh(width)
+            inner = list(_bcast(part.shape, node.shape, idx))
+            inner[axis] = c
+            embed = (ONE, ((f"$embed({offset})", (idx[axis], c), FINITE, offset),), ())
+            form = _mul_forms([embed], self.conv(part, tuple(inner), env))
+            sums = ((c, self.ranges[c]),) if c != ZERO_INDEX else ()
+            out += [(coef, f, s + sums) for coef, f, s in form]
+            offset = offset + width
+        return out
+
+    def _Slice(self, node, idx, env):
+        x, axis = node.x, node.axis
+        if isinstance(x, t.Concat) and x.axis == axis:  # a slice that is one part of a concat
+            offset = sympy.Integer(0)
+            for part in x.parts:
+                stop = offset + part.shape[axis]
+                if same_dim(offset, node.start) and same_dim(stop, node.stop):
+                    return self.conv(part, idx, env)
+                offset = stop
+        m = self.fresh(x.shape[axis])
+        inner = list(idx)
+        inner[axis] = m
+        embed = (ONE, ((f"$embed({node.start})", (m, idx[axis]), FINITE, sympy.sympify(node.start)),), ())
+        form = _mul_forms([embed], self.conv(x, tuple(inner), env))
+        sums = ((m, self.ranges[m]),) if m != ZERO_INDEX else ()
+        return [(coef, f, s + sums) for coef, f, s in form]
+
+    # index notation --------------------------------------------------------------
+    def _IndexDef(self, node, idx, env):
+        inner = {}
+        for index, token, d in zip(node.indices, idx, node.shape):
+            inner[index.name] = ZERO_INDEX if d == 1 else token
+        return self.conv(node.body, (), inner)
+
+    def _IndexSum(self, node, idx, env):
+        token = self.fresh(node.index.range)
+        form = self.conv(node.body, (), {**env, node.index.name: token})
+        if token == ZERO_INDEX:
+            return form
+        return [(coef, f, s + ((token, self.ranges[token]),)) for coef, f, s in form]
+
+    # opaque factors --------------------------------------------------------------
+    def _opaque(self, op: str, node: t.Node, args, idx, env, local=(), risk: int | None = None) -> list:
+        """One factor `op(args)` at tokens `idx`; each argument is keyed by its canonical
+        form with the factor's tokens named by position (`local` tokens: the reduced axes)."""
+        names: dict[str, str] = {ZERO_INDEX: ZERO_INDEX}
+        for k, token in enumerate(idx):
+            names.setdefault(token, f"p{k}")
+        for k, token in enumerate(local):
+            names[token] = f"r{k}"
+        forms, risks = [], []
+        for arg, arg_idx in args:
+            arg_risk = self.risk.node(arg)
+            risks.append(arg_risk)
+            if arg_risk == ANY:
+                if env:
+                    raise Unsupported("a possibly non-finite argument inside index notation")
+                forms.append(("struct", arg))  # NaN and inf differ: only the same node is the same
+            else:
+                forms.append(("form", self.conv(arg, arg_idx, env)))
+        extras: list[str] = []
+        for kind, form in forms:
+            if kind == "form":
+                for term in form:
+                    bound = {tok for tok, _ in term[2]}
+                    for f in term[1]:
+                        for token in f[1]:
+                            if token not in names and token not in bound and token not in extras:
+                                extras.append(token)
+        best = None
+        orders = itertools.permutations(extras) if len(extras) <= 4 else [tuple(extras)]
+        for order in orders:
+            mapping = dict(names)
+            for k, token in enumerate(order):
+                mapping[token] = f"p{len(idx) + k}"
+            keys = []
+            for kind, form in forms:
+                if kind == "struct":
+                    keys.append("node:" + repr(form))
+                else:
+                    keys.append(form_key(form, mapping, self.ranges))
+            key = f"{op}(" + "; ".join(keys) + ")"
+            if best is None or key < best[0]:
+                best = (key, order)
+        key, order = best
+        if risk is None:
+            risk = self.risk.node(node)
+        meta = None
+        if isinstance(node, t.Softmax):  # what the row-sum rule needs: axis, its size, a finite argument
+            meta = (node.axis, node.shape[node.axis], risks[0] == FINITE)
+        return [(ONE, ((key, tuple(idx) + tuple(order), risk, meta),), ())]

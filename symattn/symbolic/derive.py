@@ -1,0 +1,426 @@
+"""Matrix-level reverse-mode derivation: `grad(T)` of every tensor, with steps.
+
+Contract: `derive(spec)` returns a `Derivation` whose `gradients[name]` holds,
+for every tensor of the spec, a closed form for dL/dT (L = sum over outputs
+of <O, grad(O)>) written with the spec's own names: forward tensors and the
+`grad(C)` of the tensors C that consume T, e.g. `grad(V) = P.T @ grad(O)`,
+`grad(X) = grad(Q) @ W_q.T + grad(K) @ W_k.T + grad(V) @ W_v.T`. Dims stay
+symbolic, so each formula holds for all sizes. Every adjoint rule applied and
+every simplification made is recorded as a `Step(rule, tensor, before, after)`.
+
+The adjoint rules form one table (`_adjoint`, dispatched on node type); a
+node without a rule is an error that names it.
+
+A `Derivation` is also a read-only mapping from `"grad(T)"` (or `"T"`) to a
+`Formula` (spec text, LaTeX, MathML, SymPy); an unknown name
+raises `UnknownGradientError`, which lists the known ones.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property, singledispatch
+
+import sympy
+
+from ..ir import build as b
+from ..ir import typed as t
+from ..present import render
+from ..errors import SymbolicError, UnknownGradientError
+from .index_adjoint import index_adjoint
+from ..ir.printing import to_spec
+
+__all__ = ["Step", "Gradient", "Derivation", "Formula", "derive", "UNARY_RULES"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recorded step: a rule applied while building grad(tensor)."""
+
+    rule: str
+    tensor: str
+    before: t.Node
+    after: t.Node
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """dL/dT for one tensor: `expr` is None when L does not depend on T."""
+
+    tensor: str
+    expr: t.Node | None
+    paths: tuple[tuple[str, t.Node], ...]  # (consumer or 'upstream', contribution)
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Formula:
+    """One derived gradient, in every form symattn writes it.
+
+    `name` is `grad(T)`; `text` the line `derive --gradients` prints; `node` the
+    typed-IR right-hand side (None when L does not depend on T); `latex` and
+    `mathml` the equation as the documents typeset it (no `$` around the LaTeX;
+    drawn by the docs stage, see `symattn.present`); `sympy` the right-hand side
+    as a SymPy matrix expression (`symattn.symbolic.sympy_form`).
+    """
+
+    name: str
+    text: str
+    node: t.Node | None = field(repr=False)
+    spec: t.TypedSpec = field(repr=False, compare=False, hash=False)
+
+    @property
+    def tensor(self) -> str:
+        return self.name[len("grad("):-1]
+
+    @property
+    def latex(self) -> str:
+        return render("latex", self)[2:-2]
+
+    @property
+    def mathml(self) -> str:
+        return render("mathml", self)
+
+    @cached_property
+    def sympy(self) -> sympy.Basic:
+        """The right-hand side as a SymPy expression, dims symbolic.
+
+        Matrix symbols stand for the spec's tensors (`P`) and upstream gradients
+        (`grad(O)`); see `symattn.symbolic.sympy_form` for every rule. A gradient of rank 3 or
+        more has no such form: a `SymbolicError` says so.
+        """
+        from .sympy_form import tensor_symbol, to_sympy
+
+        shape = self.spec.tensors[self.tensor].shape
+        if self.node is None:
+            symbol = tensor_symbol(self.tensor, shape)
+            return sympy.ZeroMatrix(*symbol.shape) if isinstance(symbol, sympy.MatrixSymbol) else sympy.Integer(0)
+        try:
+            return to_sympy(self.node, self.spec)
+        except SymbolicError as err:
+            raise SymbolicError(f"{self.name}: {err}; .text, .latex and .mathml still show it") from None
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_latex_(self) -> str | None:
+        return render("latex", self)
+
+    def _repr_html_(self) -> str | None:
+        return render("html", self)
+
+
+@dataclass(repr=False)
+class Derivation(Mapping):
+    """Every gradient of a spec; also a read-only mapping from `"grad(T)"` to its `Formula`.
+
+    `derivation["grad(Q)"]` (or `derivation["Q"]`) is a `Formula` with
+    `.text`, `.latex`, `.mathml` and `.sympy`; an unknown name raises
+    `UnknownGradientError` (a KeyError) that lists the known ones. In a notebook a
+    derivation displays every formula typeset; `repr` is one line.
+    """
+
+    spec: t.TypedSpec
+    gradients: dict[str, Gradient] = field(default_factory=dict)  # in the order derived: outputs first
+
+    def _tensor(self, key: object) -> str | None:
+        """The tensor a key names: `"grad(Q)"` or `"Q"`."""
+        if not isinstance(key, str):
+            return None
+        name = key[len("grad("):-1].strip() if key.startswith("grad(") and key.endswith(")") else key
+        return name if name in self.gradients else None
+
+    def __getitem__(self, key: str) -> Formula:
+        name = self._tensor(key)
+        if name is None:
+            known = ", ".join(f"grad({n})" for n in self.gradients)
+            raise UnknownGradientError(f"no gradient {key!r} in {self.spec.name}; the known gradients are {known}")
+        return Formula(f"grad({name})", self.formula(name), self.gradients[name].expr, self.spec)
+
+    def __iter__(self) -> Iterator[str]:
+        return (f"grad({name})" for name in self.gradients)
+
+    def __len__(self) -> int:
+        return len(self.gradients)
+
+    def __contains__(self, key: object) -> bool:
+        return self._tensor(key) is not None
+
+    def __repr__(self) -> str:
+        return f"<Derivation {self.spec.name}: {len(self.gradients)} gradients>"
+
+    def _repr_html_(self) -> str | None:
+        return render("html", self)
+
+    def _repr_latex_(self) -> str | None:
+        return render("latex", self)
+
+    def formula(self, name: str) -> str:
+        """`grad(T) = ...` in spec syntax."""
+        expr = self.gradients[name].expr
+        dims = list(self.spec.dims)
+        if expr is None:
+            return f"grad({name}) = 0    (L does not depend on {name})"
+        if isinstance(expr, t.Grad) and name in self.spec.outputs:
+            return f"grad({name})        (the upstream gradient of output {name})"
+        if isinstance(expr, t.IndexDef):
+            idx = ", ".join(i.name for i in expr.indices)
+            head = f"grad({name})[{idx}]" if idx else f"grad({name})"
+            return f"{head} = {to_spec(expr.body, dims)}"
+        return f"grad({name}) = {to_spec(expr, dims)}"
+
+    def __str__(self) -> str:
+        return "\n".join(self.formula(n) for n in self.gradients)
+
+
+class _Context:
+    """What the rules need: the spec, names of known subexpressions, the recorder."""
+
+    def __init__(self, spec: t.TypedSpec) -> None:
+        self.spec = spec
+        self.names = {info.expr: t.Tensor(name, info.shape) for name, info in spec.tensors.items()
+                      if info.expr is not None and not isinstance(info.expr, t.IndexDef)}
+        self.rec = b.Recorder()
+        self.reserved = set(spec.dims) | set(spec.tensors)
+
+    def ref(self, node: t.Node) -> t.Node:
+        """A node, or the name of the tensor it defines (so P is written P, not softmax(S))."""
+        return self.names.get(node, node)
+
+
+# --- the adjoint rules: node, upstream G -> [(child, contribution, rule)] ----------
+
+
+@singledispatch
+def _adjoint(node, g: t.Node, cx: _Context):
+    raise SymbolicError(f"no adjoint rule for {type(node).__name__}")
+
+
+@_adjoint.register(t.Tensor)
+@_adjoint.register(t.Scalar)
+@_adjoint.register(t.DimValue)
+@_adjoint.register(t.Constant)
+def _(node, g, cx):
+    return []
+
+
+UNARY_RULES = {
+    "neg": ("-A", lambda x, n, g, r: b.neg(g, r)),
+    "exp": ("d exp(A) = exp(A) dA", lambda x, n, g, r: b.mul(g, n, r)),
+    "log": ("d log(A) = dA / A", lambda x, n, g, r: b.div(g, x, r)),
+    "sqrt": ("d sqrt(A) = dA / (2 sqrt(A))", lambda x, n, g, r: b.div(g, b.mul(b.scalar(2), n, r), r)),
+    "tanh": ("d tanh(A) = (1 - tanh(A)^2) dA",
+             lambda x, n, g, r: b.mul(g, b.sub(b.scalar(1), b.power(n, b.scalar(2), r), r), r)),
+    "sigmoid": ("d sigmoid(A) = sigmoid(A) (1 - sigmoid(A)) dA",
+                lambda x, n, g, r: b.mul(g, b.mul(n, b.sub(b.scalar(1), n, r), r), r)),
+    "relu": ("d relu(A) = [A > 0] dA",
+             lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g, b.scalar(0))),
+    "abs": ("d abs(A) = sign(A) dA",
+            lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g,
+                                       b.where(b.compare("<", x, b.scalar(0)), b.neg(g, r), b.scalar(0)))),
+    "sin": ("d sin(A) = cos(A) dA", lambda x, n, g, r: b.mul(g, b.unary("cos", x), r)),
+    "cos": ("d cos(A) = -sin(A) dA", lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r)),
+}
+
+
+@_adjoint.register
+def _(node: t.Unary, g, cx):
+    rule, make = UNARY_RULES[node.fn]
+    return [(node.x, make(node.x, cx.ref(node), g, cx.rec), rule)]
+
+
+@_adjoint.register
+def _(node: t.Binary, g, cx):
+    x, y, r = node.a, node.b, cx.rec
+    if node.op == "add":
+        return [(x, b.sum_to(g, x.shape), "A + B: both get G, summed over broadcast axes"),
+                (y, b.sum_to(g, y.shape), "A + B: both get G, summed over broadcast axes")]
+    if node.op == "sub":
+        return [(x, b.sum_to(g, x.shape), "A - B: A gets G"),
+                (y, b.sum_to(b.neg(g, r), y.shape), "A - B: B gets -G")]
+    if node.op == "mul":
+        return [(x, b.sum_to(b.mul(g, y, r), x.shape), "A * B: A gets G * B"),
+                (y, b.sum_to(b.mul(x, g, r), y.shape), "A * B: B gets A * G")]
+    if node.op == "div":
+        return [(x, b.sum_to(b.div(g, y, r), x.shape), "A / B: A gets G / B"),
+                (y, b.sum_to(b.neg(b.div(b.mul(g, cx.ref(node), r), y, r), r), y.shape),
+                 "A / B: B gets -(G * (A / B)) / B")]
+    if node.op == "pow":
+        out = []
+        if isinstance(y, t.Scalar) and y.value == 0:  # A^0 = 1 for every A, 0 and inf included
+            return out
+        if isinstance(y, t.Scalar):
+            exponent = b.scalar(y.value - 1)
+            grad_x = b.mul(g, b.mul(y, b.power(x, exponent, r), r), r)
+        else:
+            grad_x = b.mul(g, b.mul(y, b.power(x, b.sub(y, b.scalar(1), r), r), r), r)
+        out.append((x, b.sum_to(grad_x, x.shape), "A^B: A gets G * B * A^(B - 1)"))
+        if not b.is_scalar_constant(y):
+            out.append((y, b.sum_to(b.mul(g, b.mul(cx.ref(node), b.unary("log", x), r), r), y.shape),
+                        "A^B: B gets G * A^B * log(A)"))
+        return out
+    raise SymbolicError(f"no adjoint rule for the elementwise operation {node.op}")
+
+
+@_adjoint.register
+def _(node: t.MatMul, g, cx):
+    x, y, r = node.a, node.b, cx.rec
+    if len(x.shape) == 1 and len(y.shape) == 1:  # a dot product: G is a scalar
+        return [(x, b.mul(g, y, r), "c = a @ b (vectors): grad(a) = grad(c) * b"),
+                (y, b.mul(x, g, r), "c = a @ b (vectors): grad(b) = a * grad(c)")]
+    if len(x.shape) == 1 or len(y.shape) == 1:
+        # A matrix times a vector: one gradient is a matrix product, the other an outer product,
+        # which the matrix language cannot write without reshaping.
+        raise SymbolicError("the gradient of @ between a matrix and a 1-D vector needs an outer product; "
+                            "write the vector as a [1, n] or [n, 1] matrix")
+    return [(x, b.sum_to(b.matmul(g, b.transpose(y, r), r), x.shape), "C = A @ B: grad(A) = grad(C) @ B.T"),
+            (y, b.sum_to(b.matmul(b.transpose(x, r), g, r), y.shape), "C = A @ B: grad(B) = A.T @ grad(C)")]
+
+
+@_adjoint.register
+def _(node: t.Transpose, g, cx):
+    return [(node.x, b.transpose(g, cx.rec), "C = A.T: grad(A) = grad(C).T")]
+
+
+@_adjoint.register
+def _(node: t.Reduce, g, cx):
+    x, r = node.x, cx.rec
+    if node.kind == "sum":
+        return [(x, b.expand_to(g, x.shape), "C = sum(A): every entry of A gets G")]
+    if node.kind == "mean":
+        axes = range(len(x.shape)) if node.axis is None else [node.axis]
+        count = sympy.Mul(*[x.shape[k] for k in axes])
+        return [(x, b.expand_to(b.div(g, t.DimValue(count), r), x.shape), "C = mean(A): every entry gets G / n")]
+    if node.axis is None:
+        weights = b.unary("exp", b.sub(x, cx.ref(node), r))
+    else:
+        weights = b.softmax(x, node.axis)
+    return [(x, b.mul(g, cx.ref(weights), r), "C = logsumexp(A): grad(A) = G * softmax(A)")]
+
+
+@_adjoint.register
+def _(node: t.Softmax, g, cx):
+    p, r = cx.ref(node), cx.rec
+    inner = b.sub(g, b.reduce_sum(b.mul(g, p, r), node.axis), r)
+    return [(node.x, b.mul(p, inner, r), "P = softmax(S): grad(S) = P * (grad(P) - sum(grad(P) * P))")]
+
+
+@_adjoint.register
+def _(node: t.Where, g, cx):
+    zero = b.scalar(0)
+    return [(node.a, b.sum_to(b.where(node.cond, g, zero), node.a.shape), "where(c, A, B): A gets G where c"),
+            (node.b, b.sum_to(b.where(node.cond, zero, g), node.b.shape), "where(c, A, B): B gets G elsewhere")]
+
+
+@_adjoint.register
+def _(node: t.MergeHeads, g, cx):
+    heads = node.x.shape[-3]
+    per_head = node.x.shape[-1]
+    *batch, n, _ = g.shape
+    split = t.SplitHeads(g, heads, (*batch, heads, n, per_head))
+    return [(node.x, split, "C = merge_heads(A): grad(A) = split_heads(grad(C), h)")]
+
+
+@_adjoint.register
+def _(node: t.SplitHeads, g, cx):
+    *batch, h, n, k = g.shape
+    return [(node.x, t.MergeHeads(g, (*batch, n, h * k)), "C = split_heads(A): grad(A) = merge_heads(grad(C))")]
+
+
+@_adjoint.register
+def _(node: t.Concat, g, cx):
+    out, start = [], sympy.Integer(0)
+    for part in node.parts:
+        stop = start + part.shape[node.axis]
+        out.append((part, t.Slice(g, node.axis, start, stop, part.shape), "concat: each part gets its slice of G"))
+        start = stop
+    return out
+
+
+@_adjoint.register
+def _(node: t.IndexDef, g, cx):
+    return index_adjoint(node, g, cx.spec, cx.reserved, UNARY_RULES)
+
+
+# --- the driver --------------------------------------------------------------------
+
+
+def _consumers(spec: t.TypedSpec) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = defaultdict(list)
+    for name, info in spec.tensors.items():
+        if info.expr is None:
+            continue
+        for ref in t.tensors_read(info.expr):
+            if name not in users[ref]:
+                users[ref].append(name)
+    return users
+
+
+def derive(spec: t.TypedSpec) -> Derivation:
+    """Reverse-mode derivation of every grad(T), in matrix form, with steps."""
+    cx = _Context(spec)
+    paths: dict[str, list[tuple[str, t.Node]]] = defaultdict(list)
+    steps: dict[str, list[Step]] = defaultdict(list)
+    for out in spec.outputs:
+        paths[out].append(("upstream", t.Grad(out, spec.tensors[out].shape)))
+    result = Derivation(spec)
+    for name in reversed(list(spec.tensors)):
+        info = spec.tensors[name]
+        order = {n: k for k, n in enumerate(spec.tensors)}
+        paths[name].sort(key=lambda path: order.get(path[0], -1))
+        total = None
+        for _, part in paths[name]:
+            total = b.add(total, part)
+        if len(paths[name]) > 1:
+            steps[name].append(Step(f"sum over the {len(paths[name])} paths from {name} to the outputs",
+                                    name, t.Grad(name, info.shape), total))
+        adjoint = t.Grad(name, info.shape)
+        if name in spec.outputs and len(paths[name]) > 1:
+            # An output that other tensors read: grad(O) names its upstream gradient (the
+            # language's convention), and what flows into its definition is the sum of
+            # that and every other path, written out.
+            adjoint, total = total, adjoint
+        result.gradients[name] = Gradient(name, total, tuple(paths[name]), tuple(steps[name]))
+        if info.expr is None or total is None:
+            continue
+        _backprop(name, info.expr, adjoint, cx, paths, steps)
+    return result
+
+
+def _contains(node: t.Node, part: t.Node) -> bool:
+    return any(n == part for n in t.walk(node))
+
+
+def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -> None:
+    """Push upstream `g` through the definition of `owner` down to the tensors it references.
+
+    The steps taken inside the definition travel with each branch (`trail`) and are
+    recorded for the tensor the branch reaches, so grad(T)'s steps start at the
+    definition of each consumer of T.
+    """
+    if isinstance(node, t.Tensor):  # an alias, `O = A`: A gets grad(O) unchanged
+        paths[node.name].append((owner, g))
+        steps[node.name].append(Step("C = A: grad(A) = grad(C)", node.name, node, g))
+        return
+    work: list[tuple[t.Node, t.Node, tuple[Step, ...]]] = [(node, g, ())]
+    while work:
+        current, upstream, trail = work.pop()
+        cx.rec.steps.clear()
+        for child, contribution, rule in _adjoint(current, upstream, cx):
+            if isinstance(child, (t.Scalar, t.DimValue, t.Constant, t.Compare)):
+                continue
+            made = [(rule, current, contribution)]
+            for rule_name, before, after in cx.rec.steps:
+                if _contains(contribution, after):
+                    made.append((f"simplify: {rule_name}", before, after))
+            if isinstance(child, t.Tensor):
+                target = child.name
+                steps[target].extend(Step(s.rule, target, s.before, s.after) for s in trail)
+                steps[target].extend(Step(r, target, before, after) for r, before, after in made)
+                paths[target].append((owner, contribution))
+            elif isinstance(child, t.IndexDef) or not isinstance(child, t.Node):
+                raise SymbolicError(f"unexpected operand {type(child).__name__}")
+            else:
+                work.append((child, contribution, trail + tuple(Step(r, owner, before, after) for r, before, after in made)))

@@ -1,0 +1,221 @@
+"""Which values may be non-finite: a static analysis of typed nodes, shared by every level.
+
+Contract: `Finiteness(spec, definitions)` classifies every node, tensor and
+gradient as FINITE (finite for every finite value of the inputs, params,
+buffers and upstream gradients), MINUS_INF (finite or -inf, never NaN or
++inf: masks and what adds them) or ANY (may be NaN or infinite: `log`, `sqrt`,
+division by a tensor, powers other than natural ones, and whatever reads them
+through an operation that does not map -inf to a finite value). `deep(node)`
+is the worst class of any node the value depends on, definitions included.
+
+What "equal" means everywhere in symattn: equal at every point of the domain
+(finite real values of every input, param, buffer and upstream gradient)
+under IEEE float64 semantics, NaN and infinities included, both sides being
+the same non-finite value counting as equal; rounding and overflow are not
+modelled. The matrix level (`symattn.prove.canonical`) never cancels or drops a term
+that is not FINITE; the element level (`symattn.symbolic.element`) proves identities
+only of values whose `deep` class is at most MINUS_INF, substituting the exact
+values of the others before it compares; the counterexample search
+(`symattn.prove.claims`) reports only differences that the float64 evaluator
+reproduces.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import sympy
+
+from ..ir import typed as t
+
+__all__ = ["FINITE", "MINUS_INF", "ANY", "Finiteness", "const_value", "finite_real"]
+
+FINITE, MINUS_INF, ANY = 0, 1, 2  # what a node's entries may be, for finite inputs
+
+
+# --- constants ------------------------------------------------------------------
+
+_SYMPY_FN = {
+    "neg": lambda x: -x,
+    "exp": sympy.exp,
+    "log": sympy.log,
+    "sqrt": sympy.sqrt,
+    "abs": sympy.Abs,
+    "tanh": sympy.tanh,
+    "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
+    "relu": lambda x: sympy.Max(x, 0),
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+}
+_SYMPY_OP = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "pow": lambda a, b: a ** b,
+}
+
+
+def const_value(node: t.Node) -> sympy.Expr | None:
+    """The exact value of a node made only of numbers and dims, or None."""
+    if isinstance(node, t.Scalar):
+        return sympy.sympify(node.value)
+    if isinstance(node, t.DimValue):
+        return sympy.sympify(node.dim)
+    if isinstance(node, t.Unary) and node.shape == ():
+        x = const_value(node.x)
+        return None if x is None else _SYMPY_FN[node.fn](x)
+    if isinstance(node, t.Binary) and node.shape == ():
+        a = const_value(node.a)
+        if a is None:
+            return None
+        b = const_value(node.b)
+        return None if b is None else _SYMPY_OP[node.op](a, b)
+    return None
+
+
+def finite_real(value: sympy.Expr) -> bool:
+    return value.is_finite is True and value.is_extended_real is True
+
+
+# --- which nodes may be non-finite ----------------------------------------------
+
+
+class Finiteness:
+    """FINITE / MINUS_INF / ANY for every node, following tensors through their definitions."""
+
+    def __init__(self, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None]) -> None:
+        self.spec = spec
+        self.defs = definitions
+        self.memo: dict[int, tuple[t.Node, int]] = {}
+        self.named: dict[str, int] = {}
+
+    def tensor(self, name: str) -> int:
+        if name not in self.named:
+            self.named[name] = ANY  # a cycle (impossible in a valid spec) stays conservative
+            info = self.spec.tensors.get(name)
+            expr = info.expr if info is not None else None
+            if expr is None and name in self.defs and (info is None or info.kind == "intermediate"):
+                expr = self.defs[name]
+            if info is None and expr is None:
+                self.named[name] = ANY
+            else:
+                self.named[name] = FINITE if expr is None else self.node(expr)
+        return self.named[name]
+
+    def grad(self, name: str) -> int:
+        key = f"grad({name})"
+        if key not in self.named:
+            self.named[key] = ANY
+            output = name in self.spec.outputs
+            if key in self.defs:
+                expr = self.defs[key]
+                if expr is None:
+                    value = FINITE
+                elif isinstance(expr, t.Grad) and expr.name == name:
+                    value = FINITE if output else ANY
+                else:
+                    value = self.node(expr)
+            else:
+                value = FINITE if output else ANY
+            self.named[key] = value
+        return self.named[key]
+
+    def deep(self, node: t.Node) -> int:
+        """The worst class of any value `node` depends on: its own nodes (conditions
+        included), the definitions of the tensors it reads, and, when it reads a
+        gradient, every forward definition of the spec (the chain rule reads them all)."""
+        worst = FINITE
+        for n in t.walk(node):
+            worst = max(worst, self.node(n))
+            if isinstance(n, t.Tensor) or (isinstance(n, t.Entry) and not n.grad):
+                worst = max(worst, self._deep_tensor(n.name if isinstance(n, t.Tensor) else n.tensor))
+            elif isinstance(n, t.Grad) or isinstance(n, t.Entry):
+                worst = max(worst, max((self._deep_tensor(name) for name in self.spec.tensors), default=FINITE))
+            if worst == ANY:
+                break
+        return worst
+
+    def _deep_tensor(self, name: str) -> int:
+        key = f"deep {name}"
+        if key not in self.named:
+            self.named[key] = ANY  # a cycle (impossible in a valid spec) stays conservative
+            info = self.spec.tensors.get(name)
+            expr = info.expr if info is not None else self.defs.get(name)
+            self.named[key] = self.tensor(name) if expr is None else max(self.tensor(name), self.deep(expr))
+        return self.named[key]
+
+    def node(self, node: t.Node) -> int:
+        hit = self.memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        value = self._node(node)
+        self.memo[id(node)] = (node, value)
+        return value
+
+    def _node(self, n: t.Node) -> int:
+        if isinstance(n, t.Tensor):
+            return self.tensor(n.name)
+        if isinstance(n, t.Grad):
+            return self.grad(n.name)
+        if isinstance(n, t.Entry):
+            return self.grad(n.tensor) if n.grad else self.tensor(n.tensor)
+        if isinstance(n, t.Scalar):
+            value = sympy.sympify(n.value)
+            if finite_real(value):
+                return FINITE
+            return MINUS_INF if value == -sympy.oo else ANY
+        if isinstance(n, (t.DimValue, t.IndexVar, t.Compare)):
+            return FINITE
+        if isinstance(n, t.Constant):
+            return MINUS_INF if n.kind == "causal_mask" else FINITE
+        const = const_value(n) if n.shape == () and isinstance(n, (t.Unary, t.Binary)) else None
+        if const is not None:
+            if finite_real(const):
+                return FINITE
+            return MINUS_INF if const == -sympy.oo else ANY
+        if isinstance(n, t.Unary):
+            x = self.node(n.x)
+            if n.fn in ("log", "sqrt"):
+                return ANY
+            if n.fn in ("exp", "tanh", "sigmoid", "relu"):  # each maps -inf to a finite value
+                return FINITE if x <= MINUS_INF else ANY
+            return FINITE if x == FINITE else ANY  # neg, abs, sin, cos
+        if isinstance(n, t.Binary):
+            a, b = self.node(n.a), self.node(n.b)
+            if n.op == "add":
+                return max(a, b)
+            if n.op == "sub":
+                return a if b == FINITE else ANY
+            if n.op in ("mul", "div"):
+                cb = const_value(n.b)
+                ca = const_value(n.a) if n.op == "mul" else None
+                for value, other in ((cb, a), (ca, b)):
+                    if value is not None and finite_real(value) and value.is_zero is False:
+                        if value.is_positive:
+                            return other
+                        return FINITE if other == FINITE else ANY
+                if n.op == "div":
+                    return ANY
+                return FINITE if a == b == FINITE else ANY
+            if n.op == "pow":
+                exponent = const_value(n.b)
+                if exponent is not None and exponent.is_Integer and exponent >= 0 and a == FINITE:
+                    return FINITE
+                return ANY
+        if isinstance(n, t.MatMul):
+            return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY
+        if isinstance(n, t.Reduce):
+            x = self.node(n.x)  # sums of finite and -inf values are finite or -inf
+            return x
+        if isinstance(n, t.Softmax):
+            return FINITE if self.node(n.x) <= MINUS_INF else ANY
+        if isinstance(n, t.Where):
+            return max(self.node(n.a), self.node(n.b))
+        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum)):
+            return self.node(n.children[0])
+        if isinstance(n, t.Concat):
+            return max(self.node(p) for p in n.parts)
+        if isinstance(n, t.IndexDef):
+            return self.node(n.body)
+        return ANY
