@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import golden
 from .api import load
 from .docs.document import build, render
 
@@ -46,14 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         stale.append(path)
         if not args.check:
             path.write_bytes(data)
-    try:
-        from . import golden
-    except ImportError:
-        golden = None
-    if golden is not None and hasattr(golden, "main"):
-        code = golden.main((["--check"] if args.check else []) + ["--root", str(root)])
-        if code:
-            return code
+    code = golden.main((["--check"] if args.check else []) + ["--root", str(root)])
+    if code:
+        return code
     for path in stale:
         print(f"{'out of date' if args.check else 'wrote'}: {path}")
     return 1 if (args.check and stale) else 0

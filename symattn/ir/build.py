@@ -11,7 +11,6 @@ simplification that fires is reported to an optional `Recorder` as a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import sympy
 
@@ -205,5 +204,3 @@ def expand_to(x: t.Node, shape) -> t.Node:
         return x
     return mul(x, ones(shape))
 
-
-Rule = Callable[..., t.Node]

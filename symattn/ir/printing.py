@@ -17,7 +17,7 @@ import sympy
 from . import typed as t
 from .shapes import format_dim
 
-__all__ = ["to_spec", "precedence"]
+__all__ = ["to_spec"]
 
 # Loosest to tightest, as in the grammar.
 COMPARE, ADD, MUL, NEG, POW, POSTFIX, ATOM = range(7)
@@ -28,10 +28,6 @@ _BINARY_PREC = {"add": ADD, "sub": ADD, "mul": MUL, "div": MUL, "pow": POW}
 def to_spec(node: t.Node, dims: Sequence[str] = ()) -> str:
     """The node as spec text."""
     return _print(node, tuple(dims))[0]
-
-
-def precedence(node: t.Node, dims: Sequence[str] = ()) -> int:
-    return _print(node, tuple(dims))[1]
 
 
 def _wrap(node: t.Node, dims, at_least: int) -> str:

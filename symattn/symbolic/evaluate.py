@@ -15,7 +15,6 @@ Index notation is evaluated on a grid with one axis per index; every
 sums may reuse a name over different ranges.
 
 Extra leading batch axes on the leaves broadcast through every operation.
-Dim sizes are bound from the leaves' shapes (`bind_sizes`).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from ..ir import typed as t
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
 
-__all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "bind_sizes", "sinusoidal_value", "random_leaves"]
+__all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves"]
 
 
 def sinusoidal_value(i: int, column: int, width: int, exact: bool):
@@ -203,48 +202,6 @@ class _Symbolic(_Backend):
 
 SYMBOLIC = _Symbolic()
 NUMERIC = _Numeric()
-
-
-def bind_sizes(spec: t.TypedSpec, leaves: Mapping[str, np.ndarray]) -> tuple[dict[str, int], tuple[int, ...]]:
-    """Dim sizes and the broadcast batch shape implied by the leaves' array shapes.
-
-    Raises UsageError naming the tensor, the expected and the given shape when they do not fit.
-    """
-    sizes: dict[str, int] = {}
-    symbols = {info.symbol: name for name, info in spec.dims.items()}
-    order = list(spec.dims)
-    batches = []
-    for name in spec.leaves:
-        declared = spec.tensors[name].shape
-        if name not in leaves:
-            raise UsageError(f"missing tensor {name} {format_shape(declared, order)}")
-        given = np.shape(leaves[name])
-        if len(given) < len(declared):
-            raise UsageError(f"{name}: expected shape {format_shape(declared, order)}, got {list(given)}")
-        tail = given[len(given) - len(declared):]
-        batches.append(given[: len(given) - len(declared)])
-        for dim, size in zip(declared, tail):
-            if dim in symbols:
-                dim_name = symbols[dim]
-                if sizes.setdefault(dim_name, size) != size:
-                    raise UsageError(f"{name}: expected shape {format_shape(declared, order)} with "
-                                     f"{dim_name}={sizes[dim_name]}, got {list(given)}")
-    for name, info in spec.dims.items():
-        sizes.setdefault(name, spec.sizes[name])
-    subs = {spec.dims[n].symbol: s for n, s in sizes.items()}
-    for name in spec.leaves:
-        declared = spec.tensors[name].shape
-        given = np.shape(leaves[name])
-        expected = tuple(_whole(d, subs, sizes, order) for d in declared)
-        if tuple(given[len(given) - len(declared):]) != expected:
-            raise UsageError(f"{name}: expected shape {format_shape(declared, order)} = {list(expected)}, "
-                             f"got {list(given)}")
-    try:
-        batch = np.broadcast_shapes(*batches) if batches else ()
-    except ValueError:
-        raise UsageError("the leading batch axes of the tensors do not broadcast: "
-                         + ", ".join(f"{n} {list(np.shape(leaves[n]))}" for n in spec.leaves)) from None
-    return sizes, tuple(batch)
 
 
 def _whole(dim, subs: Mapping, sizes: Mapping[str, int], order: list[str]) -> int:
