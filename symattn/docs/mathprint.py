@@ -20,13 +20,13 @@ from typing import Mapping, Sequence
 import sympy
 
 from ..ir import typed as t
+from ..ir.functions import FUNCTIONS
 from .mathbox import Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row
 
 __all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names", "equation", "definition_box",
            "gradient_box", "loss_box", "shape_box"]
 
 COMPARE, ADD, MUL, NEG, POW, POSTFIX, ATOM = range(7)
-_KNOWN = {"exp", "log", "tanh", "sin", "cos"}
 _CMP = {"<": ("<", "<"), "<=": ("≤", "\\le"), ">": (">", ">"), ">=": ("≥", "\\ge"), "==": ("=", "="),
         "!=": ("≠", "\\ne")}
 TIMES = Op("\u2062", "\\,")
@@ -144,7 +144,7 @@ def _unary(fn: str, inner: tuple[Box, int]) -> tuple[Box, int]:
         return Sqrt(inner[0]), ATOM
     if fn == "abs":
         return Fence(inner[0], "|", "|"), ATOM
-    return Func(fn, (inner[0],), known=fn in _KNOWN), ATOM
+    return Func(fn, (inner[0],), known=fn in FUNCTIONS and FUNCTIONS[fn].named), ATOM
 
 
 @_m.register

@@ -14,6 +14,7 @@ import sympy
 
 from . import syntax as ir
 from ..ir import typed as t
+from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecNameError, SpecShapeError
 from ..ir.shapes import ShapeMismatch, broadcast, normalize_axis, same_dim
 
@@ -240,7 +241,6 @@ def _symmetry(v, call, scope):
 
 
 RULES: dict[str, Callable] = {
-    **{name: _elementwise for name in t.ELEMENTWISE},
     **{name: _reduction for name in t.REDUCTIONS},
     "softmax": _softmax,
     "where": _where,
@@ -259,7 +259,7 @@ RULES: dict[str, Callable] = {
 
 
 def validate_call(v, call: ir.Call, scope) -> t.Node:
-    rule = RULES.get(call.func)
+    rule = RULES.get(call.func) or (_elementwise if call.func in FUNCTIONS else None)
     if rule is None:
         if call.func in v.tensors or call.func in v.dims:
             raise _err(SpecNameError, f"'{call.func}' is not a function", call.func_pos,
@@ -270,5 +270,5 @@ def validate_call(v, call: ir.Call, scope) -> t.Node:
         close = get_close_matches(call.func, list(RULES), n=1, cutoff=0.75)
         raise _err(SpecNameError, f"unknown function '{call.func}'", call.func_pos,
                    f"did you mean '{close[0]}'?" if close else
-                   "the builtins are " + ", ".join(sorted(n for n in RULES if n not in ("equivariant", "invariant"))))
+                   "the builtins are " + ", ".join(sorted([*FUNCTIONS, *(n for n in RULES if n not in ("equivariant", "invariant"))])))
     return rule(v, call, scope)

@@ -21,6 +21,7 @@ import sympy
 
 from . import syntax as ir
 from ..ir import typed as t
+from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
 from .parse import KEYWORDS
 from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
@@ -31,7 +32,19 @@ _MATRIX_FUNCTIONS = (
     "softmax", "where", "merge_heads", "split_heads", "concat", "transpose",
 ) + t.REDUCTIONS + t.CONSTANTS
 _CHECK_FUNCTIONS = ("grad", "equivariant", "invariant")
-BUILTINS = frozenset(t.ELEMENTWISE + _MATRIX_FUNCTIONS + _CHECK_FUNCTIONS + ("inf", "pi"))
+class _Builtins:
+    """Every builtin name, the elementwise functions read live from `symattn.ir.functions`."""
+
+    _fixed = frozenset(_MATRIX_FUNCTIONS + _CHECK_FUNCTIONS + ("inf", "pi"))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fixed or name in FUNCTIONS
+
+    def __iter__(self):
+        return iter(sorted(self._fixed | set(FUNCTIONS)))
+
+
+BUILTINS = _Builtins()
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
 
 # Bounds that keep exact arithmetic on literals and dims instantaneous; a

@@ -49,7 +49,6 @@ __all__ = [
     "TensorInfo",
     "CheckInfo",
     "TypedSpec",
-    "ELEMENTWISE",
     "REDUCTIONS",
     "CONSTANTS",
     "walk",
@@ -59,7 +58,6 @@ __all__ = [
 
 Shape = tuple  # tuple[sympy.Expr, ...]
 
-ELEMENTWISE = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "sin", "cos")
 REDUCTIONS = ("sum", "mean", "logsumexp")
 CONSTANTS = ("sinusoidal", "causal_mask", "eye", "ones")
 
@@ -106,7 +104,7 @@ class DimValue(Node):
 
 @dataclass(frozen=True, slots=True)
 class Unary(Node):
-    """An elementwise function of one tensor; `fn` is in ELEMENTWISE or 'neg'."""
+    """An elementwise function of one tensor; `fn` names a `symattn.ir.functions` record, or is 'neg'."""
 
     fn: str
     x: Node

@@ -27,6 +27,7 @@ import sympy
 
 from ..ir import build as b
 from ..ir import typed as t
+from ..ir.functions import table
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
 from .index_adjoint import index_adjoint
@@ -206,23 +207,9 @@ def _(node, g, cx):
     return []
 
 
-UNARY_RULES = {
-    "neg": ("-A", lambda x, n, g, r: b.neg(g, r)),
-    "exp": ("d exp(A) = exp(A) dA", lambda x, n, g, r: b.mul(g, n, r)),
-    "log": ("d log(A) = dA / A", lambda x, n, g, r: b.div(g, x, r)),
-    "sqrt": ("d sqrt(A) = dA / (2 sqrt(A))", lambda x, n, g, r: b.div(g, b.mul(b.scalar(2), n, r), r)),
-    "tanh": ("d tanh(A) = (1 - tanh(A)^2) dA",
-             lambda x, n, g, r: b.mul(g, b.sub(b.scalar(1), b.power(n, b.scalar(2), r), r), r)),
-    "sigmoid": ("d sigmoid(A) = sigmoid(A) (1 - sigmoid(A)) dA",
-                lambda x, n, g, r: b.mul(g, b.mul(n, b.sub(b.scalar(1), n, r), r), r)),
-    "relu": ("d relu(A) = [A > 0] dA",
-             lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g, b.scalar(0))),
-    "abs": ("d abs(A) = sign(A) dA",
-            lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g,
-                                       b.where(b.compare("<", x, b.scalar(0)), b.neg(g, r), b.scalar(0)))),
-    "sin": ("d sin(A) = cos(A) dA", lambda x, n, g, r: b.mul(g, b.unary("cos", x), r)),
-    "cos": ("d cos(A) = -sin(A) dA", lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r)),
-}
+# The local derivative of each elementwise function (rule text, adjoint builder), read live from
+# the function table; `neg` is an operator, not a function.
+UNARY_RULES = table("adjoint", {"neg": ("-A", lambda x, n, g, r: b.neg(g, r))})
 
 
 @_adjoint.register

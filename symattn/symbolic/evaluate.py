@@ -27,6 +27,7 @@ import numpy as np
 import sympy
 
 from ..ir import typed as t
+from ..ir.functions import FUNCTIONS, table
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
 
@@ -61,13 +62,7 @@ class _Numeric(_Backend):
     def unary(self, fn: str, x):
         x = np.asarray(x, dtype=np.float64)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            if fn == "neg":
-                return -x
-            if fn == "sigmoid":
-                return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
-            if fn == "relu":
-                return np.maximum(x, 0.0)
-            return getattr(np, fn)(x)
+            return -x if fn == "neg" else FUNCTIONS[fn].float64(x)
 
     def binary(self, op: str, a, b):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -128,18 +123,7 @@ def _ieee_divide(a, b):
 class _Symbolic(_Backend):
     exact = True
 
-    _FUNCS = {
-        "neg": lambda x: -x,
-        "exp": sympy.exp,
-        "log": sympy.log,
-        "sqrt": sympy.sqrt,
-        "abs": sympy.Abs,
-        "tanh": sympy.tanh,
-        "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
-        "relu": lambda x: sympy.nan if x is sympy.nan else sympy.Piecewise((x, x > 0), (0, True)),
-        "sin": sympy.sin,
-        "cos": sympy.cos,
-    }
+    _FUNCS = table("exact", {"neg": lambda x: -x})
     _REL = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
 
     def scalar(self, value):
@@ -147,8 +131,6 @@ class _Symbolic(_Backend):
 
     def unary(self, fn, x):
         func = self._FUNCS[fn]
-        if fn == "log":  # log(0) is -inf in float64, not complex infinity
-            return _elementwise(lambda u: -sympy.oo if sympy.sympify(u).is_zero else _ieee(func(u)))(x)
         return _elementwise(lambda u: _ieee(func(u)))(x)
 
     def binary(self, op, a, b):

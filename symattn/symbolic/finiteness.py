@@ -27,6 +27,7 @@ from typing import Mapping
 import sympy
 
 from ..ir import typed as t
+from ..ir.functions import FUNCTIONS, table
 
 __all__ = ["FINITE", "MINUS_INF", "ANY", "Finiteness", "const_value", "finite_real"]
 
@@ -35,18 +36,7 @@ FINITE, MINUS_INF, ANY = 0, 1, 2  # what a node's entries may be, for finite inp
 
 # --- constants ------------------------------------------------------------------
 
-_SYMPY_FN = {
-    "neg": lambda x: -x,
-    "exp": sympy.exp,
-    "log": sympy.log,
-    "sqrt": sympy.sqrt,
-    "abs": sympy.Abs,
-    "tanh": sympy.tanh,
-    "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
-    "relu": lambda x: sympy.Max(x, 0),
-    "sin": sympy.sin,
-    "cos": sympy.cos,
-}
+_SYMPY_FN = table("exact", {"neg": lambda x: -x})
 _SYMPY_OP = {
     "add": lambda a, b: a + b,
     "sub": lambda a, b: a - b,
@@ -176,9 +166,10 @@ class Finiteness:
             return MINUS_INF if const == -sympy.oo else ANY
         if isinstance(n, t.Unary):
             x = self.node(n.x)
-            if n.fn in ("log", "sqrt"):
+            function = FUNCTIONS.get(n.fn)  # None: neg
+            if function is not None and not function.total:  # log, sqrt
                 return ANY
-            if n.fn in ("exp", "tanh", "sigmoid", "relu"):  # each maps -inf to a finite value
+            if function is not None and function.absorbs_minus_inf:  # exp(-inf) = 0, tanh(-inf) = -1, ...
                 return FINITE if x <= MINUS_INF else ANY
             return FINITE if x == FINITE else ANY  # neg, abs, sin, cos
         if isinstance(n, t.Binary):

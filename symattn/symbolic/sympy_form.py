@@ -39,17 +39,13 @@ from sympy import (FunctionMatrix, HadamardPower, HadamardProduct, Identity, Lam
                    OneMatrix, Piecewise, Symbol)
 
 from ..ir import typed as t
+from ..ir.functions import table
 from ..errors import SymbolicError
 from ..ir.printing import to_spec
 
 __all__ = ["to_sympy", "tensor_symbol"]
 
-_SCALAR_FUNCTIONS = {
-    "exp": sympy.exp, "log": sympy.log, "sqrt": sympy.sqrt, "abs": sympy.Abs, "tanh": sympy.tanh,
-    "sin": sympy.sin, "cos": sympy.cos,
-    "sigmoid": lambda x: 1 / (1 + sympy.exp(-x)),
-    "relu": lambda x: sympy.Max(x, 0),
-}
+_SCALAR_FUNCTIONS = table("exact")
 _RELATIONS = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
 
 
@@ -166,7 +162,7 @@ def _(node: t.Unary, cv):
     fn = _SCALAR_FUNCTIONS[node.fn]
     if not node.shape:
         return fn(x)
-    if node.fn in ("exp", "log", "sqrt", "sin", "cos", "tanh"):
+    if isinstance(fn, sympy.FunctionClass):  # exp, tanh, ...: applied by name
         return x.applyfunc(fn)
     arg = Symbol("x", real=True)
     return x.applyfunc(Lambda(arg, fn(arg)))

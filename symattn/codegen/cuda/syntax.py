@@ -20,6 +20,7 @@ from typing import Callable, Protocol, Sequence
 
 import sympy
 
+from ...ir.functions import table
 from ...ir import typed as t
 from ...errors import SymAttnError
 from .names import CNames
@@ -35,18 +36,8 @@ class CudaCodegenError(SymAttnError):
 # Loosest to tightest, as C parses them.
 TERNARY, COMPARE_PREC, ADD, MUL, UNARY_PREC, ATOM = range(6)
 
-UNARY: dict[str, str] = {
-    "neg": "-{x}",
-    "exp": "expf({x})",
-    "log": "logf({x})",
-    "sqrt": "sqrtf({x})",
-    "abs": "fabsf({x})",
-    "tanh": "tanhf({x})",
-    "sigmoid": "sa_sigmoid({x})",
-    "relu": "fmaxf({x}, 0.0f)",
-    "sin": "sinf({x})",
-    "cos": "cosf({x})",
-}
+# fn -> template over the operand (float32), read live from the function table
+UNARY = table("cuda", {"neg": "-{x}"})
 BINARY: dict[str, tuple[str, int]] = {
     "add": ("{a} + {b}", ADD),
     "sub": ("{a} - {b}", ADD),

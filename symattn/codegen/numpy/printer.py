@@ -20,6 +20,7 @@ from functools import singledispatchmethod
 
 import sympy
 
+from ...ir.functions import table
 from ...ir import typed as t
 from ..index import IndexArray, LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
 from .runtime import HELPERS
@@ -30,18 +31,8 @@ __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CON
 # Python precedence, loosest to tightest.
 CMP, ADD, MUL, UNARY_PREC, POW, ATOM = 3, 5, 6, 7, 8, 10
 
-UNARY = {  # fn -> (template over the operand, helper it needs)
-    "neg": ("-{x}", None),
-    "exp": ("np.exp({x})", None),
-    "log": ("np.log({x})", None),
-    "sqrt": ("np.sqrt({x})", None),
-    "abs": ("np.abs({x})", None),
-    "tanh": ("np.tanh({x})", None),
-    "sin": ("np.sin({x})", None),
-    "cos": ("np.cos({x})", None),
-    "relu": ("np.maximum({x}, 0)", None),
-    "sigmoid": ("_sigmoid({x})", "_sigmoid"),
-}
+# fn -> (template over the operand, helper it needs), read live from the function table
+UNARY = table("numpy_code", {"neg": ("-{x}", None)})
 SCALAR_UNARY = {"sqrt": "{x} ** 0.5", "neg": "-{x}"}  # on Python numbers; others: float(np.fn(x))
 BINARY = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL), "pow": ("**", POW)}
 INPLACE = {"add": "+=", "sub": "-=", "mul": "*=", "div": "/="}

@@ -1,0 +1,136 @@
+"""The builtin elementwise functions: one record each, read by every stage.
+
+Contract: `FUNCTIONS` maps a name (`exp`, `tanh`, ...) to a `Function` that
+says everything symattn knows about it: its exact SymPy value (element level,
+constants, SymPy forms) and its float64 value (the reference evaluator), both
+with float64's answers at the edges; its local derivative (one rule used by
+the matrix level, index notation and the CUDA target's forward mode); how the
+static finiteness analysis treats it; its NumPy and CUDA spellings; whether it
+is typeset as a named function. Adding a function is adding one record with
+`register` (tensorgrad's FunctionSignature, tinygrad's op tables): the parser,
+validation, derive, check, the NumPy and CUDA targets and the documents all
+read this table when they run. `table(field, extra)` is a live read-only view
+of one field over every registered function (plus `neg` and the like).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import sympy
+
+from . import build as b
+
+__all__ = ["Function", "FUNCTIONS", "register", "table"]
+
+
+@dataclass(frozen=True)
+class Function:
+    """Everything about one elementwise function `name(A)`."""
+
+    name: str
+    exact: Callable[[Any], Any]                  # SymPy value of one entry (exact; float64 at the edges)
+    float64: Callable[[np.ndarray], np.ndarray]  # float64 value of an array (NumPy, IEEE semantics)
+    rule: str                                    # the derivative rule as documents print it
+    derivative: Callable                         # (A, f(A) as a node, G, recorder) -> the adjoint of A
+    total: bool = True                           # finite for every finite argument (log, sqrt: no)
+    absorbs_minus_inf: bool = False              # f(-inf) is finite (exp, tanh, sigmoid, relu)
+    numpy: str = ""                              # template over the operand "{x}"
+    numpy_helper: str | None = None              # a runtime helper the template calls
+    cuda: str = ""                               # template over the operand "{x}", float32
+    named: bool = False                          # typeset upright as a named function (exp, log, ...)
+
+    @property
+    def adjoint(self) -> tuple[str, Callable]:
+        """(rule, derivative): what derive records and applies."""
+        return self.rule, self.derivative
+
+    @property
+    def numpy_code(self) -> tuple[str, str | None]:
+        """(template, helper): what the NumPy printer writes."""
+        return self.numpy, self.numpy_helper
+
+
+FUNCTIONS: dict[str, Function] = {}
+
+
+def register(function: Function) -> Function:
+    """Add (or replace) a builtin function; every stage sees it from then on."""
+    FUNCTIONS[function.name] = function
+    return function
+
+
+class _Table(Mapping):
+    """name -> one field of its record, live, with `extra` entries (such as `neg`) in front."""
+
+    def __init__(self, field: str, extra: Mapping[str, Any]) -> None:
+        self.field = field
+        self.extra = dict(extra)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.extra:
+            return self.extra[name]
+        return getattr(FUNCTIONS[name], self.field)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.extra
+        yield from (n for n in FUNCTIONS if n not in self.extra)
+
+    def __len__(self) -> int:
+        return len(set(self.extra) | set(FUNCTIONS))
+
+
+def table(field: str, extra: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """A live view of `field` over every registered function, plus `extra`."""
+    return _Table(field, extra or {})
+
+
+def _log(u):
+    return -sympy.oo if sympy.sympify(u).is_zero else sympy.log(u)  # log(0) is -inf, not zoo
+
+
+def _relu(u):
+    return sympy.nan if u is sympy.nan else sympy.Piecewise((u, u > 0), (0, True))
+
+
+def _sigmoid64(x):
+    e = np.exp(-np.abs(x))  # never overflows; the where keeps float64's precision on both sides
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+for _function in (
+    Function("exp", sympy.exp, np.exp, "d exp(A) = exp(A) dA",
+             lambda x, n, g, r: b.mul(g, n, r), absorbs_minus_inf=True,
+             numpy="np.exp({x})", cuda="expf({x})", named=True),
+    Function("log", _log, np.log, "d log(A) = dA / A",
+             lambda x, n, g, r: b.div(g, x, r), total=False,
+             numpy="np.log({x})", cuda="logf({x})", named=True),
+    Function("sqrt", sympy.sqrt, np.sqrt, "d sqrt(A) = dA / (2 sqrt(A))",
+             lambda x, n, g, r: b.div(g, b.mul(b.scalar(2), n, r), r), total=False,
+             numpy="np.sqrt({x})", cuda="sqrtf({x})"),
+    Function("abs", sympy.Abs, np.abs, "d abs(A) = sign(A) dA",
+             lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g,
+                                        b.where(b.compare("<", x, b.scalar(0)), b.neg(g, r), b.scalar(0))),
+             numpy="np.abs({x})", cuda="fabsf({x})"),
+    Function("tanh", sympy.tanh, np.tanh, "d tanh(A) = (1 - tanh(A)^2) dA",
+             lambda x, n, g, r: b.mul(g, b.sub(b.scalar(1), b.power(n, b.scalar(2), r), r), r),
+             absorbs_minus_inf=True, numpy="np.tanh({x})", cuda="tanhf({x})", named=True),
+    Function("sigmoid", lambda u: 1 / (1 + sympy.exp(-u)), _sigmoid64,
+             "d sigmoid(A) = sigmoid(A) (1 - sigmoid(A)) dA",
+             lambda x, n, g, r: b.mul(g, b.mul(n, b.sub(b.scalar(1), n, r), r), r), absorbs_minus_inf=True,
+             numpy="_sigmoid({x})", numpy_helper="_sigmoid", cuda="sa_sigmoid({x})"),
+    Function("relu", _relu, lambda x: np.maximum(x, 0.0), "d relu(A) = [A > 0] dA",
+             lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g, b.scalar(0)), absorbs_minus_inf=True,
+             numpy="np.maximum({x}, 0)", cuda="fmaxf({x}, 0.0f)"),
+    Function("sin", sympy.sin, np.sin, "d sin(A) = cos(A) dA",
+             lambda x, n, g, r: b.mul(g, b.unary("cos", x), r),
+             numpy="np.sin({x})", cuda="sinf({x})", named=True),
+    Function("cos", sympy.cos, np.cos, "d cos(A) = -sin(A) dA",
+             lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r),
+             numpy="np.cos({x})", cuda="cosf({x})", named=True),
+):
+    register(_function)
+del _function
