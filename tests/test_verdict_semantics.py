@@ -467,3 +467,23 @@ def test_the_gradient_of_x_to_the_zero_is_zero_even_at_zero():
     assert [v.verdict for v in found] == ["proved", "proved"], [v.method for v in found]
     h = 1e-6  # 0.0 ** 0 is 1 in float64: the central difference at 0 is 0
     assert ((0.0 + h) ** 0 - (0.0 - h) ** 0) / (2 * h) == 0.0
+
+
+def test_generated_numpy_for_outputs_that_feed_others_matches_finite_differences():
+    from symattn.check.numpy import verify_numpy
+
+    spec = symattn.load(FEEDING)
+    report = verify_numpy(spec.typed)
+    assert report.ok, "\n".join(report.lines())
+    # and by hand: the module's grad(X) against central differences of <O, G_O> + <P, G_P>
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((3, 2)), rng.standard_normal((2, 2))
+    go, gp = rng.standard_normal((3, 2)), rng.standard_normal((3, 3))
+    grads = spec.numpy().backward(X=x, W_v=w, grad_O=go, grad_P=gp)
+    h = 1e-6
+    numeric = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        e = np.zeros_like(x)
+        e[idx] = h
+        numeric[idx] = (feeding_loss(x + e, w, go, gp) - feeding_loss(x - e, w, go, gp)) / (2 * h)
+    np.testing.assert_allclose(grads["X"], numeric, atol=1e-7)
