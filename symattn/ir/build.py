@@ -53,7 +53,15 @@ class Recorder:
         return after
 
 
-_NULL = Recorder()
+class _Discard(Recorder):
+    """The recorder of callers that keep no steps: `note` returns the result and keeps nothing
+    (a shared default Recorder would collect every step of the process, forever)."""
+
+    def note(self, rule: str, before: t.Node, after: t.Node) -> t.Node:
+        return after
+
+
+_NULL = _Discard()
 
 
 def scalar(value) -> t.Scalar:
