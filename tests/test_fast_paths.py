@@ -17,7 +17,7 @@ import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from symattn.symbolic.element import _diff, settled, shared_xreplace, zero_test
+from symattn.symbolic.exact import entry_diff as _diff, settled, shared_xreplace, zero_test
 from symattn.symbolic.polyzero import expands_to_zero
 
 x, y, z = sympy.symbols("x y z", real=True)

@@ -487,3 +487,48 @@ def test_generated_numpy_for_outputs_that_feed_others_matches_finite_differences
         e[idx] = h
         numeric[idx] = (feeding_loss(x + e, w, go, gp) - feeding_loss(x - e, w, go, gp)) / (2 * h)
     np.testing.assert_allclose(grads["X"], numeric, atol=1e-7)
+
+
+# --- found by a second review: dim constants, and claims that read sizes at shrunk sizes ---------
+
+DIM_CONSTANTS = """\
+dim N = 6, d = 3
+input X[N, d]
+O = X
+output O
+check X * sqrt(N - 5)^2 == X * (N - 5)
+check X * exp(log(N - 5)) == X * (N - 5)
+check X * ((N - 5) / (N - 5)) == X
+check X * ((N - 5) * (1 / (N - 5))) == X
+check X / sqrt(N) * sqrt(N) == X * 1
+"""
+
+
+def test_dim_constants_are_simplified_only_where_defined_for_every_size():
+    found = symattn.load(DIM_CONSTANTS).check()
+    for v in found[:4]:  # false at N = 4 or N = 5 in float64, so never "for all sizes"
+        assert v.verdict != "proved", (v.claim, v.method)
+    assert found[4].verdict == "proved"  # sqrt(N) > 0 for every N >= 1
+    x = np.array([[1.0, -0.5, 1.0]])
+    with np.errstate(all="ignore"):
+        four, five = np.float64(4), np.float64(5)
+        assert np.isnan(x * np.sqrt(four - 5) ** 2).all()
+        assert np.isnan(x * ((five - 5) / (five - 5))).all()
+    at_five = symattn.load(DIM_CONSTANTS, dims={"N": 5}).check()
+    assert [v.verdict for v in at_five[2:4]] == ["refuted", "refuted"]
+
+
+SIZE_READING = """\
+dim N = 1000000000, d = 3
+input X[N, d]
+O = X * 2
+output O
+check O * (N - 1000000000) == 0 * O
+check O == X * 3
+"""
+
+
+def test_a_claim_that_reads_a_dim_is_not_refuted_at_sizes_the_guard_picked():
+    found = symattn.load(SIZE_READING).check()
+    assert found[0].verdict == "unknown", found[0].method  # true at N = 1000000000
+    assert found[1].verdict == "refuted" and "size guard" in found[1].method

@@ -33,14 +33,17 @@ def available() -> bool:
     return True
 
 
-def _pyplot():
+def _new_figure(figsize):
+    """A figure on an Agg canvas, without pyplot (its import is half of matplotlib's; the PNG bytes
+    are the same as those of `pyplot.subplots`, with no figure manager or global figure list)."""
     import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"svg.hashsalt": "symattn", "font.size": 9})
-    return plt
+    matplotlib.rcParams.update({"svg.hashsalt": "symattn", "font.size": 9})
+    fig = MplFigure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
 
 
 def _png(fig) -> bytes:
@@ -50,9 +53,7 @@ def _png(fig) -> bytes:
 
 
 def heatmap(spec_name: str, tensor: str, values: np.ndarray):
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(3.2, 2.8))
+    fig, ax = _new_figure((3.2, 2.8))
     image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=max(1e-12, float(np.max(values))))
     ax.set_xlabel("key position j")
     ax.set_ylabel("query position i")
@@ -61,7 +62,6 @@ def heatmap(spec_name: str, tensor: str, values: np.ndarray):
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
     png = _png(fig)
-    plt.close(fig)
     return Figure(f"{spec_name}-weights.png", png, f"The attention weights {tensor} of the small example")
 
 
@@ -78,8 +78,7 @@ def cost_curve(spec, cost):
     ns = np.array([2 ** k for k in range(2, 13)])
     attention = [float(cost.forward_flops.subs(subs).subs(n_symbol, int(n))) for n in ns]
     rnn = [float(2 * 2 * width * width * n) for n in ns]  # h_t = tanh(W h_{t-1} + U x_t): two products a step
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(4.2, 2.8))
+    fig, ax = _new_figure((4.2, 2.8))
     ax.loglog(ns, attention, marker="o", label=f"{spec.name} (parallel in {tokens[0]})")
     ax.loglog(ns, rnn, marker="s", label=f"RNN, width {width} (sequential in {tokens[0]})")
     ax.set_xlabel(f"{tokens[0]} (sequence length)")
@@ -87,5 +86,4 @@ def cost_curve(spec, cost):
     ax.legend(fontsize=7)
     fig.tight_layout()
     png = _png(fig)
-    plt.close(fig)
     return Figure(f"{spec.name}-cost.png", png, f"Forward FLOPs against {tokens[0]}: attention and an RNN")

@@ -47,21 +47,54 @@ _SYMPY_OP = {
 
 
 def const_value(node: t.Node) -> sympy.Expr | None:
-    """The exact value of a node made only of numbers and dims, or None."""
+    """The exact value of a node made only of numbers and dims, or None.
+
+    Also None when a step is not defined for every size of the dims it reads
+    (dims are positive integers, nothing more): `1 / (N - 5)`, `sqrt(N - 5)`,
+    `log(N - 4)`. SymPy would simplify `(N - 5) / (N - 5)` to 1 and
+    `sqrt(N - 5)^2` to N - 5 at once, which float64 does not do at N = 5 or 4.
+    """
     if isinstance(node, t.Scalar):
         return sympy.sympify(node.value)
     if isinstance(node, t.DimValue):
         return sympy.sympify(node.dim)
     if isinstance(node, t.Unary) and node.shape == ():
         x = const_value(node.x)
-        return None if x is None else _SYMPY_FN[node.fn](x)
+        if x is None or (x.free_symbols and not _defined_for_all_sizes(node.fn, x)):
+            return None
+        return _SYMPY_FN[node.fn](x)
     if isinstance(node, t.Binary) and node.shape == ():
         a = const_value(node.a)
         if a is None:
             return None
         b = const_value(node.b)
-        return None if b is None else _SYMPY_OP[node.op](a, b)
+        if b is None:
+            return None
+        if (a.free_symbols or b.free_symbols) and not _binary_defined_for_all_sizes(node.op, a, b):
+            return None
+        return _SYMPY_OP[node.op](a, b)
     return None
+
+
+def _defined_for_all_sizes(fn: str, x: sympy.Expr) -> bool:
+    """Whether fn(x) is a finite real for every positive integer value of the dims in x."""
+    if fn in ("log",):
+        return x.is_positive is True
+    if fn in ("sqrt",):
+        return x.is_nonnegative is True
+    return True
+
+
+def _binary_defined_for_all_sizes(op: str, a: sympy.Expr, b: sympy.Expr) -> bool:
+    if op == "div":
+        return b.is_zero is False
+    if op == "pow":
+        if b.is_integer and b.is_nonnegative:
+            return True
+        if b.is_integer:
+            return a.is_zero is False
+        return a.is_positive is True
+    return True
 
 
 def finite_real(value: sympy.Expr) -> bool:

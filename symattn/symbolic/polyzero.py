@@ -16,7 +16,7 @@ value wherever the expression is defined:
   `r**L = b` at the end, which is true arithmetic.
 
 False means "not shown", never "nonzero": a base and its inverse are not
-cancelled, so a caller falls back to a complete test (as `element.zero_test`
+cancelled, so a caller falls back to a complete test (as `exact.zero_test`
 does). Anything outside these cases (floats, I, pi, functions, Piecewise) is
 not handled and gives False.
 """

@@ -1,0 +1,345 @@
+"""Exact comparison of element-level entries under float64 semantics.
+
+Contract: `zero_test(expr)` is True only if `expr` is identically zero as a
+rational function of its symbols and function atoms (exp split into positive
+atoms, tanh written through exp, where/relu/abs settled by cases; cheapest
+first: a 40-digit random point that shows it nonzero, the sparse-polynomial
+test of `symattn.symbolic.polyzero`, expansion, the common denominator).
+`settled(entry)` says whether an entry is a number or free of infinities and
+NaN; `same_entry(a, b)` is exact equality under float64 semantics (the same
+non-finite value, or settled and identically equal), False meaning "not
+shown". `mp_value` evaluates an entry at a point in mpmath with float64's
+answers at the edges (log of a negative is NaN, 0**-1 is inf);
+`shared_xreplace` substitutes into many entries sharing subtrees;
+`entry_diff` is sympy.diff with the product rule written out. The element
+model (`symattn.symbolic.element`) compares entries with these.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Callable, Mapping
+
+import mpmath
+import numpy as np
+import sympy
+from sympy.functions.elementary.piecewise import ExprCondPair
+
+from ..budget import checkpoint
+from .polyzero import expands_to_zero
+
+__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "mp_value"]
+
+
+# Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
+# two sides of a comparison, share their exp(...) subtrees. Cleared together (never within a call)
+# when they grow past _ATOM_CACHE, so that a long session does not hold every expression it saw.
+_ATOMS: dict[sympy.Expr, sympy.Dummy] = {}
+_ATOMIZED: dict[sympy.Expr, sympy.Expr] = {}
+_ATOM_CACHE = 50_000
+
+
+def _atomize(expr: sympy.Expr) -> sympy.Expr:
+    """Replace every function application (and irrational power of a non-number) by a symbol.
+
+    exp is split first, exp(2*s + t/2) = E_s^2 * E_t^(1/2) with E_s = exp(s) > 0, so that
+    the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom; tanh
+    is written through exp first (its argument is finite here), so it meets sigmoid. The
+    same application is the same symbol in every call (see _ATOMS).
+    """
+    if len(_ATOMIZED) > _ATOM_CACHE:
+        _ATOMS.clear()
+        _ATOMIZED.clear()
+    atoms, done = _ATOMS, _ATOMIZED
+
+    def atom(node: sympy.Expr, positive: bool = False) -> sympy.Dummy:
+        if node not in atoms:
+            atoms[node] = sympy.Dummy(positive=positive)
+        return atoms[node]
+
+    def walk(node: sympy.Expr) -> sympy.Expr:
+        if not node.args or node.is_Atom:
+            return node
+        if node not in done:
+            done[node] = rewrite(node)
+        return done[node]
+
+    def rewrite(node: sympy.Expr) -> sympy.Expr:
+        if isinstance(node, sympy.tanh):  # tanh(u) = (E^2 - 1) / (E^2 + 1), E = exp(u) > 0: meets sigmoid
+            e2 = sympy.exp(2 * node.args[0])
+            return walk((e2 - 1) / (e2 + 1))
+        if isinstance(node, sympy.exp):
+            result = sympy.Integer(1)
+            for term in sympy.Add.make_args(sympy.expand(walk(node.args[0]))):
+                coeff, rest = term.as_coeff_Mul()
+                if term.is_number:
+                    result *= sympy.exp(term)
+                else:  # exp(c * r) = E_r ** c with E_r = exp(r) > 0, for rational c
+                    result *= atom(sympy.exp(rest), True) ** coeff
+            return result
+        args = [walk(a) for a in node.args]
+        rebuilt = node.func(*args) if args != list(node.args) else node
+        if isinstance(rebuilt, sympy.Function) or (
+            isinstance(rebuilt, sympy.Pow) and not rebuilt.exp.is_Integer and not rebuilt.base.is_Number
+        ):
+            return atom(rebuilt)
+        return rebuilt
+
+    return walk(expr)
+
+
+def _mp_log(x):
+    """log with float64's answers at the edges: -inf at 0, NaN below (not a complex number)."""
+    if mpmath.isnan(x) or x < 0:
+        return mpmath.nan
+    return -mpmath.inf if x == 0 else mpmath.log(x)
+
+
+def _mp_pow(base, exponent):
+    """base**exponent as float64 has it: 0**-k is inf, a negative base with a fractional exponent NaN."""
+    if mpmath.isnan(base) or mpmath.isnan(exponent):
+        return mpmath.nan
+    if base == 0 and exponent < 0:
+        return mpmath.inf
+    if base < 0 and not mpmath.isint(exponent):
+        return mpmath.nan
+    return base**exponent
+
+
+def _mp_real(value):
+    """A complex intermediate is NaN under float64 semantics."""
+    if isinstance(value, mpmath.mpc):
+        return value.real if value.imag == 0 else mpmath.nan
+    return value
+
+
+_MP_FUNCS = {
+    sympy.exp: mpmath.exp, sympy.log: _mp_log, sympy.tanh: mpmath.tanh, sympy.sin: mpmath.sin,
+    sympy.cos: mpmath.cos, sympy.Abs: abs, sympy.sign: mpmath.sign,
+}
+# The conditions of where / relu / abs (sympy.Piecewise), evaluated to Python booleans.
+_MP_RELATIONS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+                 ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def _first_branch(pairs):
+    for value, cond in pairs:
+        if cond is None:
+            return None
+        if cond:
+            return value
+    return None
+
+
+def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
+    """expr at a point, in mpmath at the working precision; shared subtrees evaluated once."""
+    stack = [(expr, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node in memo:
+            continue
+        if node in subs:
+            memo[node] = subs[node]
+            continue
+        if node is sympy.true or node is sympy.false:
+            memo[node] = bool(node)
+            continue
+        if node.is_Number or node.is_NumberSymbol:
+            if node in (sympy.oo, -sympy.oo):
+                memo[node] = mpmath.inf if node == sympy.oo else -mpmath.inf
+            elif node is sympy.nan:
+                memo[node] = mpmath.nan
+            else:
+                memo[node] = mpmath.mpf(node.evalf(mpmath.mp.dps + 5)) if node.is_finite else None
+            continue
+        if not ready:
+            stack.append((node, True))
+            stack.extend((a, False) for a in node.args if a not in memo)
+            continue
+        args = [memo[a] for a in node.args]
+        if isinstance(node, sympy.Piecewise):  # the first branch whose condition holds; others may be undefined
+            memo[node] = _first_branch(args)
+        elif isinstance(node, ExprCondPair):
+            memo[node] = tuple(args)
+        elif any(a is None for a in args):
+            memo[node] = None
+        elif node.is_Add:
+            memo[node] = mpmath.fsum(args)
+        elif node.is_Mul:
+            memo[node] = mpmath.fprod(args)
+        elif node.is_Pow:
+            memo[node] = _mp_real(_mp_pow(*args))
+        elif isinstance(node, sympy.core.relational.Relational) and node.rel_op in _MP_RELATIONS:
+            memo[node] = bool(_MP_RELATIONS[node.rel_op](*args))
+        elif type(node) in _MP_FUNCS:
+            memo[node] = _mp_real(_MP_FUNCS[type(node)](args[0]))
+        else:
+            memo[node] = None
+    return memo[expr]
+
+
+def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
+    """True if `expr` is clearly nonzero at a random point (so it is not identically zero)."""
+    with mpmath.workdps(40):
+        subs = {}
+        for sym in expr.free_symbols:
+            if sym.is_positive:
+                subs[sym] = mpmath.mpf(int(rng.integers(50, 150))) / 100
+            else:
+                subs[sym] = mpmath.mpf(int(rng.integers(-100, 100))) / 97
+        memo: dict = {}
+        try:
+            total = mp_value(expr, subs, memo)
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+            return False
+        if total is None or not mpmath.isfinite(total):
+            return False
+        terms = [memo.get(term) for term in sympy.Add.make_args(expr)]
+        if any(v is None for v in terms):
+            return False
+        scale = max(abs(v) for v in terms)
+        # At 40 digits a true zero leaves at most ~1e-35 of the largest term.
+        return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
+
+
+_MAX_CONDITIONS = 4
+
+
+def zero_test(expr: sympy.Expr) -> bool:
+    """True if `expr` is identically zero as a rational function of its symbols and function atoms.
+
+    Cheapest first: a random point that shows it nonzero ends the test; then
+    expansion in a sparse polynomial ring (`symattn.symbolic.polyzero`), then SymPy's
+    expansion with denominators kept whole; then the common denominator.
+    """
+    if expr == 0:
+        return True
+    expr = sympy.sympify(expr)
+    if expr.has(sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
+        if expr.has(sympy.sign):
+            expr = expr.rewrite(sympy.Piecewise)
+        # Split into cases: every truth assignment of the k conditions picks one branch of each
+        # piece (2^k cases, so only for a few conditions; beyond that the pieces stay atoms).
+        conditions = list(expr.atoms(sympy.core.relational.Relational))
+        if len(conditions) <= _MAX_CONDITIONS:
+            cases = itertools.product((sympy.true, sympy.false), repeat=len(conditions))
+            return all(zero_test(expr.xreplace(dict(zip(conditions, case)))) for case in cases)
+    checkpoint()
+    atomized = _atomize(expr)
+    if atomized.is_number:
+        return atomized.equals(0) is True
+    if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
+        return False
+    if expands_to_zero(atomized):  # exact, in a sparse polynomial ring: ~10x faster than expand
+        return True
+    if sympy.expand(atomized) == 0:
+        return True
+    checkpoint()
+    numer, _ = sympy.fraction(sympy.together(atomized))
+    return sympy.expand(numer) == 0
+
+
+_NON_FINITE = (sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
+
+
+def settled(entry) -> bool:
+    """Whether an entry is a non-finite number or an expression free of infinities and NaN.
+
+    An expression such as `-oo*x` or `exp(x - oo) + nan*y` is not settled: its value
+    under float64 depends on signs and zeros SymPy does not track, so nothing about
+    it is concluded.
+    """
+    entry = sympy.sympify(entry)
+    if entry.is_number:
+        return True
+    return not _holds_non_finite(entry)
+
+
+_UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
+
+
+def _holds_non_finite(entry: sympy.Expr) -> bool:
+    """entry.has(oo, -oo, nan, zoo, I, AccumBounds) in one walk over shared subtrees
+    (`has` walks the whole tree once per pattern)."""
+    seen = {entry}
+    stack = [entry]
+    while stack:
+        node = stack.pop()
+        if node in _UNSETTLING or isinstance(node, sympy.AccumBounds):
+            return True
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return False
+
+
+def _non_finite_number(entry: sympy.Expr) -> bool:
+    return entry.is_number and (entry in _NON_FINITE or entry.has(sympy.I) or entry.has(sympy.AccumBounds))
+
+
+def same_entry(a, b) -> bool:
+    """Exactly equal under float64 semantics: the same non-finite value (NaN counts as equal to
+    NaN, complex infinity or an imaginary part as NaN), or finite and identically equal.
+    False means not shown, never "different"."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if not (settled(a) and settled(b)):
+        return False
+    if _non_finite_number(a) or _non_finite_number(b):
+        def key(x):
+            return x if x in (sympy.oo, -sympy.oo) else sympy.nan if _non_finite_number(x) else None
+        return key(a) is not None and key(a) == key(b)
+    return zero_test(a - b)
+
+
+def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
+    """A function giving `x.xreplace(mapping)` for many x that share subtrees (the entries of one
+    tensor share its softmax denominators and projections): each distinct subtree is rebuilt
+    once, where `xreplace` rebuilds it at every occurrence."""
+    memo: dict = dict(mapping)
+
+    def replace(node: sympy.Basic) -> sympy.Basic:
+        found = memo.get(node)
+        if found is not None:
+            return found
+        if node.args:
+            args = tuple(replace(arg) for arg in node.args)
+            found = node.func(*args) if any(new is not old for new, old in zip(args, node.args)) else node
+        else:
+            found = node
+        memo[node] = found
+        return found
+
+    return replace
+
+
+def entry_diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    """sympy.diff, with the product rule written out for the sums of products that matrix
+    products and softmax write.
+
+    Each term is differentiated factor by factor (the Leibniz rule); a factor that is `sym`
+    itself has derivative 1, any other factor that contains `sym` goes to sympy.diff,
+    memoized, since a softmax row's denominator is a factor of every entry of the row.
+    """
+    out = []
+    for term in sympy.Add.make_args(expr):
+        if sym not in term.free_symbols:
+            continue
+        factors = sympy.Mul.make_args(term)
+        for k, factor in enumerate(factors):
+            if factor == sym:
+                out.append(sympy.Mul(*factors[:k], *factors[k + 1:]))
+            elif sym in factor.free_symbols:
+                out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
+    return sympy.Add(*out)
+
+
+@functools.lru_cache(maxsize=16384)
+def _factor_diff(factor: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    if factor.is_Pow and factor.exp.is_Integer:
+        # SymPy's own power rule (Pow._eval_derivative) with the d(exponent) * log(base) term,
+        # which is 0 here, left out: building log(base) of a softmax denominator costs SymPy
+        # many assumption queries. The result is the very expression sympy.diff returns.
+        return factor * (entry_diff(factor.base, sym) * factor.exp / factor.base)
+    return sympy.diff(factor, sym)
