@@ -29,353 +29,27 @@ keywords or with the printer's reserved names. Nothing here is NumPy-specific.
 from __future__ import annotations
 
 import dataclasses
-import keyword
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Iterable
-
-import sympy
 
 from ..ir import typed as t
 from ..symbolic.derive import Derivation, derive
-from ..errors import SymAttnError
 from ..ir.printing import to_spec
 from .index import IndexArray, IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
+from .program_ir import RETURNED, Arange, CodegenError, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text
+from .rewrites import REWRITES, Rewriter
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "build_program",
            "REWRITES", "spec_text"]
 
 
-class CodegenError(SymAttnError):
-    """A spec that code generation cannot express (the message says why and what to change)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Var(t.Node):
-    """The value of an earlier statement (or of an argument)."""
-
-    name: str
-    shape: tuple
-
-
-@dataclass(frozen=True, slots=True)
-class SoftmaxGrad(t.Node):
-    """grad(S) for P = softmax(S, axis): `P * (G - rowdot)`, rowdot = sum(G * P, axis) or an equal value."""
-
-    p: t.Node
-    g: t.Node
-    rowdot: t.Node
-    axis: int
-    shape: tuple
-    original: t.Node | None = field(default=None, compare=False)  # the rowdot as derived
-    note: str = field(default="", compare=False)  # why rowdot equals it
-
-    @property
-    def children(self):
-        return (self.p, self.g, self.rowdot)
-
-
-@dataclass(frozen=True, slots=True)
-class Arange:
-    """The values 0, 1, ..., size - 1 of an index used as a number."""
-
-    size: sympy.Expr
-
-
-def _unrewrite(node: t.Node) -> t.Node:
-    if isinstance(node, SoftmaxGrad):
-        inner = t.Binary("sub", _unrewrite(node.g), _unrewrite(node.original or node.rowdot), node.shape)
-        return t.Binary("mul", _unrewrite(node.p), inner, node.shape)
-    return _rebuild(node, _unrewrite)
-
-
-def spec_text(node: t.Node, dims) -> str:
-    """A (rewritten) node in spec syntax, for comments."""
-    return to_spec(_unrewrite(node), list(dims))
-
-
-# The fields that hold children, per node type: how lowering rebuilds a node.
-_CHILD_FIELDS = {
-    t.Unary: ("x",), t.Binary: ("a", "b"), t.MatMul: ("a", "b"), t.Transpose: ("x",), t.Reduce: ("x",),
-    t.Softmax: ("x",), t.Compare: ("a", "b"), t.Where: ("cond", "a", "b"), t.MergeHeads: ("x",),
-    t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
-}
-
-
-def _rebuild(node: t.Node, fn) -> t.Node:
-    if isinstance(node, t.Concat):
-        return dataclasses.replace(node, parts=tuple(fn(p) for p in node.parts))
-    fields = _CHILD_FIELDS.get(type(node))
-    if not fields:
-        return node
-    return dataclasses.replace(node, **{f: fn(getattr(node, f)) for f in fields})
-
-
-@dataclass
-class Stmt:
-    """`var = node`. `labels` is None for a tensor, or the index labels of an index-notation array."""
-
-    var: str
-    node: object
-    section: str  # "forward" or "backward"
-    title: str  # what it computes, in spec syntax ("S = Q @ K.T / sqrt(d_k)", "grad(V) = P.T @ grad(O)")
-    shape: tuple = ()
-    labels: tuple[str, ...] | None = None
-    sources: frozenset = frozenset()  # leaves and upstream gradients whose batch axes it may carry
-    reads: tuple[str, ...] = ()
-    last_use: int = -1  # index of the last statement that reads it (a large number: returned)
-    note: str = ""  # the identity a rewrite used, if any
-    rewritten: bool = False  # computed otherwise than its title says
-
-
-@dataclass
-class Program:
-    spec: t.TypedSpec
-    derivation: Derivation
-    stmts: list[Stmt]
-    forward_count: int  # stmts[:forward_count] make up the forward section
-    tensor_vars: dict[str, str]  # every leaf and emitted tensor -> its variable
-    grad_vars: dict[str, str]  # tensor -> variable of its gradient
-    upstream: dict[str, str]  # output -> its keyword, grad_O
-    dim_vars: dict[str, str]
-    leaf_grads: dict[str, str | None]  # leaf -> variable of its gradient, None when L does not depend on it
-    names: Namer | None = None  # for printers that need more variables
-    info: dict[str, Stmt] = field(default_factory=dict)  # variable -> statement (arguments too)
-
-    @property
-    def forward(self) -> list[Stmt]:
-        return self.stmts[: self.forward_count]
-
-    @property
-    def backward(self) -> list[Stmt]:
-        return self.stmts[self.forward_count:]
-
-
-RETURNED = 1 << 30  # last_use of what is returned to the caller
-
-
-class Namer:
-    """Unique Python identifiers: a name is taken once; a clash gets underscores appended."""
-
-    def __init__(self, reserved: Iterable[str]) -> None:
-        self.used = set(reserved) | set(keyword.kwlist) | set(keyword.softkwlist)
-
-    def take(self, *preferred: str) -> str:
-        for name in preferred:
-            if name not in self.used:
-                self.used.add(name)
-                return name
-        name = preferred[-1]
-        while name in self.used:
-            name += "_"
-        self.used.add(name)
-        return name
-
-    def numbered(self, base: str) -> str:
-        """`base`, else base2, base3, ...: for temporaries."""
-        k = 1
-        name = base
-        while name in self.used:
-            k += 1
-            name = f"{base}{k}"
-        self.used.add(name)
-        return name
-
-
-# --- rewrites: identities that make the program cheaper ---------------------------------
-
-
-def _softmax_grad(node: t.Node, rw: "_Rewriter") -> t.Node | None:
-    """`P * (G - sum(G * P, axis))` is the softmax backward; an attention core gets the cheaper row sum.
-
-    When G = grad(T) @ B.T and T = P @ B (P the softmax, O = P @ V in attention),
-    sum(G * P, -1) = sum(grad(T) * T, -1): an [N, d] product instead of an [N, N] one.
-    """
-    if not (isinstance(node, t.Binary) and node.op == "mul"):
-        return None
-    p, inner = node.a, node.b
-    if not (isinstance(inner, t.Binary) and inner.op == "sub"):
-        return None
-    g, red = inner.a, inner.b
-    if not (isinstance(red, t.Reduce) and red.kind == "sum" and red.axis is not None
-            and red.x in (t.Binary("mul", g, p, red.x.shape), t.Binary("mul", p, g, red.x.shape))):
-        return None
-    if not rw.is_softmax(p) or rw.softmax_axis(p) != red.axis:
-        return None
-    rowdot, note = red, ""
-    core = rw.attention_core(p, g, red.axis)
-    if core is not None:
-        rowdot, note = core
-    return SoftmaxGrad(p, g, rowdot, red.axis, node.shape, original=red, note=note)
-
-
-def _scale_smallest(node: t.Node, rw: "_Rewriter") -> t.Node | None:
-    """`(A @ B) / c` for a scalar c: divide whichever of A, B, A @ B has the fewest entries.
-
-    Sizes are unknown until run time; the spec's default sizes stand in for them
-    (ties keep the scalar on the product, where it can be applied in place).
-    """
-    if not (isinstance(node, t.Binary) and node.op in ("mul", "div") and isinstance(node.a, t.MatMul)
-            and node.b.shape == () and rw.is_constant(node.b)):
-        return None
-    mm = node.a
-    costs = {"out": rw.entries(mm.shape), "a": rw.entries(mm.a.shape), "b": rw.entries(mm.b.shape)}
-    side = min(("out", "a", "b"), key=lambda k: (costs[k], k != "out"))
-    if side == "out":
-        return None
-    if side == "a":
-        return t.MatMul(t.Binary(node.op, mm.a, node.b, mm.a.shape), mm.b, mm.shape)
-    return t.MatMul(mm.a, t.Binary(node.op, mm.b, node.b, mm.b.shape), mm.shape)
-
-
-def _reassociate(node: t.Node, rw: "_Rewriter") -> t.Node | None:
-    """A chain of matrix products in the cheapest order: `Q @ K.T @ V` as `Q @ (K.T @ V)` when N > d.
-
-    Products are associative; the order that needs the fewest multiplications at
-    the spec's default sizes is chosen (the textbook dynamic programme). Only
-    chains of matrices (rank 2) are reordered; a tie keeps the order written.
-    """
-    if not isinstance(node, t.MatMul) or not (isinstance(node.a, t.MatMul) or isinstance(node.b, t.MatMul)):
-        return None
-
-    def operands(n: t.Node) -> list[t.Node]:
-        if isinstance(n, t.MatMul) and len(n.a.shape) == len(n.b.shape) == 2:
-            return operands(n.a) + operands(n.b)
-        return [n]
-
-    chain = operands(node)
-    if len(chain) < 3 or any(len(x.shape) != 2 for x in chain):
-        return None
-    dims = [chain[0].shape[0]] + [x.shape[1] for x in chain]
-    size = [rw.entries((d,)) for d in dims]
-    n = len(chain)
-    best: dict[tuple[int, int], tuple[int, int]] = {(i, i): (0, -1) for i in range(n)}
-    for span in range(1, n):
-        for i in range(n - span):
-            j = i + span
-            best[i, j] = min((best[i, k][0] + best[k + 1, j][0] + size[i] * size[k + 1] * size[j + 1], k)
-                             for k in range(i, j))
-
-    def build(i: int, j: int) -> t.Node:
-        if i == j:
-            return chain[i]
-        k = best[i, j][1]
-        a, b = build(i, k), build(k + 1, j)
-        return t.MatMul(a, b, (a.shape[0], b.shape[1]))
-
-    def cost(n: t.Node) -> int:
-        if not isinstance(n, t.MatMul) or n in chain:
-            return 0
-        return cost(n.a) + cost(n.b) + rw.entries(n.a.shape) * rw.entries((n.b.shape[1],))
-
-    if best[0, n - 1][0] >= cost(node):
-        return None
-    return build(0, n - 1)
-
-
-REWRITES = (_reassociate, _softmax_grad, _scale_smallest)
-
-
-class _Rewriter:
-    def __init__(self, spec: t.TypedSpec, derivation: Derivation) -> None:
-        self.spec = spec
-        self.derivation = derivation
-        self.forward_exprs: dict[str, t.Node] = {}  # filled in once the forward pass is rewritten
-        self.subs = {info.symbol: spec.sizes[name] for name, info in spec.dims.items()}
-
-    def entries(self, shape) -> int:
-        size = 1
-        for d in shape:
-            size *= int(sympy.sympify(d).subs(self.subs))
-        return size
-
-    @staticmethod
-    def is_constant(node: t.Node) -> bool:
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, (t.Tensor, t.Grad, t.Entry, t.IndexVar, Var)):
-                return False
-            stack.extend(n.children)
-        return True
-
-    def definition(self, node: t.Node) -> t.Node:
-        if isinstance(node, t.Tensor) and node.name in self.forward_exprs:
-            return self.forward_exprs[node.name]
-        return node
-
-    def is_softmax(self, p: t.Node) -> bool:
-        return isinstance(self.definition(p), t.Softmax)
-
-    def softmax_axis(self, p: t.Node) -> int:
-        return self.definition(p).axis
-
-    def gradient(self, g: t.Node) -> t.Node:
-        if isinstance(g, t.Grad) and g.name in self.derivation.gradients and g.name not in self.spec.outputs:
-            return self.derivation.gradients[g.name].expr or g
-        return g
-
-    def attention_core(self, p: t.Node, g: t.Node, axis: int):
-        """(sum(grad(T) * T, axis), note) when g = grad(T) @ B.T and T = p @ B is computed by the forward pass."""
-        if axis != len(p.shape) - 1:
-            return None
-        g_expr = self.gradient(g)
-        if not (isinstance(g_expr, t.MatMul) and isinstance(g_expr.b, t.Transpose)):
-            return None
-        upstream, other = g_expr.a, g_expr.b.x
-        if len(other.shape) < 2 or len(p.shape) < 2:
-            return None
-        for name, expr in self.forward_exprs.items():
-            shape = self.spec.tensors[name].shape
-            if isinstance(expr, t.MatMul) and expr.a in (p, self.definition(p)) and expr.b == other \
-                    and upstream == t.Grad(name, shape):
-                value = t.Tensor(name, shape)
-                break
-        else:
-            forward_nodes = {n for e in self.forward_exprs.values() for n in _walk(e)}
-            candidates = [n for n in forward_nodes if isinstance(n, t.MatMul) and n.b == other
-                          and n.a in (p, self.definition(p))]
-            if not candidates or isinstance(upstream, t.Grad):
-                return None
-            value = candidates[0]
-        product = t.Binary("mul", upstream, value, upstream.shape)
-        shape = tuple(sympy.Integer(1) if k == axis else d for k, d in enumerate(upstream.shape))
-        rowdot = t.Reduce("sum", product, axis, shape)
-        dims = list(self.spec.dims)
-        note = f"sum({spec_text(g, dims)} * {spec_text(p, dims)}, axis=-1) = {spec_text(rowdot, dims)}"
-        if isinstance(value, t.Tensor):
-            note += f" as {value.name} = {spec_text(p, dims)} @ {spec_text(other, dims)}"
-        return rowdot, note
-
-    def __call__(self, node: t.Node) -> t.Node:
-        if isinstance(node, t.IndexDef):
-            return node
-        node = _rebuild(node, self)
-        for rule in REWRITES:
-            new = rule(node, self)
-            if new is not None:
-                node = new
-        return node
-
-
 # --- the builder ------------------------------------------------------------------------
-
-
-def _walk(node: t.Node):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, t.IndexDef):
-            stack.append(n.body)
-        else:
-            stack.extend(n.children)
 
 
 def _tensor_refs(node: t.Node) -> list[str]:
     out = []
-    for n in _walk(node):
+    for n in t.walk(node):
         name = n.name if isinstance(n, t.Tensor) else n.tensor if isinstance(n, t.Entry) and not n.grad else None
         if name is not None and name not in out:
             out.append(name)
@@ -384,7 +58,7 @@ def _tensor_refs(node: t.Node) -> list[str]:
 
 def _grad_refs(node: t.Node) -> list[str]:
     out = []
-    for n in _walk(node):
+    for n in t.walk(node):
         name = n.name if isinstance(n, t.Grad) else n.tensor if isinstance(n, t.Entry) and n.grad else None
         if name is not None and name not in out:
             out.append(name)
@@ -397,7 +71,7 @@ def _is_cheap(node: t.Node) -> bool:
         return True
     if isinstance(node, t.Transpose):
         return _is_cheap(node.x)
-    return _Rewriter.is_constant(node) and node.shape == ()
+    return Rewriter.is_constant(node) and node.shape == ()
 
 
 class _Builder:
@@ -478,7 +152,7 @@ class _Builder:
     @staticmethod
     def _temp_name(node) -> str:
         if isinstance(node, t.Binary) and node.op in ("mul", "div") and isinstance(node.a, (t.Tensor, t.Grad)) \
-                and _Rewriter.is_constant(node.b):
+                and Rewriter.is_constant(node.b):
             return f"{'d' if isinstance(node.a, t.Grad) else ''}{node.a.name}_scaled"
         if isinstance(node, t.MatMul) and all(isinstance(x, (t.Tensor, t.Grad)) for x in (node.a, node.b)):
             return "".join(("d" if isinstance(x, t.Grad) else "") + x.name for x in (node.a, node.b))
@@ -521,7 +195,7 @@ class _Builder:
         if isinstance(node, t.Softmax) and isinstance(node.x, t.Binary):
             # the scores get a buffer of their own, so `+ M` and the softmax can work in place
             return dataclasses.replace(node, x=self.hoist(node.x, "scores"))
-        return _rebuild(node, self.lower)
+        return rebuild(node, self.lower)
 
     def add(self, var: str, node, title: str, shape=(), labels=None, rewritten: bool = False) -> Stmt:
         notes = [n.note for n in _lwalk(node) if isinstance(n, SoftmaxGrad) and n.note]
@@ -590,7 +264,7 @@ class _Builder:
                     stack.append(ref)
         order = [n for n in derivation.gradients if (n in wanted or n in spec.leaves) and n not in spec.outputs
                  and derivation.gradients[n].expr is not None]
-        rewriter = _Rewriter(spec, derivation)
+        rewriter = Rewriter(spec, derivation)
         self.forward_exprs = {name: rewriter(info.expr) for name, info in spec.tensors.items()
                               if info.expr is not None}
         rewriter.forward_exprs = self.forward_exprs
@@ -598,7 +272,7 @@ class _Builder:
         self.named = {expr: name for name, expr in self.forward_exprs.items() if not isinstance(expr, t.IndexDef)}
         self.shared = _shared_nodes(list(self.forward_exprs.values()) + list(backward_exprs.values()))
         index_defs = [n for e in list(self.forward_exprs.values()) + list(backward_exprs.values())
-                      for n in _walk(e) if isinstance(n, t.IndexDef)]
+                      for n in t.walk(e) if isinstance(n, t.IndexDef)]
         self.index = IndexLowering(self, count_shared(index_defs))
 
         # Forward: what the outputs need, in the spec's order.

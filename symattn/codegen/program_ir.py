@@ -1,0 +1,163 @@
+"""The program IR every code target renders: statements `var = node` over typed nodes.
+
+Contract: a `Program` is the forward section and the backward section of a spec
+as `Stmt`s (a `Var` name, a node, the leaves whose batch axes the value may
+carry, the last statement that reads it), with nodes from the typed IR plus
+`Var` (a value an earlier statement computed), `SoftmaxGrad` (the softmax
+backward as one operation) and `Arange` (an index's values); `Namer` chooses
+identifiers that collide with nothing. `symattn.codegen.program` builds it,
+`symattn.codegen.rewrites` makes it cheaper, the targets print it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import sympy
+
+from ..errors import SymAttnError
+from ..ir import typed as t
+from ..ir.printing import to_spec
+from ..symbolic.derive import Derivation
+
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "spec_text", "rebuild",
+           "unrewrite", "RETURNED"]
+
+
+class CodegenError(SymAttnError):
+    """A spec that code generation cannot express (the message says why and what to change)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Var(t.Node):
+    """The value of an earlier statement (or of an argument)."""
+
+    name: str
+    shape: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class SoftmaxGrad(t.Node):
+    """grad(S) for P = softmax(S, axis): `P * (G - rowdot)`, rowdot = sum(G * P, axis) or an equal value."""
+
+    p: t.Node
+    g: t.Node
+    rowdot: t.Node
+    axis: int
+    shape: tuple
+    original: t.Node | None = field(default=None, compare=False)  # the rowdot as derived
+    note: str = field(default="", compare=False)  # why rowdot equals it
+
+    @property
+    def children(self):
+        return (self.p, self.g, self.rowdot)
+
+
+@dataclass(frozen=True, slots=True)
+class Arange:
+    """The values 0, 1, ..., size - 1 of an index used as a number."""
+
+    size: sympy.Expr
+
+
+def unrewrite(node: t.Node) -> t.Node:
+    if isinstance(node, SoftmaxGrad):
+        inner = t.Binary("sub", unrewrite(node.g), unrewrite(node.original or node.rowdot), node.shape)
+        return t.Binary("mul", unrewrite(node.p), inner, node.shape)
+    return rebuild(node, unrewrite)
+
+
+def spec_text(node: t.Node, dims) -> str:
+    """A (rewritten) node in spec syntax, for comments."""
+    return to_spec(unrewrite(node), list(dims))
+
+
+# The fields that hold children, per node type: how lowering rebuilds a node.
+_CHILD_FIELDS = {
+    t.Unary: ("x",), t.Binary: ("a", "b"), t.MatMul: ("a", "b"), t.Transpose: ("x",), t.Reduce: ("x",),
+    t.Softmax: ("x",), t.Compare: ("a", "b"), t.Where: ("cond", "a", "b"), t.MergeHeads: ("x",),
+    t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
+}
+
+
+def rebuild(node: t.Node, fn) -> t.Node:
+    if isinstance(node, t.Concat):
+        return dataclasses.replace(node, parts=tuple(fn(p) for p in node.parts))
+    fields = _CHILD_FIELDS.get(type(node))
+    if not fields:
+        return node
+    return dataclasses.replace(node, **{f: fn(getattr(node, f)) for f in fields})
+
+
+@dataclass
+class Stmt:
+    """`var = node`. `labels` is None for a tensor, or the index labels of an index-notation array."""
+
+    var: str
+    node: object
+    section: str  # "forward" or "backward"
+    title: str  # what it computes, in spec syntax ("S = Q @ K.T / sqrt(d_k)", "grad(V) = P.T @ grad(O)")
+    shape: tuple = ()
+    labels: tuple[str, ...] | None = None
+    sources: frozenset = frozenset()  # leaves and upstream gradients whose batch axes it may carry
+    reads: tuple[str, ...] = ()
+    last_use: int = -1  # index of the last statement that reads it (a large number: returned)
+    note: str = ""  # the identity a rewrite used, if any
+    rewritten: bool = False  # computed otherwise than its title says
+
+
+@dataclass
+class Program:
+    spec: t.TypedSpec
+    derivation: Derivation
+    stmts: list[Stmt]
+    forward_count: int  # stmts[:forward_count] make up the forward section
+    tensor_vars: dict[str, str]  # every leaf and emitted tensor -> its variable
+    grad_vars: dict[str, str]  # tensor -> variable of its gradient
+    upstream: dict[str, str]  # output -> its keyword, grad_O
+    dim_vars: dict[str, str]
+    leaf_grads: dict[str, str | None]  # leaf -> variable of its gradient, None when L does not depend on it
+    names: Namer | None = None  # for printers that need more variables
+    info: dict[str, Stmt] = field(default_factory=dict)  # variable -> statement (arguments too)
+
+    @property
+    def forward(self) -> list[Stmt]:
+        return self.stmts[: self.forward_count]
+
+    @property
+    def backward(self) -> list[Stmt]:
+        return self.stmts[self.forward_count:]
+
+
+RETURNED = 1 << 30  # last_use of what is returned to the caller
+
+
+class Namer:
+    """Unique Python identifiers: a name is taken once; a clash gets underscores appended."""
+
+    def __init__(self, reserved: Iterable[str]) -> None:
+        self.used = set(reserved) | set(keyword.kwlist) | set(keyword.softkwlist)
+
+    def take(self, *preferred: str) -> str:
+        for name in preferred:
+            if name not in self.used:
+                self.used.add(name)
+                return name
+        name = preferred[-1]
+        while name in self.used:
+            name += "_"
+        self.used.add(name)
+        return name
+
+    def numbered(self, base: str) -> str:
+        """`base`, else base2, base3, ...: for temporaries."""
+        k = 1
+        name = base
+        while name in self.used:
+            k += 1
+            name = f"{base}{k}"
+        self.used.add(name)
+        return name
