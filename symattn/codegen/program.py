@@ -10,7 +10,7 @@ nodes in which
   an `LVar`): subexpressions that occur more than once, in the forward pass,
   the backward pass or both, are computed once, so the backward pass reuses
   what the forward pass computed (`P`, the `tanh` of additive attention);
-- index notation is an `IndexArray` of whole-array operations (`codegen_index`);
+- index notation is an `IndexArray` of whole-array operations (`symattn.codegen.index`);
 - the rewrites in `REWRITES` have been applied: each states an identity that
   holds for all sizes and makes the program cheaper (a chain of matrix
   products in its cheapest order; the softmax backward recognised as one

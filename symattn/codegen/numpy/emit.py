@@ -15,8 +15,8 @@ such text as a module object.
 
 This module is the template: signatures, shape checks, the forward section,
 the backward section, the returned dictionaries. The statements come from
-`codegen_program`, their code from `codegen_numpy_printer`, and the small
-runtime helpers they call from `codegen_numpy_runtime`.
+`symattn.codegen.program`, their code from `symattn.codegen.numpy.printer`, and the small
+runtime helpers they call from `symattn.codegen.numpy.runtime`.
 """
 
 from __future__ import annotations

@@ -15,55 +15,21 @@ softmax and its backward overwrite their input when nothing reads it later.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import singledispatchmethod
 
 import sympy
 
-from ...ir.functions import table
 from ...ir import typed as t
-from ..index import IndexArray, LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
-from .runtime import HELPERS
+from ..index import IndexArray, LContract, LEntry, LOp, LScalarTensor, LSum, LVar
+from .index_printer import IndexNotationPrinter
+from .syntax import (ADD, ATOM, BINARY, CMP, CONSTANT, INPLACE, MUL, POW, REDUCE, RESERVED, SCALAR_UNARY, UNARY,
+                     UNARY_PREC, Code, wrap)
 from ..program import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
 
-# Python precedence, loosest to tightest.
-CMP, ADD, MUL, UNARY_PREC, POW, ATOM = 3, 5, 6, 7, 8, 10
 
-# fn -> (template over the operand, helper it needs), read live from the function table
-UNARY = table("numpy_code", {"neg": ("-{x}", None)})
-SCALAR_UNARY = {"sqrt": "{x} ** 0.5", "neg": "-{x}"}  # on Python numbers; others: float(np.fn(x))
-BINARY = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL), "pow": ("**", POW)}
-INPLACE = {"add": "+=", "sub": "-=", "mul": "*=", "div": "/="}
-REDUCE = {"sum": "np.sum({x}, axis={axis}, keepdims=True)", "mean": "np.mean({x}, axis={axis}, keepdims=True)",
-          "logsumexp": "_logsumexp({x}, axis={axis})"}
-CONSTANT = {
-    "sinusoidal": ("_sinusoidal({args}, dtype)", "_sinusoidal"),
-    "causal_mask": ("_causal_mask({args}, dtype)", "_causal_mask"),
-    "eye": ("np.eye({args}, dtype=dtype)", None),
-    "ones": ("np.ones(({args},), dtype=dtype)", None),
-}
-
-RESERVED = {"np", "dtype", "outputs", "gradients", "forward", "backward", "forward_backward",
-            "_forward_backward", "_", "float", "dict", "tuple", "list", "len", "range", "ValueError"} | set(HELPERS)
-
-
-@dataclass
-class Code:
-    """Printed code: its text, Python precedence, whether it makes a new array, whether it has the dtype."""
-
-    text: str
-    prec: int = ATOM
-    fresh: bool = True
-    carrying: bool = True  # an array of the computation's dtype (not a Python number, not float64 by accident)
-
-
-def _wrap(code: Code, need: int) -> str:
-    return code.text if code.prec >= need else f"({code.text})"
-
-
-class NumPyPrinter:
+class NumPyPrinter(IndexNotationPrinter):
     """Print one `Program` as a module."""
 
     def __init__(self, program: Program) -> None:
@@ -82,13 +48,13 @@ class NumPyPrinter:
 
         A quotient is printed over one common denominator, `(N + 1) // 2` (exact
         integer division where a size is meant: the module checks up front that
-        it divides, see `codegen_numpy._exact_dims`), or `(N + 1) / 2` where the value is a number.
+        it divides, see `symattn.codegen.numpy.emit._exact_dims`), or `(N + 1) / 2` where the value is a number.
         """
         expr = sympy.sympify(expr)
         num, den = sympy.fraction(sympy.together(expr))
         if den != 1 and not expr.is_Rational:
             top, bottom = self._polynomial(num, integer), self._polynomial(den, integer)
-            text = f"{_wrap(top, MUL)} {'//' if integer else '/'} {_wrap(bottom, MUL + 1)}"
+            text = f"{wrap(top, MUL)} {'//' if integer else '/'} {wrap(bottom, MUL + 1)}"
             return Code(text, MUL, carrying=False)
         return self._polynomial(expr, integer)
 
@@ -105,12 +71,12 @@ class NumPyPrinter:
             terms = [self.dim(a, integer) for a in expr.as_ordered_terms()]
             text = terms[0].text
             for term in terms[1:]:
-                text += f" - {term.text[1:]}" if term.text.startswith("-") else f" + {_wrap(term, ADD + 1)}"
+                text += f" - {term.text[1:]}" if term.text.startswith("-") else f" + {wrap(term, ADD + 1)}"
             return Code(text, ADD, carrying=False)
         if expr.is_Mul:
             coeff, rest = expr.as_coeff_Mul()
             num, den = sympy.fraction(coeff)
-            factors = ([str(num)] if num != 1 else []) + [_wrap(self.dim(f, integer), MUL + 1)
+            factors = ([str(num)] if num != 1 else []) + [wrap(self.dim(f, integer), MUL + 1)
                                                        for f in sympy.Mul.make_args(rest)]
             text = " * ".join(factors) if factors else "1"
             if den != 1:
@@ -119,8 +85,8 @@ class NumPyPrinter:
         if expr.is_Pow:
             base, exp = expr.as_base_exp()
             if exp == sympy.Rational(1, 2):
-                return Code(f"{_wrap(self.dim(base, integer), ATOM)} ** 0.5", POW, carrying=False)
-            return Code(f"{_wrap(self.dim(base, integer), ATOM)} ** {_wrap(self.dim(exp), UNARY_PREC)}", POW,
+                return Code(f"{wrap(self.dim(base, integer), ATOM)} ** 0.5", POW, carrying=False)
+            return Code(f"{wrap(self.dim(base, integer), ATOM)} ** {wrap(self.dim(exp), UNARY_PREC)}", POW,
                         carrying=False)
         raise CodegenError(f"cannot print the dim expression {expr}")
 
@@ -178,7 +144,7 @@ class NumPyPrinter:
         if own >= rank or not self.batched(node):
             return code
         index = ", ".join(["..."] + ["None"] * (rank - own) + [":"] * own)
-        return Code(f"{_wrap(code, ATOM)}[{index}]", ATOM, False, code.carrying)
+        return Code(f"{wrap(code, ATOM)}[{index}]", ATOM, False, code.carrying)
 
     def print(self, node) -> Code:
         return self._print(node)
@@ -202,10 +168,10 @@ class NumPyPrinter:
     def reciprocal(self, node: t.Node) -> Code:
         """1 / node for a constant scalar, as Python arithmetic: `d_k ** -0.5` for sqrt(d_k)."""
         if isinstance(node, t.Unary) and node.fn == "sqrt":
-            return Code(f"{_wrap(self.print(node.x), POW + 1)} ** -0.5", POW, carrying=False)
+            return Code(f"{wrap(self.print(node.x), POW + 1)} ** -0.5", POW, carrying=False)
         if isinstance(node, t.Scalar) and node.value != 0:
             return self.number(1 / node.value)
-        return Code(f"1 / {_wrap(self.print(node), MUL + 1)}", MUL, carrying=False)
+        return Code(f"1 / {wrap(self.print(node), MUL + 1)}", MUL, carrying=False)
 
     def _constant_scalar(self, node: t.Node) -> bool:
         return node.shape == () and not self.batched(node) and not any(
@@ -217,14 +183,14 @@ class NumPyPrinter:
         if self._constant_scalar(node):  # Python arithmetic keeps the scalar "weak": no upcast of float32
             if node.fn in SCALAR_UNARY:
                 need = POW + 1 if node.fn == "sqrt" else UNARY_PREC
-                return Code(SCALAR_UNARY[node.fn].format(x=_wrap(x, need)),
+                return Code(SCALAR_UNARY[node.fn].format(x=wrap(x, need)),
                             POW if node.fn == "sqrt" else UNARY_PREC, carrying=False)
             return Code(f"float({UNARY[node.fn][0].format(x=x.text)})", carrying=False)
         template, helper = UNARY[node.fn]
         if helper:
             self.helpers.add(helper)
         if node.fn == "neg":
-            return Code(f"-{_wrap(x, UNARY_PREC)}", UNARY_PREC, True, x.carrying)
+            return Code(f"-{wrap(x, UNARY_PREC)}", UNARY_PREC, True, x.carrying)
         return Code(template.format(x=x.text), ATOM, True, x.carrying)
 
     @_print.register
@@ -233,13 +199,13 @@ class NumPyPrinter:
         if node.op == "div" and node.a.shape and self._constant_scalar(node.b):
             # an array divided by a constant is multiplied by its reciprocal: a multiplication is cheaper
             a = self.aligned(node.a, rank)
-            return Code(f"{_wrap(a, MUL)} * {_wrap(self.reciprocal(node.b), MUL + 1)}", MUL, True, a.carrying)
+            return Code(f"{wrap(a, MUL)} * {wrap(self.reciprocal(node.b), MUL + 1)}", MUL, True, a.carrying)
         a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
         symbol, prec = BINARY[node.op]
         if node.op == "pow":
-            text = f"{_wrap(a, ATOM)} ** {_wrap(b, UNARY_PREC)}"
+            text = f"{wrap(a, ATOM)} ** {wrap(b, UNARY_PREC)}"
         else:
-            text = f"{_wrap(a, prec)} {symbol} {_wrap(b, prec + 1)}"
+            text = f"{wrap(a, prec)} {symbol} {wrap(b, prec + 1)}"
         return Code(text, prec, True, a.carrying or b.carrying)
 
     @_print.register
@@ -249,17 +215,17 @@ class NumPyPrinter:
         ra, rb = len(a_node.shape), len(b_node.shape)
         squeeze = ""
         if ra == 1 and self.batched(a_node):  # a batched vector: make it a row, take the row back after
-            a, ra, squeeze = Code(f"{_wrap(a, ATOM)}[..., None, :]", ATOM, False), 2, "[..., 0, :]"
+            a, ra, squeeze = Code(f"{wrap(a, ATOM)}[..., None, :]", ATOM, False), 2, "[..., 0, :]"
         if rb == 1 and self.batched(b_node):
-            b, rb = Code(f"{_wrap(b, ATOM)}[..., :, None]", ATOM, False), 2
+            b, rb = Code(f"{wrap(b, ATOM)}[..., :, None]", ATOM, False), 2
             squeeze = "[..., 0, 0]" if squeeze else "[..., 0]"
         rank = max(ra, rb)
         if ra < rank and self.batched(a_node):
-            a = Code(f"{_wrap(a, ATOM)}[{', '.join(['...'] + ['None'] * (rank - ra) + [':'] * ra)}]", ATOM, False)
+            a = Code(f"{wrap(a, ATOM)}[{', '.join(['...'] + ['None'] * (rank - ra) + [':'] * ra)}]", ATOM, False)
         if rb < rank and self.batched(b_node):
-            b = Code(f"{_wrap(b, ATOM)}[{', '.join(['...'] + ['None'] * (rank - rb) + [':'] * rb)}]", ATOM, False)
-        left = f"({a.text})" if a.prec == MUL else _wrap(a, MUL)  # `(Q / c) @ K`, not `Q / c @ K`
-        text = f"{left} @ {_wrap(b, MUL + 1)}"
+            b = Code(f"{wrap(b, ATOM)}[{', '.join(['...'] + ['None'] * (rank - rb) + [':'] * rb)}]", ATOM, False)
+        left = f"({a.text})" if a.prec == MUL else wrap(a, MUL)  # `(Q / c) @ K`, not `Q / c @ K`
+        text = f"{left} @ {wrap(b, MUL + 1)}"
         if squeeze:
             return Code(f"({text}){squeeze}", ATOM, False)
         return Code(text, MUL, True)
@@ -267,7 +233,7 @@ class NumPyPrinter:
     @_print.register
     def _(self, node: t.Transpose) -> Code:
         x = self.print(node.x)
-        return Code(f"{_wrap(x, ATOM)}.swapaxes(-1, -2)", ATOM, False, x.carrying)
+        return Code(f"{wrap(x, ATOM)}.swapaxes(-1, -2)", ATOM, False, x.carrying)
 
     def _axis(self, axis, rank) -> str:
         if axis is None:
@@ -314,7 +280,7 @@ class NumPyPrinter:
     def _(self, node: t.Compare) -> Code:
         rank = len(node.shape)
         a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
-        return Code(f"{_wrap(a, ADD)} {node.op} {_wrap(b, ADD)}", CMP, True, False)
+        return Code(f"{wrap(a, ADD)} {node.op} {wrap(b, ADD)}", CMP, True, False)
 
     @_print.register
     def _(self, node: t.Where) -> Code:
@@ -368,7 +334,7 @@ class NumPyPrinter:
         x = self.print(node.x)
         cut = f"{self.dim(node.start).text}:{self.dim(node.stop).text}"
         after = len(node.x.shape) - 1 - node.axis
-        return Code(f"{_wrap(x, ATOM)}[{', '.join(['...', cut] + [':'] * after)}]", ATOM, False, x.carrying)
+        return Code(f"{wrap(x, ATOM)}[{', '.join(['...', cut] + [':'] * after)}]", ATOM, False, x.carrying)
 
     @_print.register
     def _(self, node: IndexArray) -> Code:
@@ -383,131 +349,8 @@ class NumPyPrinter:
             self.helpers.add("_expand")
             code = Code(f"_expand({code.text}, {self.shape_tuple(node.ranges)})", ATOM, False, code.carrying)
         if not code.carrying:
-            code = Code(f"{_wrap(code, ATOM)}.astype(dtype)", ATOM, True)
+            code = Code(f"{wrap(code, ATOM)}.astype(dtype)", ATOM, True)
         return code
-
-    # --- index notation: labelled arrays ----------------------------------------------------
-
-    def label(self, node: LNode) -> Code:
-        """A labelled node printed with its own labels, in their order."""
-        if isinstance(node, LEntry):
-            if len(set(node.indices)) == len(node.indices):
-                return Code(node.var, ATOM, False)
-            letters = _letters(node.indices)
-            sub = "".join(letters[i] for i in node.indices)
-            out = "".join(letters[i] for i in node.labels)
-            dots = "..." if self.batched(node) else ""
-            return Code(f'np.einsum("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
-        if isinstance(node, (LVar, LScalarTensor)):
-            return Code(node.var, ATOM, False)
-        if isinstance(node, LConst):
-            return self.print(node.node)
-        if isinstance(node, LOp):
-            return self._label_op(node)
-        if isinstance(node, LContract):
-            return self._contract(node)
-        if isinstance(node, LSum):
-            x = self.label(node.x)
-            axis = node.x.labels.index(node.index) - len(node.x.labels)
-            return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
-        raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
-
-    def label_aligned(self, node: LNode, target: tuple[str, ...], keep_missing: bool = False) -> Code:
-        """`node` with its axes permuted and new axes inserted so that its labels line up with `target`."""
-        code = self.label(node)
-        labels = node.labels
-        present = tuple(n for n in target if n in labels)
-        if labels != present:  # same labels, other order: move the axes
-            src = [labels.index(n) - len(labels) for n in present]
-            if len(labels) == 2:
-                code = Code(f"{_wrap(code, ATOM)}.swapaxes(-1, -2)", ATOM, False, code.carrying)
-            else:
-                dst = list(range(-len(labels), 0))
-                code = Code(f"np.moveaxis({code.text}, {src}, {dst})", ATOM, False, code.carrying)
-        if len(present) == len(target) or (not labels and not self.batched(node)):
-            return code
-        batched = self.batched(node)
-        index = [":" if n in labels else "None" for n in target]
-        if not batched:
-            while index and index[0] == "None":
-                index.pop(0)
-        if batched:
-            index.insert(0, "...")
-        if all(i == ":" for i in index):
-            return code
-        return Code(f"{_wrap(code, ATOM)}[{', '.join(index)}]", ATOM, False, code.carrying)
-
-    def _label_op(self, node: LOp) -> Code:
-        args = [self.label_aligned(a, node.labels) for a in node.args]
-        carrying = any(a.carrying for a in args)
-        if node.kind == "unary":
-            template, helper = UNARY[node.op]
-            if helper:
-                self.helpers.add(helper)
-            if not node.labels and not self.batched(node):  # a scalar: Python arithmetic
-                if node.op in SCALAR_UNARY:
-                    return Code(SCALAR_UNARY[node.op].format(x=_wrap(args[0], POW + 1)), POW, carrying=False)
-                return Code(f"float({template.format(x=args[0].text)})", carrying=False)
-            if node.op == "neg":
-                return Code(f"-{_wrap(args[0], UNARY_PREC)}", UNARY_PREC, True, carrying)
-            return Code(template.format(x=args[0].text), ATOM, True, carrying)
-        if node.kind == "binary":
-            symbol, prec = BINARY[node.op]
-            a, b = args
-            if node.op == "pow":
-                return Code(f"{_wrap(a, ATOM)} ** {_wrap(b, UNARY_PREC)}", POW, True, carrying)
-            return Code(f"{_wrap(a, prec)} {symbol} {_wrap(b, prec + 1)}", prec, True, carrying)
-        if node.kind == "compare":
-            a, b = args
-            return Code(f"{_wrap(a, ADD)} {node.op} {_wrap(b, ADD)}", CMP, True, False)
-        c, a, b = args
-        text = f"np.where({c.text}, {a.text}, {b.text})"
-        if not (a.carrying or b.carrying):
-            return Code(f"{text}.astype(dtype)", ATOM, True)
-        return Code(text, ATOM, True)
-
-    def _contract(self, node: LContract) -> Code:
-        operands = []
-        for f in node.factors:
-            if isinstance(f, LEntry):
-                operands.append((Code(f.var, ATOM, False), f.indices, self.batched(f)))
-            else:
-                operands.append((self.label(f), f.labels, self.batched(f)))
-        code = self._matmul_form(operands, node) or self._einsum(operands, node)
-        if node.coeff is not None:
-            c = self.print(node.coeff)
-            code = Code(f"{_wrap(c, MUL)} * {_wrap(code, MUL + 1)}", MUL, True, code.carrying)
-        return code
-
-    def _matmul_form(self, operands, node: LContract) -> Code | None:
-        if len(operands) != 2 or len(node.summed) != 1 or len(node.labels) != 2:
-            return None
-        (a, ia, _), (b, ib, _) = operands
-        k = node.summed[0]
-        if len(ia) != 2 or len(ib) != 2 or len(set(ia)) != 2 or len(set(ib)) != 2 or k not in ia or k not in ib:
-            return None
-        fa = ia[0] if ia[1] == k else ia[1]
-        fb = ib[0] if ib[1] == k else ib[1]
-        if fa == fb or {fa, fb} != set(node.labels):
-            return None
-
-        def oriented(code: Code, have, want) -> str:
-            return code.text if tuple(have) == want else f"{_wrap(code, ATOM)}.swapaxes(-1, -2)"
-
-        if node.labels == (fa, fb):
-            return Code(f"{oriented(a, ia, (fa, k))} @ {oriented(b, ib, (k, fb))}", MUL, True)
-        return Code(f"{oriented(b, ib, (fb, k))} @ {oriented(a, ia, (k, fa))}", MUL, True)
-
-    def _einsum(self, operands, node: LContract) -> Code:
-        names = [n for _, idx, _ in operands for n in idx] + list(node.labels)
-        letters = _letters(names)
-        any_batch = any(batched for _, _, batched in operands)
-        subs = ",".join(("..." if batched else "") + "".join(letters[n] for n in idx)
-                        for _, idx, batched in operands)
-        out = ("..." if any_batch else "") + "".join(letters[n] for n in node.labels)
-        args = ", ".join(code.text for code, _, _ in operands)
-        optimize = ", optimize=True" if len(operands) > 2 else ""
-        return Code(f'np.einsum("{subs}->{out}", {args}{optimize})', ATOM, True)
 
     # --- buffers: which arrays a statement may overwrite --------------------------------
 
@@ -546,7 +389,7 @@ class NumPyPrinter:
             code = self.label(stmt.node)
             self._record(var, stmt, code.fresh)
             if not code.carrying:
-                return [f"{var} = {_wrap(code, ATOM)}.astype(dtype)"]
+                return [f"{var} = {wrap(code, ATOM)}.astype(dtype)"]
             return [f"{var} = {code.text}"]
         lines = self._in_place(var, stmt)
         if lines is None:
@@ -616,17 +459,6 @@ class NumPyPrinter:
         """`base op= operand` gives `node`: same shape, and the operand's batch axes fit into the base's."""
         return (len(base.shape) > 0 and tuple(base.shape) == tuple(node.shape)
                 and self.sources(operand) <= self.sources(base))
-
-
-def _letters(names) -> dict[str, str]:
-    pool = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    out: dict[str, str] = {}
-    for n in names:
-        if n not in out:
-            if len(out) == len(pool):
-                raise CodegenError("more than 52 distinct indices in one contraction")
-            out[n] = pool[len(out)]
-    return out
 
 
 def _nodes(node):

@@ -1,0 +1,141 @@
+"""Index notation in NumPy: labelled arrays printed as broadcasts, matrix products and einsum.
+
+Contract: `IndexNotationPrinter` is the part of `NumPyPrinter` that prints the
+labelled-array nodes of `symattn.codegen.index` (`LEntry`, `LOp`, `LContract`,
+...): `label(node)` gives code whose axes are the node's index labels in
+order, `label_aligned` aligns it to a target order, and a contraction becomes
+`@` when it is one, `np.einsum` otherwise. It relies on the printer's
+`print`, `dim` and `aligned` methods.
+"""
+
+from __future__ import annotations
+
+from ..index import LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
+from ..program import CodegenError
+from .syntax import ADD, ATOM, BINARY, CMP, MUL, POW, UNARY, SCALAR_UNARY, UNARY_PREC, Code, einsum_letters, wrap
+
+__all__ = ["IndexNotationPrinter"]
+
+
+class IndexNotationPrinter:
+
+    def label(self, node: LNode) -> Code:
+        """A labelled node printed with its own labels, in their order."""
+        if isinstance(node, LEntry):
+            if len(set(node.indices)) == len(node.indices):
+                return Code(node.var, ATOM, False)
+            letters = einsum_letters(node.indices)
+            sub = "".join(letters[i] for i in node.indices)
+            out = "".join(letters[i] for i in node.labels)
+            dots = "..." if self.batched(node) else ""
+            return Code(f'np.einsum("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
+        if isinstance(node, (LVar, LScalarTensor)):
+            return Code(node.var, ATOM, False)
+        if isinstance(node, LConst):
+            return self.print(node.node)
+        if isinstance(node, LOp):
+            return self._label_op(node)
+        if isinstance(node, LContract):
+            return self._contract(node)
+        if isinstance(node, LSum):
+            x = self.label(node.x)
+            axis = node.x.labels.index(node.index) - len(node.x.labels)
+            return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
+        raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
+
+    def label_aligned(self, node: LNode, target: tuple[str, ...], keep_missing: bool = False) -> Code:
+        """`node` with its axes permuted and new axes inserted so that its labels line up with `target`."""
+        code = self.label(node)
+        labels = node.labels
+        present = tuple(n for n in target if n in labels)
+        if labels != present:  # same labels, other order: move the axes
+            src = [labels.index(n) - len(labels) for n in present]
+            if len(labels) == 2:
+                code = Code(f"{wrap(code, ATOM)}.swapaxes(-1, -2)", ATOM, False, code.carrying)
+            else:
+                dst = list(range(-len(labels), 0))
+                code = Code(f"np.moveaxis({code.text}, {src}, {dst})", ATOM, False, code.carrying)
+        if len(present) == len(target) or (not labels and not self.batched(node)):
+            return code
+        batched = self.batched(node)
+        index = [":" if n in labels else "None" for n in target]
+        if not batched:
+            while index and index[0] == "None":
+                index.pop(0)
+        if batched:
+            index.insert(0, "...")
+        if all(i == ":" for i in index):
+            return code
+        return Code(f"{wrap(code, ATOM)}[{', '.join(index)}]", ATOM, False, code.carrying)
+
+    def _label_op(self, node: LOp) -> Code:
+        args = [self.label_aligned(a, node.labels) for a in node.args]
+        carrying = any(a.carrying for a in args)
+        if node.kind == "unary":
+            template, helper = UNARY[node.op]
+            if helper:
+                self.helpers.add(helper)
+            if not node.labels and not self.batched(node):  # a scalar: Python arithmetic
+                if node.op in SCALAR_UNARY:
+                    return Code(SCALAR_UNARY[node.op].format(x=wrap(args[0], POW + 1)), POW, carrying=False)
+                return Code(f"float({template.format(x=args[0].text)})", carrying=False)
+            if node.op == "neg":
+                return Code(f"-{wrap(args[0], UNARY_PREC)}", UNARY_PREC, True, carrying)
+            return Code(template.format(x=args[0].text), ATOM, True, carrying)
+        if node.kind == "binary":
+            symbol, prec = BINARY[node.op]
+            a, b = args
+            if node.op == "pow":
+                return Code(f"{wrap(a, ATOM)} ** {wrap(b, UNARY_PREC)}", POW, True, carrying)
+            return Code(f"{wrap(a, prec)} {symbol} {wrap(b, prec + 1)}", prec, True, carrying)
+        if node.kind == "compare":
+            a, b = args
+            return Code(f"{wrap(a, ADD)} {node.op} {wrap(b, ADD)}", CMP, True, False)
+        c, a, b = args
+        text = f"np.where({c.text}, {a.text}, {b.text})"
+        if not (a.carrying or b.carrying):
+            return Code(f"{text}.astype(dtype)", ATOM, True)
+        return Code(text, ATOM, True)
+
+    def _contract(self, node: LContract) -> Code:
+        operands = []
+        for f in node.factors:
+            if isinstance(f, LEntry):
+                operands.append((Code(f.var, ATOM, False), f.indices, self.batched(f)))
+            else:
+                operands.append((self.label(f), f.labels, self.batched(f)))
+        code = self._matmul_form(operands, node) or self._einsum(operands, node)
+        if node.coeff is not None:
+            c = self.print(node.coeff)
+            code = Code(f"{wrap(c, MUL)} * {wrap(code, MUL + 1)}", MUL, True, code.carrying)
+        return code
+
+    def _matmul_form(self, operands, node: LContract) -> Code | None:
+        if len(operands) != 2 or len(node.summed) != 1 or len(node.labels) != 2:
+            return None
+        (a, ia, _), (b, ib, _) = operands
+        k = node.summed[0]
+        if len(ia) != 2 or len(ib) != 2 or len(set(ia)) != 2 or len(set(ib)) != 2 or k not in ia or k not in ib:
+            return None
+        fa = ia[0] if ia[1] == k else ia[1]
+        fb = ib[0] if ib[1] == k else ib[1]
+        if fa == fb or {fa, fb} != set(node.labels):
+            return None
+
+        def oriented(code: Code, have, want) -> str:
+            return code.text if tuple(have) == want else f"{wrap(code, ATOM)}.swapaxes(-1, -2)"
+
+        if node.labels == (fa, fb):
+            return Code(f"{oriented(a, ia, (fa, k))} @ {oriented(b, ib, (k, fb))}", MUL, True)
+        return Code(f"{oriented(b, ib, (fb, k))} @ {oriented(a, ia, (k, fa))}", MUL, True)
+
+    def _einsum(self, operands, node: LContract) -> Code:
+        names = [n for _, idx, _ in operands for n in idx] + list(node.labels)
+        letters = einsum_letters(names)
+        any_batch = any(batched for _, _, batched in operands)
+        subs = ",".join(("..." if batched else "") + "".join(letters[n] for n in idx)
+                        for _, idx, batched in operands)
+        out = ("..." if any_batch else "") + "".join(letters[n] for n in node.labels)
+        args = ", ".join(code.text for code, _, _ in operands)
+        optimize = ", optimize=True" if len(operands) > 2 else ""
+        return Code(f'np.einsum("{subs}->{out}", {args}{optimize})', ATOM, True)
