@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import symattn  # noqa: E402
-from symattn.prove.equivariance import check_symmetry, element_witness, find_counterexample, prove_symmetry  # noqa: E402
+from symattn.prove.equivariance import check_symmetry, prove_symmetry  # noqa: E402
+from symattn.prove.symmetry_evidence import element_witness, find_counterexample  # noqa: E402
 
 
 def claims(spec):

@@ -21,7 +21,8 @@ import sympy
 
 from conftest import EXAMPLES
 from symattn import load
-from symattn.prove.equivariance import LEMMAS, _permuted, prove_symmetry
+from symattn.prove.equivariance import LEMMAS, prove_symmetry
+from symattn.prove.symmetry_evidence import _permuted
 
 SIZES = (2, 3)
 

@@ -532,3 +532,31 @@ def test_a_claim_that_reads_a_dim_is_not_refuted_at_sizes_the_guard_picked():
     found = symattn.load(SIZE_READING).check()
     assert found[0].verdict == "unknown", found[0].method  # true at N = 1000000000
     assert found[1].verdict == "refuted" and "size guard" in found[1].method
+
+
+# --- found by a third review: equivariance at sizes the guard picked --------------------------
+
+SIZE_READING_SYMMETRY = """\
+dim N = 1000000000, d = 2
+input X[N, d]
+O = X * (N - 1000000000)
+P = softmax(X @ X.T + causal_mask(N), axis=-1) @ X
+output O, P
+check invariant(O, X)
+check equivariant(P, X)
+"""
+
+
+def test_symmetry_claims_that_read_a_dim_are_not_refuted_at_sizes_the_guard_picked():
+    found = symattn.load(SIZE_READING_SYMMETRY).check()
+    assert found[0].verdict == "unknown", found[0].method  # O is 0 at N = 10^9: invariant there
+    assert found[1].verdict == "refuted", found[1].method  # the mask breaks it at any N >= 2
+    note = found[1].counterexample.note
+    assert "the transposition (1 2)" in note and len(note) < 400  # not 476 positions listed
+    # the refutation reproduces in plain NumPy at the reported inputs
+    x = np.array(found[1].counterexample.inputs["X"], dtype=float)
+    n = x.shape[0]
+    perm = np.r_[1, 0, 2:n]
+    out = softmax_rows(x @ x.T + causal(n)) @ x
+    moved = softmax_rows(x[perm] @ x[perm].T + causal(n)) @ x[perm]
+    assert not np.allclose(moved, out[perm])

@@ -49,7 +49,7 @@ import sympy
 from . import typed as t
 
 __all__ = ["Constraint", "SizeChoice", "constraints", "valid_sizes", "entries", "fit_sizes", "repair",
-           "user_sizes", "VERIFY_BUDGET", "SEARCH_BUDGET"]
+           "user_sizes", "reads_sizes", "VERIFY_BUDGET", "SEARCH_BUDGET"]
 
 # Entries of every array at once. verify's finite differences run the reference forward pass twice per
 # leaf entry, so its budget is small; a counterexample search evaluates a few forward passes only.
@@ -332,3 +332,26 @@ def fit_sizes(spec: t.TypedSpec, budget: int, sizes: Mapping[str, int] | None = 
         if work <= budget:
             break
     return SizeChoice(current, requested, work, budget)
+
+
+def reads_sizes(spec: t.TypedSpec, nodes: Iterable[t.Node]) -> bool:
+    """Whether values computed from `nodes` depend on the sizes themselves, not only on which
+    entries exist: a dim used as a value, a mean, an index value, a sinusoidal table, in the
+    nodes or any definition they read (every definition, when they read a gradient). Work on
+    such values at sizes `fit_sizes` picked answers another question than at the spec's."""
+    seen: set[str] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        for n in t.walk(node):
+            if isinstance(n, (t.DimValue, t.IndexVar)) or (isinstance(n, t.Reduce) and n.kind == "mean") or (
+                    isinstance(n, t.Constant) and n.kind == "sinusoidal"):
+                return True
+            names = (list(spec.tensors) if isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
+                     else [n.name] if isinstance(n, t.Tensor) else [n.tensor] if isinstance(n, t.Entry) else [])
+            for name in names:
+                info = spec.tensors.get(name)
+                if name not in seen and info is not None and info.expr is not None:
+                    seen.add(name)
+                    todo.append(info.expr)
+    return False

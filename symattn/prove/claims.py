@@ -42,7 +42,7 @@ from ..symbolic.element import ElementModel
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from ..symbolic.finiteness import ANY, Finiteness
-from ..ir.sizes import SEARCH_BUDGET, fit_sizes, user_sizes
+from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
 from .verdicts import Counterexample, GradientCheck, Verdict
 
 __all__ = ["check_spec", "verify_gradients", "open_session"]
@@ -328,28 +328,6 @@ def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = 
     return None
 
 
-def _reads_sizes(spec: t.TypedSpec, check: t.CheckInfo) -> bool:
-    """Whether a claim's value depends on the sizes themselves, not only on which entries exist:
-    a dim used as a value, a mean, an index value, a sinusoidal table, in the claim or in any
-    definition it reads (every definition, when it reads a gradient)."""
-    seen: set[str] = set()
-    todo = [check.lhs, check.rhs]
-    while todo:
-        node = todo.pop()
-        for n in t.walk(node):
-            if isinstance(n, (t.DimValue, t.IndexVar)) or (isinstance(n, t.Reduce) and n.kind == "mean") or (
-                    isinstance(n, t.Constant) and n.kind == "sinusoidal"):
-                return True
-            names = (list(spec.tensors) if isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
-                     else [n.name] if isinstance(n, t.Tensor) else [n.tensor] if isinstance(n, t.Entry) else [])
-            for name in names:
-                info = spec.tensors.get(name)
-                if name not in seen and info is not None and info.expr is not None:
-                    seen.add(name)
-                    todo.append(info.expr)
-    return False
-
-
 def _reads_grads(check: t.CheckInfo) -> bool:
     return any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
                for side in (check.lhs, check.rhs) for n in t.walk(side))
@@ -396,7 +374,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     finiteness = session.finiteness
     may_be_nan = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs)) == ANY
     search = session.searcher()  # the spec itself, or at sizes the size guard picked
-    if search is not session and _reads_sizes(spec, check):
+    if search is not session and reads_sizes(spec, [check.lhs, check.rhs]):
         search = None  # at other sizes the claim says something else: N - 1000000000 is not 0 at N = 59
     else:
         search.unreproduced = ""
