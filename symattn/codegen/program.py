@@ -35,9 +35,10 @@ from typing import Iterable
 from ..ir import typed as t
 from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
-from .index import IndexArray, IndexLowering, LEntry, LScalarTensor, LVar, count_shared
+from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import RETURNED, Arange, CodegenError, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text
+from .program_ir import (RETURNED, Arange, CodegenError, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text,
+                         walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "build_program",
@@ -198,7 +199,7 @@ class _Builder:
         return rebuild(node, self.lower)
 
     def add(self, var: str, node, title: str, shape=(), labels=None, rewritten: bool = False) -> Stmt:
-        notes = [n.note for n in _lwalk(node) if isinstance(n, SoftmaxGrad) and n.note]
+        notes = [n.note for n in walk_labelled(node) if isinstance(n, SoftmaxGrad) and n.note]
         stmt = Stmt(var, node, self.section, title, shape, labels, self._sources(node), self._reads(node),
                     note="; ".join(dict.fromkeys(notes)), rewritten=rewritten or bool(notes))
         self.stmts.append(stmt)
@@ -207,7 +208,7 @@ class _Builder:
 
     def _reads(self, node) -> tuple[str, ...]:
         out: list[str] = []
-        for n in _lwalk(node):
+        for n in walk_labelled(node):
             var = n.name if isinstance(n, Var) else n.var if isinstance(n, (LVar, LEntry, LScalarTensor)) else None
             if var is not None and var in self.info and var not in out:
                 out.append(var)
@@ -297,26 +298,6 @@ class _Builder:
                           self.upstream, self.dim_vars, leaf_grads, names=self.names, info=self.info)
         _liveness(program)
         return program
-
-
-def _lwalk(node):
-    """Every node under `node`, through labelled and index-array nodes too."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n is None or isinstance(n, (tuple, Arange)):
-            continue
-        yield n
-        if isinstance(n, IndexArray):
-            stack.append(n.root)
-        elif isinstance(n, LOp):
-            stack.extend(n.args)
-        elif isinstance(n, LContract):
-            stack.extend(n.factors)
-        elif isinstance(n, LSum):
-            stack.append(n.x)
-        elif isinstance(n, t.Node):
-            stack.extend(n.children)
 
 
 def _shared_nodes(exprs: list[t.Node]) -> set[t.Node]:

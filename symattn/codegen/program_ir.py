@@ -22,9 +22,10 @@ from ..errors import SymAttnError
 from ..ir import typed as t
 from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation
+from .index import IndexArray, LContract, LOp, LSum
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "spec_text", "rebuild",
-           "unrewrite", "RETURNED"]
+           "unrewrite", "RETURNED", "walk_labelled"]
 
 
 class CodegenError(SymAttnError):
@@ -161,3 +162,23 @@ class Namer:
             name = f"{base}{k}"
         self.used.add(name)
         return name
+
+
+def walk_labelled(node):
+    """Every node under `node`, through labelled and index-array nodes too."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n is None or isinstance(n, (tuple, Arange)):
+            continue
+        yield n
+        if isinstance(n, IndexArray):
+            stack.append(n.root)
+        elif isinstance(n, LOp):
+            stack.extend(n.args)
+        elif isinstance(n, LContract):
+            stack.extend(n.factors)
+        elif isinstance(n, LSum):
+            stack.append(n.x)
+        elif isinstance(n, t.Node):
+            stack.extend(n.children)

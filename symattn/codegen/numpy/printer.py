@@ -20,11 +20,11 @@ from functools import singledispatchmethod
 import sympy
 
 from ...ir import typed as t
-from ..index import IndexArray, LContract, LEntry, LOp, LScalarTensor, LSum, LVar
+from ..index import IndexArray, LEntry, LScalarTensor, LVar
 from .index_printer import IndexNotationPrinter
 from .syntax import (ADD, ATOM, BINARY, CMP, CONSTANT, INPLACE, MUL, POW, REDUCE, RESERVED, SCALAR_UNARY, UNARY,
                      UNARY_PREC, Code, wrap)
-from ..program import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var
+from ..program_ir import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, walk_labelled
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
 
@@ -116,22 +116,10 @@ class NumPyPrinter(IndexNotationPrinter):
 
     def sources(self, node) -> frozenset:
         found: set[str] = set()
-        stack = [node]
-        while stack:
-            n = stack.pop()
+        for n in walk_labelled(node):
             var = n.name if isinstance(n, Var) else n.var if isinstance(n, (LVar, LEntry, LScalarTensor)) else None
             if var is not None:
                 found |= self.p.info[var].sources
-            elif isinstance(n, IndexArray):
-                stack.append(n.root)
-            elif isinstance(n, LOp):
-                stack.extend(n.args)
-            elif isinstance(n, LContract):
-                stack.extend(n.factors)
-            elif isinstance(n, LSum):
-                stack.append(n.x)
-            elif isinstance(n, t.Node):
-                stack.extend(n.children)
         return frozenset(found)
 
     def batched(self, node) -> bool:
