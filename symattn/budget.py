@@ -59,27 +59,39 @@ class OutOfTime(BaseException):
         self.seconds = budget.seconds
 
 
-_running: list[Budget] = []  # innermost last
+_local = threading.local()  # each thread has its own budgets; only the main thread's use the timer
 
 
-def _first() -> Budget:
-    return min(_running, key=lambda b: b.deadline)
+def _running() -> list[Budget]:
+    """This thread's running budgets, innermost last."""
+    if not hasattr(_local, "budgets"):
+        _local.budgets = []
+    return _local.budgets
+
+
+def _first() -> Budget | None:
+    running = _running()
+    return min(running, key=lambda b: b.deadline) if running else None
 
 
 def checkpoint() -> None:
-    """Raise OutOfTime when a running budget is spent (cheap; call it in long loops)."""
-    if _running:
-        first = _first()
-        if time.monotonic() >= first.deadline:
-            raise OutOfTime(first)
+    """Raise OutOfTime when one of this thread's budgets is spent (cheap; call it in long loops)."""
+    first = _first()
+    if first is not None and time.monotonic() >= first.deadline:
+        raise OutOfTime(first)
 
 
 def _on_alarm(signum, frame) -> None:  # noqa: ARG001 - the signal handler's signature
-    checkpoint()
+    checkpoint()  # signal handlers run in the main thread: its budgets
 
 
 def _can_use_timer() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+def _arm(first: Budget | None) -> None:
+    if first is not None:
+        signal.setitimer(signal.ITIMER_REAL, max(first.deadline - time.monotonic(), 1e-3), 0.5)
 
 
 @contextmanager
@@ -90,31 +102,35 @@ def time_budget(seconds: float | None) -> Iterator[Budget | None]:
         yield None
         return
     entry = Budget(seconds)
-    _running.append(entry)
     timer = _can_use_timer()
-    if timer:
-        previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
-        previous_timer = signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.setitimer(signal.ITIMER_REAL, max(_first().deadline - time.monotonic(), 1e-3), 0.5)
+    previous_handler, previous_timer, started = None, (0.0, 0.0), time.monotonic()
     try:
+        _running().append(entry)
+        if timer:
+            previous_timer = signal.setitimer(signal.ITIMER_REAL, 0)
+            previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+            _arm(_first())
         yield entry
     finally:
         while True:  # a tick that lands during the clean-up must not cut it short
             try:
-                _close(entry, timer, previous_handler if timer else None, previous_timer if timer else None)
+                _close(entry, timer, previous_handler, previous_timer, started)
                 break
             except OutOfTime:
                 continue
 
 
-def _close(entry, timer: bool, previous_handler, previous_timer) -> None:
+def _close(entry: Budget, timer: bool, previous_handler, previous_timer, started: float) -> None:
     if timer:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    if entry in _running:
-        _running.remove(entry)
+    running = _running()
+    if entry in running:
+        running.remove(entry)
     if timer:
-        signal.signal(signal.SIGALRM, previous_handler)
-        if _running:  # an outer budget is still running: re-arm its timer
-            signal.setitimer(signal.ITIMER_REAL, max(_first().deadline - time.monotonic(), 1e-3), 0.5)
-        elif previous_timer[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+        # None: the handler was installed from C; the default action is the closest Python can restore
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
+        if running:  # an outer budget is still running: re-arm its timer
+            _arm(_first())
+        elif previous_timer[0] > 0:  # someone else's timer: what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(previous_timer[0] - (time.monotonic() - started), 1e-3),
+                             previous_timer[1])

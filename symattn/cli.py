@@ -102,7 +102,7 @@ def _wants_summary(args: argparse.Namespace) -> bool:
     return bool(isatty and isatty())
 
 
-def _summary(spec: Spec) -> str:
+def _summary(spec: Spec, force: bool = False) -> str:
     """What `symattn derive` shows a person at a terminal: the forward pass in spec syntax, the
     gradients in matrix form, one line per check, and how to get the full document."""
     typed = spec.typed
@@ -121,7 +121,7 @@ def _summary(spec: Spec) -> str:
     lines += [f"  output {', '.join(typed.outputs)}", "", "Backward pass (matrix form, valid for all sizes)"]
     derivation = spec.derive()
     lines += [f"  {derivation.formula(name)}" for name in derivation.gradients]
-    verdicts = spec.check()
+    verdicts = spec.check(force=force)
     if verdicts:
         counts = ", ".join(f"{sum(v.verdict == kind for v in verdicts)} {kind}"
                            for kind in ("proved", "refuted", "unknown"))
@@ -151,7 +151,7 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     elif _wants_summary(args):
         if args.format is not None:
             raise UsageError("--summary is plain text; --format applies to the document (--document or -o)")
-        text = _summary(spec)
+        text = _summary(spec, force=args.force)
     else:
         from .docs.document import build, render
 

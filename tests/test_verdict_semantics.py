@@ -560,3 +560,49 @@ def test_symmetry_claims_that_read_a_dim_are_not_refuted_at_sizes_the_guard_pick
     out = softmax_rows(x @ x.T + causal(n)) @ x
     moved = softmax_rows(x[perm] @ x[perm].T + causal(n)) @ x[perm]
     assert not np.allclose(moved, out[perm])
+
+
+# --- found by a review of the code: a failed derivation, budgets in threads ----------------------
+
+NO_MATRIX_GRADIENT = """\
+dim N = 3, d = 2
+input X[N, d]
+param w[d]
+O = X @ w
+output O
+check O == X @ w * 1
+check O == X @ w * 2
+"""
+
+
+def test_a_failed_derivation_costs_only_the_claims_that_read_gradients():
+    spec = symattn.load(NO_MATRIX_GRADIENT)
+    with pytest.raises(symattn.SymAttnError):
+        spec.derive()  # matrix @ vector has no matrix-form gradient yet
+    found = spec.check()
+    assert found[0].verdict == "proved", found[0].method
+    assert found[1].verdict == "refuted", found[1].method
+    ce = found[1].counterexample
+    x, w = np.array(ce.inputs["X"], dtype=float), np.array(ce.inputs["w"], dtype=float)
+    assert not np.allclose(x @ w, 2 * (x @ w))
+
+
+def test_a_budget_in_another_thread_does_not_interrupt_the_main_thread():
+    import threading
+
+    done = []
+
+    def worker():
+        try:
+            with time_budget(0.05):
+                while True:
+                    checkpoint()
+        except OutOfTime:
+            done.append("worker gave up")
+
+    with time_budget(30):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        checkpoint()  # the worker's spent budget is not the main thread's
+    assert done == ["worker gave up"]

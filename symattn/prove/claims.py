@@ -170,7 +170,7 @@ class _Session:
         return defs
 
     def at_point(self, values: dict, upstream: dict, digits: int | None = None,
-                 subs: dict | None = None) -> Evaluator | None:
+                 subs: dict | None = None, grads: bool = True) -> Evaluator | None:
         """An evaluator holding every tensor and gradient at a point: in float64 (digits None, the
         NUMERIC backend) or in SymPy floats of `digits` digits (the same rules, to rule out rounding).
         Gradients come from the derived matrix-level formulas, or, without a derivation, from the
@@ -189,6 +189,8 @@ class _Session:
                     np.asarray(array, dtype=object))
         ev.run({n: convert(v) for n, v in values.items()})
         ev.grads = {n: convert(v) for n, v in upstream.items()}
+        if not grads:  # a claim that reads no gradient needs none (and no derivation)
+            return ev
         derivation = self.derivation
         for name in reversed(list(spec.tensors)):
             if name in spec.outputs:
@@ -265,14 +267,6 @@ def _same_float(a: float, b: float, gap: float) -> bool:
     return abs(a - b) <= gap * max(1.0, abs(a), abs(b))
 
 
-def _mp_float(value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, mpmath.mpc):
-        return float(value.real) if value.imag == 0 else math.nan
-    return float(value)
-
-
 def _float_of(value) -> float:
     try:
         return float(value)
@@ -295,14 +289,14 @@ def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = 
         subs = None
         if session.derivation is None and _reads_grads(check):
             subs = session.model.point(values, upstream, DIGITS)
-        ev = session.at_point(values, upstream, subs=subs)
+        ev = session.at_point(values, upstream, subs=subs, grads=_reads_grads(check))
         left64 = np.broadcast_to(np.asarray(ev.evaluate(check.lhs), dtype=np.float64), shape)
         right64 = np.broadcast_to(np.asarray(ev.evaluate(check.rhs), dtype=np.float64), shape)
         indices = list(np.ndindex(*shape) if shape else [()])
         candidates = [i for i in indices if not _same_float(float(left64[i]), float(right64[i]), FLOAT64_GAP)]
         if not candidates:
             continue
-        exact = session.at_point(values, upstream, DIGITS, subs=subs)
+        exact = session.at_point(values, upstream, DIGITS, subs=subs, grads=_reads_grads(check))
         left = np.broadcast_to(np.asarray(exact.evaluate(check.lhs), dtype=object), shape)
         right = np.broadcast_to(np.asarray(exact.evaluate(check.rhs), dtype=object), shape)
         gaps = [i for i in candidates if not _same_float(_float_of(left[i]), _float_of(right[i]), SEPARATION)]
@@ -355,7 +349,7 @@ def _float64_contradicts(session: _Session, check: t.CheckInfo) -> str | None:
     for kind in ("random", "zeros", "negative"):
         values, upstream = _rational_point(session, rng, kind)
         try:
-            ev = session.at_point(values, upstream)
+            ev = session.at_point(values, upstream, grads=_reads_grads(check))
             if ev is None:
                 return None
             left = np.asarray(ev.evaluate(check.lhs), dtype=np.float64)
@@ -397,7 +391,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
             return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
         same, unfolded = session.model.identical(lhs, rhs)
         if same:
-            contradiction = _float64_contradicts(search, check)
+            contradiction = _float64_contradicts(session, check)
             if contradiction is not None:  # a bug in the element level: never a proof
                 return Verdict(check.line, check.text, "unknown",
                                f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "

@@ -334,17 +334,6 @@ def _(node: t.IndexDef, g, cx):
 # --- the driver --------------------------------------------------------------------
 
 
-def _consumers(spec: t.TypedSpec) -> dict[str, list[str]]:
-    users: dict[str, list[str]] = defaultdict(list)
-    for name, info in spec.tensors.items():
-        if info.expr is None:
-            continue
-        for ref in t.tensors_read(info.expr):
-            if name not in users[ref]:
-                users[ref].append(name)
-    return users
-
-
 def derive(spec: t.TypedSpec) -> Derivation:
     """Reverse-mode derivation of every grad(T), in matrix form, with steps."""
     cx = _Context(spec)

@@ -55,7 +55,9 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
 
     def atom(node: sympy.Expr, positive: bool = False) -> sympy.Dummy:
         if node not in atoms:
-            atoms[node] = sympy.Dummy(positive=positive)
+            # exp atoms are positive; any other atom is a real of unknown sign (positive=False would
+            # tell SymPy it is <= 0, and Abs(atom) would become -atom)
+            atoms[node] = sympy.Dummy(positive=True) if positive else sympy.Dummy(real=True)
         return atoms[node]
 
     def walk(node: sympy.Expr) -> sympy.Expr:
