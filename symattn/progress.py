@@ -56,11 +56,15 @@ class _Line:
 
     def _tick(self) -> None:
         while not self.stopped.wait(0.5):
-            self.show(*self.last, detail=self.detail)
+            self._draw()  # only reads the state: a step the main thread records meanwhile is not undone
 
     def show(self, what: str, done: int | None, total: int | None, detail: str = "") -> None:
         self.last = (what, done, total)
         self.detail = detail
+        self._draw()
+
+    def _draw(self) -> None:
+        (what, done, total), detail = self.last, self.detail
         now = time.monotonic()
         elapsed = now - self.started
         if elapsed < DELAY or now - self.drawn < INTERVAL:
