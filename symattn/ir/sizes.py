@@ -339,19 +339,5 @@ def reads_sizes(spec: t.TypedSpec, nodes: Iterable[t.Node]) -> bool:
     entries exist: a dim used as a value, a mean, an index value, a sinusoidal table, in the
     nodes or any definition they read (every definition, when they read a gradient). Work on
     such values at sizes `fit_sizes` picked answers another question than at the spec's."""
-    seen: set[str] = set()
-    todo = list(nodes)
-    while todo:
-        node = todo.pop()
-        for n in t.walk(node):
-            if isinstance(n, (t.DimValue, t.IndexVar)) or (isinstance(n, t.Reduce) and n.kind == "mean") or (
-                    isinstance(n, t.Constant) and n.kind == "sinusoidal"):
-                return True
-            names = (list(spec.tensors) if isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
-                     else [n.name] if isinstance(n, t.Tensor) else [n.tensor] if isinstance(n, t.Entry) else [])
-            for name in names:
-                info = spec.tensors.get(name)
-                if name not in seen and info is not None and info.expr is not None:
-                    seen.add(name)
-                    todo.append(info.expr)
-    return False
+    return any(isinstance(n, (t.DimValue, t.IndexVar)) or (isinstance(n, t.Reduce) and n.kind == "mean")
+               or (isinstance(n, t.Constant) and n.kind == "sinusoidal") for n in t.depends_on(spec, nodes))

@@ -13,7 +13,7 @@ so one printer (`symattn.ir.printing`) shows specs, derivations and claims.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import sympy
 
@@ -53,6 +53,7 @@ __all__ = [
     "CONSTANTS",
     "walk",
     "tensors_read",
+    "depends_on",
     "scope_sum_indices",
 ]
 
@@ -433,6 +434,28 @@ def scope_sum_indices(node: IndexDef) -> IndexDef:
         return replace(n, **changes) if changes else n
 
     return replace(node, body=scoped(node.body, {}))
+
+
+def depends_on(spec: "TypedSpec", nodes: Iterable[Node]) -> Iterator[Node]:
+    """Every node the values of `nodes` are computed from: their own nodes and those of the
+    definitions of the tensors they read, transitively, each definition once; a gradient reads
+    every definition of the spec (the chain rule does)."""
+    seen: set[str] = set()
+    todo = list(nodes)
+    while todo:
+        for n in walk(todo.pop()):
+            yield n
+            if isinstance(n, Grad) or (isinstance(n, Entry) and n.grad):
+                names = list(spec.tensors)
+            elif isinstance(n, (Tensor, Entry)):
+                names = [n.name if isinstance(n, Tensor) else n.tensor]
+            else:
+                continue
+            for name in names:
+                info = spec.tensors.get(name)
+                if name not in seen and info is not None and info.expr is not None:
+                    seen.add(name)
+                    todo.append(info.expr)
 
 
 # --- the whole spec ------------------------------------------------------------

@@ -42,6 +42,7 @@ from ..symbolic.element import ElementModel
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from ..symbolic.finiteness import ANY, Finiteness
+from ..ir.shapes import broadcast
 from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
 from .verdicts import Counterexample, GradientCheck, Verdict
 
@@ -283,20 +284,21 @@ def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = 
     spec = session.spec
     rng = np.random.default_rng(20261129)
     kinds = ["random"] * points + (SPECIAL_POINTS if special else [])
-    shape = spec.concrete_shape(_broadcast_shape(check))
+    shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
+    grads = _reads_grads(check)
     for kind in kinds:
         values, upstream = _rational_point(session, rng, kind)
         subs = None
-        if session.derivation is None and _reads_grads(check):
+        if session.derivation is None and grads:
             subs = session.model.point(values, upstream, DIGITS)
-        ev = session.at_point(values, upstream, subs=subs, grads=_reads_grads(check))
+        ev = session.at_point(values, upstream, subs=subs, grads=grads)
         left64 = np.broadcast_to(np.asarray(ev.evaluate(check.lhs), dtype=np.float64), shape)
         right64 = np.broadcast_to(np.asarray(ev.evaluate(check.rhs), dtype=np.float64), shape)
         indices = list(np.ndindex(*shape) if shape else [()])
         candidates = [i for i in indices if not _same_float(float(left64[i]), float(right64[i]), FLOAT64_GAP)]
         if not candidates:
             continue
-        exact = session.at_point(values, upstream, DIGITS, subs=subs, grads=_reads_grads(check))
+        exact = session.at_point(values, upstream, DIGITS, subs=subs, grads=grads)
         left = np.broadcast_to(np.asarray(exact.evaluate(check.lhs), dtype=object), shape)
         right = np.broadcast_to(np.asarray(exact.evaluate(check.rhs), dtype=object), shape)
         gaps = [i for i in candidates if not _same_float(_float_of(left[i]), _float_of(right[i]), SEPARATION)]
@@ -325,14 +327,6 @@ def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = 
 def _reads_grads(check: t.CheckInfo) -> bool:
     return any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
                for side in (check.lhs, check.rhs) for n in t.walk(side))
-
-
-def _broadcast_shape(check: t.CheckInfo) -> tuple:
-    a, b = check.lhs.shape, check.rhs.shape
-    if len(a) < len(b):
-        a, b = b, a
-    b = (1,) * (len(a) - len(b)) + tuple(b)
-    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def _refuted(check: t.CheckInfo, search: "_Session", counter: Counterexample) -> Verdict:

@@ -149,24 +149,11 @@ class Finiteness:
         included), the definitions of the tensors it reads, and, when it reads a
         gradient, every forward definition of the spec (the chain rule reads them all)."""
         worst = FINITE
-        for n in t.walk(node):
+        for n in t.depends_on(self.spec, [node]):
             worst = max(worst, self.node(n))
-            if isinstance(n, t.Tensor) or (isinstance(n, t.Entry) and not n.grad):
-                worst = max(worst, self._deep_tensor(n.name if isinstance(n, t.Tensor) else n.tensor))
-            elif isinstance(n, t.Grad) or isinstance(n, t.Entry):
-                worst = max(worst, max((self._deep_tensor(name) for name in self.spec.tensors), default=FINITE))
             if worst == ANY:
                 break
         return worst
-
-    def _deep_tensor(self, name: str) -> int:
-        key = f"deep {name}"
-        if key not in self.named:
-            self.named[key] = ANY  # a cycle (impossible in a valid spec) stays conservative
-            info = self.spec.tensors.get(name)
-            expr = info.expr if info is not None else self.defs.get(name)
-            self.named[key] = self.tensor(name) if expr is None else max(self.tensor(name), self.deep(expr))
-        return self.named[key]
 
     def node(self, node: t.Node) -> int:
         hit = self.memo.get(id(node))
