@@ -13,6 +13,8 @@ import sympy
 import symattn
 from symattn.ir import typed as t
 from symattn.prove.canonical import Proof, definitions_for, index_form_text, prove_equal
+from symattn.prove.index_terms import ZERO_INDEX, Delta, Eye, Reference, Term, collect, display
+from symattn.symbolic.finiteness import ANY, FINITE
 from symattn.symbolic.derive import derive
 from symattn.symbolic.evaluate import NUMERIC, Evaluator, random_leaves
 from symattn.ir.shapes import broadcast, matmul_shape
@@ -220,6 +222,30 @@ check S2 == Q @ K.T
     proved = [prove_equal(c.lhs, c.rhs, spec, defs) is not None for c in spec.checks]
     assert proved == [True, False]
     assert index_form_text(spec.tensors["S2"].expr, spec) == "1/sqrt(d_k) * sum(b0<d_k) K[p1,b0] * Q[p0,b0]"
+
+
+def test_factors_are_small_values_and_terms_are_compared_canonically():
+    """Factors are frozen, hashable values; a term's canonical text (hand-written here) does not
+    depend on the order of its factors or the names of its contracted indices."""
+    N, d = sympy.symbols("N d", positive=True, integer=True)
+    one = sympy.Integer(1)
+    names = {ZERO_INDEX: ZERO_INDEX, "p0": "p0", "p1": "p1"}
+    ranges = {ZERO_INDEX: one, "p0": N, "p1": d, "#1": d, "#2": N, "#7": d}
+    x, w = Reference("X", False, ("p0", "#1"), FINITE), Reference("W", False, ("#1", "p1"), FINITE)
+    assert x.key == "X" and x.indices == ("p0", "#1") and Reference("X", True, (), FINITE).key == "grad(X)"
+    assert x.renamed("#1", "#1") == x and hash(x.renamed("#1", "#1")) == hash(x) and x.renamed("#1", "#7") != x
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        x.indices = ()
+    forward = collect([Term(one, (x, w), (("#1", d),))], names, ranges)
+    backward = collect([Term(one, (w.renamed("#1", "#7"), x.renamed("#1", "#7")), (("#7", d),))], names, ranges)
+    assert display(forward) == display(backward) == "sum(b0<d) W[b0,p1] * X[p0,b0]"
+    # a delta selects; eye(N) multiplies by 0 and 1, so it selects only an entry that is finite
+    y = Reference("Y", True, ("#2", "p1"), FINITE)
+    assert display(collect([Term(one, (Delta(("p0", "#2")), y), (("#2", N),))], names, ranges)) == "grad(Y)[p0,p1]"
+    assert display(collect([Term(one, (Eye(("p0", "#2")), y), (("#2", N),))], names, ranges)) == "grad(Y)[p0,p1]"
+    risky = Reference("Y", True, ("#2", "p1"), ANY)
+    assert display(collect([Term(one, (Eye(("p0", "#2")), risky), (("#2", N),))], names, ranges)) == \
+        "sum(b0<N) $eye[p0,b0] * grad(Y)[b0,p1]"
 
 
 @pytest.mark.parametrize("claim", [

@@ -63,7 +63,7 @@ from ..ir.printing import to_spec
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import Finiteness
 from .index_forms import Converter
-from .index_terms import ZERO_INDEX, TooBig, Unsupported, collect, display
+from .index_terms import ZERO_INDEX, Collected, TooBig, Unsupported, collect, display
 
 __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
 
@@ -128,15 +128,15 @@ def _forms(lhs, rhs, shape, spec, definitions, unfold, risk):
     return left, right, cv.seen
 
 
-def _agree(left: dict, right: dict) -> bool:
+def _agree(left: dict[str, Collected], right: dict[str, Collected]) -> bool:
+    absent = Collected(sympy.Integer(0), False)
     for key in set(left) | set(right):
-        a, ra = left.get(key, (sympy.Integer(0), False))
-        b, rb = right.get(key, (sympy.Integer(0), False))
-        if a == b:
+        a, b = left.get(key, absent), right.get(key, absent)
+        if a.coef == b.coef:
             continue
-        if not _zero_for_all_sizes(a - b):
+        if not _zero_for_all_sizes(a.coef - b.coef):
             return False
-        if (key not in left or key not in right) and (ra or rb):
+        if (key not in left or key not in right) and (a.risky or b.risky):
             return False  # a possibly non-finite term would vanish
     return True
 

@@ -21,7 +21,8 @@ import sympy
 from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
-from .index_terms import EYE, IVAR, MAX_TERMS, ONE, ZERO_INDEX, TooBig, Unsupported, form_key, risky
+from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Embed, Eye, IndexValue, Infinity, Mix,
+                          Reference, SoftmaxApplication, Term, TooBig, Unsupported, form_key)
 
 __all__ = ["Converter"]
 
@@ -38,23 +39,23 @@ def _bcast(sub_shape, shape, idx):
 
 
 
-def _mul_forms(a: list, b: list) -> list:
+def _mul_forms(a: list[Term], b: list[Term]) -> list[Term]:
     if not a or not b:
-        if any(risky(term) for term in a + b):
+        if any(term.risky for term in a + b):
             raise Unsupported("a possibly non-finite term would be multiplied by zero")
         return []
-    if (len(a) > 1 and any(risky(term) for term in b)) or (len(b) > 1 and any(risky(term) for term in a)) \
-            or any(ta[2] and risky(tb) or tb[2] and risky(ta) for ta in a for tb in b):
+    if (len(a) > 1 and any(term.risky for term in b)) or (len(b) > 1 and any(term.risky for term in a)) \
+            or any(ta.sums and tb.risky or tb.sums and ta.risky for ta in a for tb in b):
         # (A + B) * M is not A * M + B * M where M is -inf or 1/0: (1 + 0) * inf is inf while
         # 1 * inf + 0 * inf is NaN; likewise a contracted sum, sum(X) / w vs sum(X / w).
         raise Unsupported("a possibly non-finite factor would be distributed over a sum")
     if len(a) * len(b) > MAX_TERMS:
         raise TooBig("the expansion is too large")
-    return [(ca * cb, fa + fb, sa + sb) for ca, fa, sa in a for cb, fb, sb in b]
+    return [ta.times(tb) for ta in a for tb in b]
 
 
-def _scale(form: list, c) -> list:
-    return [(c * coef, f, s) for coef, f, s in form]
+def _scale(form: list[Term], c) -> list[Term]:
+    return [term.scaled(c) for term in form]
 
 
 class Converter:
@@ -79,13 +80,13 @@ class Converter:
         return token
 
     # entry point: the node's value at index tokens `idx` (one per axis)
-    def conv(self, node: t.Node, idx: tuple, env: Mapping[str, str]) -> list:
+    def conv(self, node: t.Node, idx: tuple, env: Mapping[str, str]) -> list[Term]:
         if len(idx) != len(node.shape):
             raise Unsupported(f"rank mismatch at {type(node).__name__}")
         if node.shape == () and isinstance(node, (t.Unary, t.Binary)):
             value = const_value(node)
             if value is not None and finite_real(value):
-                return [] if value == 0 else [(value, (), ())]
+                return [] if value == 0 else [Term(value)]
         method = getattr(self, "_" + type(node).__name__, None)
         if method is None:
             raise Unsupported(f"no index form for {type(node).__name__}")
@@ -101,7 +102,7 @@ class Converter:
         return form
 
     # references ----------------------------------------------------------------
-    def _reference(self, key: str, name: str, shape, idx, grad: bool) -> list:
+    def _reference(self, key: str, name: str, shape, idx, grad: bool) -> list[Term]:
         idx = tuple(ZERO_INDEX if d == 1 else x for d, x in zip(shape, idx))
         if key in self.unfold:
             definition = self.defs[key]
@@ -114,7 +115,7 @@ class Converter:
             return self.conv(definition, (ZERO_INDEX,) * extra + idx, {})
         self.seen.add(key)
         risk = self.risk.grad(name) if grad else self.risk.tensor(name)
-        return [(ONE, ((key, idx, risk, None),), ())]
+        return [Term(ONE, (Reference(name, grad, idx, risk),))]
 
     def _Tensor(self, node, idx, env):
         return self._reference(node.name, node.name, node.shape, idx, False)
@@ -139,15 +140,15 @@ class Converter:
         if value == 0:
             return []
         if finite_real(value):
-            return [(value, (), ())]
+            return [Term(value)]
         if value == sympy.oo:
-            return [(ONE, (("$inf", (), ANY, None),), ())]
+            return [Term(ONE, (Infinity(),))]
         if value == -sympy.oo:
-            return [(-ONE, (("$inf", (), ANY, None),), ())]
+            return [Term(-ONE, (Infinity(),))]
         raise Unsupported(f"the number {value}")
 
     def _DimValue(self, node, idx, env):
-        return [(sympy.sympify(node.dim), (), ())]
+        return [Term(sympy.sympify(node.dim))]
 
     def _IndexVar(self, node, idx, env):
         token = env.get(node.name)
@@ -155,16 +156,15 @@ class Converter:
             raise Unsupported("an index is not bound")
         if token == ZERO_INDEX:
             return []
-        return [(ONE, ((IVAR, (token,), FINITE, None),), ())]
+        return [Term(ONE, (IndexValue((token,)),))]
 
     def _Constant(self, node, idx, env):
         if node.kind == "ones":
-            return [(ONE, (), ())]
+            return [Term(ONE)]
         if node.kind == "eye":
-            return [(ONE, ((EYE, idx, FINITE, None),), ())]
-        args = ",".join(str(a) for a in node.args)
+            return [Term(ONE, (Eye(tuple(idx)),))]
         risk = MINUS_INF if node.kind == "causal_mask" else FINITE
-        return [(ONE, ((f"${node.kind}({args})", idx, risk, None),), ())]
+        return [Term(ONE, (Constant(node.kind, tuple(node.args), tuple(idx), risk),))]
 
     # elementwise ---------------------------------------------------------------
     def _Unary(self, node, idx, env):
@@ -190,7 +190,7 @@ class Converter:
         if op == "pow":
             value = const_value(b)
             if value is not None and value.is_Integer and 0 <= value <= 6:
-                form = [(ONE, (), ())]
+                form = [Term(ONE)]
                 for _ in range(int(value)):
                     form = _mul_forms(form, self.conv(a, ia, env))
                 return form
@@ -230,7 +230,7 @@ class Converter:
         form = _mul_forms(self.conv(a, ia, env), self.conv(b, ib, env))
         if c == ZERO_INDEX:
             return form
-        return [(coef, f, s + ((c, self.ranges[c]),)) for coef, f, s in form]
+        return [term.summed(((c, self.ranges[c]),)) for term in form]
 
     def _Transpose(self, node, idx, env):
         return self.conv(node.x, idx[:-2] + (idx[-1], idx[-2]), env)
@@ -253,7 +253,7 @@ class Converter:
             return self._opaque(f"$logsumexp{axes}", node, [(x, inner)], idx, env, local=fresh)
         form = self.conv(x, inner, env)
         sums = tuple((tok, self.ranges[tok]) for tok in fresh)
-        form = [(coef, f, s + sums) for coef, f, s in form]
+        form = [term.summed(sums) for term in form]
         if node.kind == "mean":
             form = _scale(form, 1 / sympy.Mul(*[x.shape[k] for k in axes]))
         elif node.kind != "sum":
@@ -280,11 +280,15 @@ class Converter:
             else:
                 inner.append(ZERO_INDEX if d == 1 else idx[k - lead])
         form = self.conv(x, tuple(inner), env)
-        return [(coef, f, s + tuple(sums)) for coef, f, s in form]
+        return [term.summed(tuple(sums)) for term in form]
 
     def _Softmax(self, node, idx, env):
         inner, fresh = self._reduced(node.x.shape, [node.axis], idx)
-        return self._opaque(f"$softmax[{node.axis}]", node, [(node.x, inner)], idx, env, local=fresh)
+        arguments, indices, risks = self._arguments(f"$softmax[{node.axis}]", [(node.x, inner)], idx, env, fresh)
+        # what the row-sum rule needs: the axis, its size, and whether the argument is finite
+        factor = SoftmaxApplication(node.axis, node.shape[node.axis], risks[0] == FINITE, arguments, indices,
+                                    self.risk.node(node))
+        return [Term(ONE, (factor,))]
 
     # index maps ------------------------------------------------------------------
     def _MergeHeads(self, node, idx, env):
@@ -292,20 +296,20 @@ class Converter:
         h, k = x.shape[-3], x.shape[-1]
         a, b = self.fresh(h), self.fresh(k)
         inner = _bcast(x.shape[:-3], node.shape[:-2], idx[:-2]) + (a, idx[-2], b)
-        mix = (ONE, ((f"$mix({k})", (idx[-1], a, b), FINITE, k),), ())
+        mix = Term(ONE, (Mix(k, (idx[-1], a, b)),))
         form = _mul_forms([mix], self.conv(x, inner, env))
         sums = tuple((tok, self.ranges[tok]) for tok in (a, b) if tok != ZERO_INDEX)
-        return [(coef, f, s + sums) for coef, f, s in form]
+        return [term.summed(sums) for term in form]
 
     def _SplitHeads(self, node, idx, env):
         x = node.x  # [..., n, h * k] -> [..., h, n, k]
         k = node.shape[-1]
         m = self.fresh(x.shape[-1])
         inner = _bcast(x.shape[:-2], node.shape[:-3], idx[:-3]) + (idx[-2], m)
-        mix = (ONE, ((f"$mix({k})", (m, idx[-3], idx[-1]), FINITE, k),), ())
+        mix = Term(ONE, (Mix(k, (m, idx[-3], idx[-1])),))
         form = _mul_forms([mix], self.conv(x, inner, env))
         sums = ((m, self.ranges[m]),) if m != ZERO_INDEX else ()
-        return [(coef, f, s + sums) for coef, f, s in form]
+        return [term.summed(sums) for term in form]
 
     def _Concat(self, node, idx, env):
         axis, out, offset = node.axis, [], sympy.Integer(0)
@@ -316,10 +320,10 @@ class Converter:
             c = self.fresh(width)
             inner = list(_bcast(part.shape, node.shape, idx))
             inner[axis] = c
-            embed = (ONE, ((f"$embed({offset})", (idx[axis], c), FINITE, offset),), ())
+            embed = Term(ONE, (Embed(offset, (idx[axis], c)),))
             form = _mul_forms([embed], self.conv(part, tuple(inner), env))
             sums = ((c, self.ranges[c]),) if c != ZERO_INDEX else ()
-            out += [(coef, f, s + sums) for coef, f, s in form]
+            out += [term.summed(sums) for term in form]
             offset = offset + width
         return out
 
@@ -335,10 +339,10 @@ class Converter:
         m = self.fresh(x.shape[axis])
         inner = list(idx)
         inner[axis] = m
-        embed = (ONE, ((f"$embed({node.start})", (m, idx[axis]), FINITE, sympy.sympify(node.start)),), ())
+        embed = Term(ONE, (Embed(sympy.sympify(node.start), (m, idx[axis])),))
         form = _mul_forms([embed], self.conv(x, tuple(inner), env))
         sums = ((m, self.ranges[m]),) if m != ZERO_INDEX else ()
-        return [(coef, f, s + sums) for coef, f, s in form]
+        return [term.summed(sums) for term in form]
 
     # index notation --------------------------------------------------------------
     def _IndexDef(self, node, idx, env):
@@ -352,34 +356,44 @@ class Converter:
         form = self.conv(node.body, (), {**env, node.index.name: token})
         if token == ZERO_INDEX:
             return form
-        return [(coef, f, s + ((token, self.ranges[token]),)) for coef, f, s in form]
+        return [term.summed(((token, self.ranges[token]),)) for term in form]
 
     # opaque factors --------------------------------------------------------------
-    def _opaque(self, op: str, node: t.Node, args, idx, env, local=(), risk: int | None = None) -> list:
-        """One factor `op(args)` at tokens `idx`; each argument is keyed by its canonical
-        form with the factor's tokens named by position (`local` tokens: the reduced axes)."""
+    def _opaque(self, op: str, node: t.Node, args, idx, env, local=(), risk: int | None = None) -> list[Term]:
+        """One factor `op(args)` at tokens `idx` (see `_arguments`); its risk is the node's unless given."""
+        arguments, indices, _ = self._arguments(op, args, idx, env, local)
+        risk = self.risk.node(node) if risk is None else risk
+        return [Term(ONE, (Application(op, arguments, indices, risk),))]
+
+    def _arguments(self, op: str, args, idx, env, local) -> tuple[str, tuple[str, ...], list[int]]:
+        """(arguments text, indices, risk of each argument) of a factor `op(args)` at tokens `idx`:
+        each argument is keyed by its canonical form with the factor's tokens named by position
+        (`local` tokens: the reduced axes; tokens of the arguments' own become extra indices)."""
         names: dict[str, str] = {ZERO_INDEX: ZERO_INDEX}
         for k, token in enumerate(idx):
             names.setdefault(token, f"p{k}")
         for k, token in enumerate(local):
             names[token] = f"r{k}"
-        forms, risks = [], []
+        # each argument as its index form, or as the node itself when it may be NaN or inf:
+        # then only the same node is the same argument
+        forms: list[list[Term] | t.Node] = []
+        risks = []
         for arg, arg_idx in args:
             arg_risk = self.risk.node(arg)
             risks.append(arg_risk)
             if arg_risk == ANY:
                 if env:
                     raise Unsupported("a possibly non-finite argument inside index notation")
-                forms.append(("struct", arg))  # NaN and inf differ: only the same node is the same
+                forms.append(arg)
             else:
-                forms.append(("form", self.conv(arg, arg_idx, env)))
+                forms.append(self.conv(arg, arg_idx, env))
         extras: list[str] = []
-        for kind, form in forms:
-            if kind == "form":
+        for form in forms:
+            if not isinstance(form, t.Node):
                 for term in form:
-                    bound = {tok for tok, _ in term[2]}
-                    for f in term[1]:
-                        for token in f[1]:
+                    bound = {tok for tok, _ in term.sums}
+                    for f in term.factors:
+                        for token in f.indices:
                             if token not in names and token not in bound and token not in extras:
                                 extras.append(token)
         best = None
@@ -389,18 +403,14 @@ class Converter:
             for k, token in enumerate(order):
                 mapping[token] = f"p{len(idx) + k}"
             keys = []
-            for kind, form in forms:
-                if kind == "struct":
+            for form in forms:
+                if isinstance(form, t.Node):
                     keys.append("node:" + repr(form))
                 else:
                     keys.append(form_key(form, mapping, self.ranges))
-            key = f"{op}(" + "; ".join(keys) + ")"
+            arguments = "; ".join(keys)
+            key = f"{op}({arguments})"
             if best is None or key < best[0]:
-                best = (key, order)
-        key, order = best
-        if risk is None:
-            risk = self.risk.node(node)
-        meta = None
-        if isinstance(node, t.Softmax):  # what the row-sum rule needs: axis, its size, a finite argument
-            meta = (node.axis, node.shape[node.axis], risks[0] == FINITE)
-        return [(ONE, ((key, tuple(idx) + tuple(order), risk, meta),), ())]
+                best = (key, arguments, order)
+        _, arguments, order = best
+        return arguments, tuple(idx) + tuple(order), risks

@@ -1,41 +1,43 @@
 """Index terms in canonical form: the normal form both sides of a claim are compared in.
 
-Contract: an index form is a list of terms `(coef, factors, sums)`: a coefficient
-(SymPy numbers and dims) times factors `(key, indices, risk, meta)` (what it is,
-`'X'`, `'grad(X)'`, `'$exp(...)'`; its index tokens; FINITE / MINUS_INF / ANY from
-`symattn.symbolic.finiteness`; the SymPy parameters of index maps) summed over
-contracted `(token, range)` pairs. `collect(form, names, ranges)` relabels the
-contracted indices of each term canonically (every labelling that respects an
-invariant of each index; the least serialisation wins), applies the index-map and
-delta rules, and sums like terms into `{canonical text: [coefficient, risky]}`,
-never cancelling terms that may be non-finite (`Unsupported` says so);
-`form_key` is the text of a whole form (how opaque factors are keyed by their
-arguments), `display` its readable rendering.
+Contract: an index form is a list of `Term`s: a coefficient (SymPy numbers and
+dims) times `Factor`s summed over contracted `(token, range)` pairs. A factor is
+one of a few small types (a tensor or gradient entry, a function application,
+a Kronecker delta, an index map, a constant); each carries its index tokens, its
+`risk` (FINITE / MINUS_INF / ANY from `symattn.symbolic.finiteness`) and its
+`key`, the canonical text of what it is (`X`, `grad(X)`, `$exp(...)`).
+`collect(form, names, ranges)` relabels the contracted indices of each term
+canonically (every labelling that respects an invariant of each index; the
+least serialisation wins), applies the index-map and delta rules, and sums like
+terms into `{canonical text: Collected(coefficient, risky)}`, never cancelling
+terms that may be non-finite (`Unsupported` says so); `form_key` is the text of
+a whole form (how function applications are keyed by their arguments),
+`display` its readable rendering.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import sympy
 
 from ..ir.shapes import same_dim
-from ..symbolic.finiteness import FINITE
+from ..symbolic.finiteness import ANY, FINITE
 
-__all__ = ["Unsupported", "TooBig", "ONE", "ZERO_INDEX", "DELTA", "EYE", "IVAR", "MAX_TERMS", "MAX_LABELLINGS",
-           "risky", "collect", "form_key", "display", "is_zero"]
+__all__ = ["Unsupported", "TooBig", "ONE", "ZERO_INDEX", "MAX_TERMS", "MAX_LABELLINGS",
+           "Factor", "Reference", "Application", "SoftmaxApplication", "Delta", "Eye", "IndexValue",
+           "Infinity", "Constant", "Mix", "Embed", "Term", "Collected",
+           "collect", "form_key", "display", "is_zero"]
 
 MAX_TERMS = 20000      # a larger expansion is given up (not proved)
 MAX_LABELLINGS = 2000  # relabellings tried per term before settling for one
 
 ONE = sympy.Integer(1)
 ZERO_INDEX = "_"       # the only index of a size-1 axis: always 0
-
-
-DELTA = "$delta"       # from index maps: selects entries, no arithmetic
-EYE = "$eye"           # eye(N): selects by multiplying with 0 and 1
-IVAR = "$index"
 
 
 class Unsupported(Exception):
@@ -46,37 +48,200 @@ class TooBig(Unsupported):
     """The expansion grew past MAX_TERMS."""
 
 
-# --- terms and factors ----------------------------------------------------------
+# --- factors ----------------------------------------------------------------------
 #
-# factor: (key, indices, risk, meta)   key says what it is ('X', 'grad(X)',
-#   '$exp(...)'); indices are tokens; risk is FINITE/MINUS_INF/ANY; meta holds
-#   the sympy parameters of index-map factors (None otherwise).
-# term: (coef, factors, sums)          sums: ((token, range), ...) contracted.
+# Canonical texts (and so proofs and documents) are built from `key` and the
+# indices alone: `key[i,j]`, sorted as strings.
 
 
+class Factor:
+    """One indexed factor of a term: `indices` (tokens), `risk` (FINITE / MINUS_INF / ANY)
+    and `key`, the canonical text of what it is. Subclasses are frozen, slotted dataclasses."""
+
+    __slots__ = ()
+    indices: tuple[str, ...]
+    risk: int
+    key: str
+
+    def renamed(self, old: str, new: str) -> "Factor":
+        """The factor with index token `old` replaced by `new`."""
+        if old not in self.indices:
+            return self
+        return dataclasses.replace(self, indices=tuple(new if x == old else x for x in self.indices))
 
 
-def risky(term) -> bool:
-    return any(f[2] != FINITE for f in term[1])
+@dataclass(frozen=True, slots=True)
+class Reference(Factor):
+    """An entry of a tensor (`X[i,j]`) or of its gradient (`grad(X)[i,j]`) left as a symbol."""
+
+    name: str
+    grad: bool
+    indices: tuple[str, ...]
+    risk: int
+
+    @property
+    def key(self) -> str:
+        return f"grad({self.name})" if self.grad else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Application(Factor):
+    """An opaque function `op(arguments)`, the arguments keyed by their canonical forms with the
+    factor's own indices named by position (`$exp(...)`, `$recip(...)`, `$where<(...)`)."""
+
+    op: str
+    arguments: str
+    indices: tuple[str, ...]
+    risk: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}({self.arguments})"
+
+
+@dataclass(frozen=True, slots=True)
+class SoftmaxApplication(Factor):
+    """`softmax(x, axis)`, with what the row-sum rule needs: the axis, its size, and whether the
+    argument is finite (a fully masked row has softmax 0, not a row summing to 1)."""
+
+    axis: int
+    size: sympy.Expr
+    finite_argument: bool
+    arguments: str
+    indices: tuple[str, ...]
+    risk: int
+
+    @property
+    def key(self) -> str:
+        return f"$softmax[{self.axis}]({self.arguments})"
+
+
+@dataclass(frozen=True, slots=True)
+class Delta(Factor):
+    """`[x == y]` from an index map: it selects entries, no arithmetic."""
+
+    indices: tuple[str, str]
+    key: ClassVar[str] = "$delta"
+    risk: ClassVar[int] = FINITE
+
+
+@dataclass(frozen=True, slots=True)
+class Eye(Factor):
+    """`eye(N)[x, y]`: selects by multiplying with 0 and 1 (only a finite term exactly)."""
+
+    indices: tuple[str, str]
+    key: ClassVar[str] = "$eye"
+    risk: ClassVar[int] = FINITE
+
+
+@dataclass(frozen=True, slots=True)
+class IndexValue(Factor):
+    """The value of an index variable of index notation (`i` in `A[i, j] = i * ...`)."""
+
+    indices: tuple[str]
+    key: ClassVar[str] = "$index"
+    risk: ClassVar[int] = FINITE
+
+
+@dataclass(frozen=True, slots=True)
+class Infinity(Factor):
+    """The number inf (with a coefficient of -1: -inf); no indices."""
+
+    indices: tuple[()] = ()
+    key: ClassVar[str] = "$inf"
+    risk: ClassVar[int] = ANY
+
+
+@dataclass(frozen=True, slots=True)
+class Constant(Factor):
+    """A fixed tensor other than `ones` and `eye`: `sinusoidal(N, d)`, `causal_mask(N)`."""
+
+    kind: str
+    args: tuple
+    indices: tuple[str, ...]
+    risk: int
+
+    @property
+    def key(self) -> str:
+        return f"${self.kind}({','.join(str(a) for a in self.args)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Mix(Factor):
+    """`[m == a * block + b]` over indices `(m, a, b)`: merge_heads and split_heads."""
+
+    block: sympy.Expr
+    indices: tuple[str, str, str]
+    risk: ClassVar[int] = FINITE
+
+    @property
+    def key(self) -> str:
+        return f"$mix({self.block})"
+
+
+@dataclass(frozen=True, slots=True)
+class Embed(Factor):
+    """`[m == c + offset]` over indices `(m, c)`: concat and slices."""
+
+    offset: sympy.Expr
+    indices: tuple[str, str]
+    risk: ClassVar[int] = FINITE
+
+    @property
+    def key(self) -> str:
+        return f"$embed({self.offset})"
+
+
+# --- terms ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """`coef * factors`, summed over the contracted `(token, range)` pairs of `sums`."""
+
+    coef: sympy.Expr
+    factors: tuple[Factor, ...] = ()
+    sums: tuple[tuple[str, sympy.Expr], ...] = ()
+
+    @property
+    def risky(self) -> bool:
+        """Whether a factor may be non-finite."""
+        return any(f.risk != FINITE for f in self.factors)
+
+    def times(self, other: "Term") -> "Term":
+        return Term(self.coef * other.coef, self.factors + other.factors, self.sums + other.sums)
+
+    def scaled(self, c) -> "Term":
+        return Term(c * self.coef, self.factors, self.sums)
+
+    def summed(self, sums: tuple[tuple[str, sympy.Expr], ...]) -> "Term":
+        """The term summed also over `sums`."""
+        return Term(self.coef, self.factors, self.sums + sums) if sums else self
+
+
+@dataclass(slots=True)
+class Collected:
+    """Like terms summed: their coefficient, and whether one of them may be non-finite."""
+
+    coef: sympy.Expr
+    risky: bool
 
 
 # --- canonical terms ----------------------------------------------------------------
 
 
 def _occurrences(factors, token) -> int:
-    return sum(f[1].count(token) for f in factors)
+    return sum(f.indices.count(token) for f in factors)
 
 
-def _substitute(factors, old, new):
-    return [(k, tuple(new if x == old else x for x in idx), r, m) for k, idx, r, m in factors]
-
-
-def _normalize(coef, factors, sums, ranges):
-    """Eliminate deltas and index-map pairs, fold unused sums. None: the term is zero."""
-    factors = list(factors)
-    sums = dict(sums)
+def _normalize(term: Term, ranges):
+    """Eliminate deltas and index-map pairs, fold unused sums: (coef, factors, sums), or None
+    when the term is zero."""
+    coef = term.coef
+    factors = list(term.factors)
+    sums = dict(term.sums)
     # eye(N) @ Y multiplies entries of Y by 0: only a finite Y is selected exactly
-    finite = all(f[2] == FINITE for f in factors)
+    finite = not term.risky
 
     def rng(token):
         return sums.get(token, ranges.get(token))
@@ -84,9 +249,9 @@ def _normalize(coef, factors, sums, ranges):
     changed = True
     while changed:
         changed = False
-        for n, (key, idx, _, meta) in enumerate(factors):
-            if key == DELTA or (key == EYE and finite):
-                x, y = idx
+        for n, f in enumerate(factors):
+            if isinstance(f, Delta) or (isinstance(f, Eye) and finite):
+                x, y = f.indices
                 if x == y:
                     del factors[n]
                     changed = True
@@ -95,24 +260,24 @@ def _normalize(coef, factors, sums, ranges):
                     if drop in sums and (keep == ZERO_INDEX or (rng(keep) is not None
                                                                 and same_dim(rng(keep), sums[drop]))):
                         del factors[n]
-                        factors = _substitute(factors, drop, keep)
+                        factors = [g.renamed(drop, keep) for g in factors]
                         del sums[drop]
                         changed = True
                         break
                 if changed:
                     break
-            elif key.startswith("$softmax[") and meta is not None and meta[2]:
+            elif isinstance(f, SoftmaxApplication) and f.finite_argument:
                 # sum over its axis of the softmax of a finite argument is 1
-                token = idx[meta[0]]
-                if token in sums and _occurrences(factors, token) == 1 and same_dim(sums[token], meta[1]):
+                token = f.indices[f.axis]
+                if token in sums and _occurrences(factors, token) == 1 and same_dim(sums[token], f.size):
                     del factors[n]
                     del sums[token]
                     changed = True
                     break
-            elif key.startswith("$embed(") and meta == 0:
-                m, c = idx
+            elif isinstance(f, Embed) and f.offset == 0:
+                m, c = f.indices
                 if rng(m) is not None and rng(c) is not None and same_dim(rng(m), rng(c)):
-                    factors[n] = (DELTA, (m, c), FINITE, None)
+                    factors[n] = Delta((m, c))
                     changed = True
                     break
         if changed:
@@ -123,7 +288,7 @@ def _normalize(coef, factors, sums, ranges):
         if pair is not None:
             factors, sums = pair
             changed = True
-    used = {x for f in factors for x in f[1]}
+    used = {x for f in factors for x in f.indices}
     for token in [tok for tok in sums if tok not in used]:
         coef = coef * sums.pop(token)
     return coef, factors, sums
@@ -133,59 +298,63 @@ def _pair_rule(factors, sums, rng):
     """Sum out a contracted index shared by two index maps. New (factors, sums), False
     when the term is zero, None when no rule applies."""
     for n1, n2 in itertools.combinations(range(len(factors)), 2):
-        k1, i1, _, m1 = factors[n1]
-        k2, i2, _, m2 = factors[n2]
-        is_mix = k1 == k2 and k1.startswith("$mix(")
-        if not (is_mix or (k1.startswith("$embed(") and k2.startswith("$embed("))):
+        f1, f2 = factors[n1], factors[n2]
+        is_mix = isinstance(f1, Mix) and isinstance(f2, Mix) and f1.key == f2.key  # the same block
+        if not (is_mix or (isinstance(f1, Embed) and isinstance(f2, Embed))):
             continue
+        i1, i2 = f1.indices, f2.indices
         rest = [f for k, f in enumerate(factors) if k not in (n1, n2)]
         m = i1[0]
         if m == i2[0] and m in sums and _occurrences(factors, m) == 2:
             if is_mix:
                 # sum_m [m = a k + b][m = a' k + b'] = [a = a'][b = b'] when a < h, b, b' < k
-                ok = all(same_dim(rng(b), m1) for b in (i1[2], i2[2]) if b != ZERO_INDEX) and all(
-                    rng(a) is not None and same_dim(rng(a) * m1, sums[m]) for a in (i1[1], i2[1]) if a != ZERO_INDEX)
+                k = f1.block
+                ok = all(same_dim(rng(b), k) for b in (i1[2], i2[2]) if b != ZERO_INDEX) and all(
+                    rng(a) is not None and same_dim(rng(a) * k, sums[m]) for a in (i1[1], i2[1]) if a != ZERO_INDEX)
                 if ok and all(rng(x) is not None for x in i1[1:] + i2[1:]):
-                    new = rest + [(DELTA, (i1[1], i2[1]), FINITE, None), (DELTA, (i1[2], i2[2]), FINITE, None)]
+                    new = rest + [Delta((i1[1], i2[1])), Delta((i1[2], i2[2]))]
                     return new, {tok: r for tok, r in sums.items() if tok != m}
-            elif k2.startswith("$embed("):
+            else:
                 # sum_m [m = c + o1][m = c' + o2]
+                o1, o2 = f1.offset, f2.offset
                 c1, c2 = i1[1], i2[1]
                 r1, r2 = rng(c1), rng(c2)
                 if r1 is None or r2 is None:
                     continue
-                if same_dim(m1, m2) and (sums[m] - m1 - r1).is_nonnegative:
-                    new = rest + [(DELTA, (c1, c2), FINITE, None)]
+                if same_dim(o1, o2) and (sums[m] - o1 - r1).is_nonnegative:
+                    new = rest + [Delta((c1, c2))]
                     return new, {tok: r for tok, r in sums.items() if tok != m}
-                if (m2 - m1 - r1).is_nonnegative or (m1 - m2 - r2).is_nonnegative:
+                if (o2 - o1 - r1).is_nonnegative or (o1 - o2 - r2).is_nonnegative:
                     return False
         if is_mix:
             # sum_{a, b} [m = a k + b][m' = a k + b] = [m = m'] when m, m' < h k
             a, b = i1[1], i1[2]
             if (a == i2[1] and b == i2[2] and a in sums and b in sums and a != b
                     and _occurrences(factors, a) == 2 and _occurrences(factors, b) == 2
-                    and same_dim(sums[b], m1)):
-                total = sums[a] * m1
+                    and same_dim(sums[b], f1.block)):
+                total = sums[a] * f1.block
                 if all(x == ZERO_INDEX or (rng(x) is not None and same_dim(rng(x), total)) for x in (i1[0], i2[0])):
-                    new = rest + [(DELTA, (i1[0], i2[0]), FINITE, None)]
+                    new = rest + [Delta((i1[0], i2[0]))]
                     return new, {tok: r for tok, r in sums.items() if tok not in (a, b)}
     return None
 
 
-def _canon_term(coef, factors, sums, names, ranges):
+def _canon_term(term: Term, names, ranges):
     """(coef, canonical text) of a term whose free tokens are renamed by `names`; None if zero."""
-    normal = _normalize(coef, factors, sums, ranges)
+    normal = _normalize(term, ranges)
     if normal is None:
         return None
     coef, factors, sums = normal
     bound = list(sums)
     for f in factors:
-        for x in f[1]:
+        for x in f.indices:
             if x not in sums and x not in names:
                 raise Unsupported(f"index {x} is free but not named")
 
+    keyed = [(f.key, f.indices) for f in factors]
+
     def text(label):
-        parts = sorted(f"{key}[{','.join(label.get(x) or names[x] for x in idx)}]" for key, idx, _, _ in factors)
+        parts = sorted(f"{key}[{','.join(label.get(x) or names[x] for x in idx)}]" for key, idx in keyed)
         head = ""
         if bound:
             order = sorted(bound, key=lambda tok: label[tok])
@@ -198,7 +367,7 @@ def _canon_term(coef, factors, sums, names, ranges):
     signature = {}
     for tok in bound:
         occ = []
-        for key, idx, _, _ in factors:
+        for key, idx in keyed:
             for pos, x in enumerate(idx):
                 if x == tok:
                     pattern = tuple("=" if y == tok else ("?" if y in sums else names[y]) for y in idx)
@@ -223,26 +392,26 @@ def _canon_term(coef, factors, sums, names, ranges):
     return coef, best
 
 
-def collect(form: list, names, ranges) -> dict[str, list]:
-    """canonical text -> [coefficient, possibly non-finite], like terms summed."""
-    out: dict[str, list] = {}
-    for coef, factors, sums in form:
-        risky = any(f[2] != FINITE for f in factors)
-        canon = _canon_term(coef, factors, sums, names, ranges)
+def collect(form: list[Term], names, ranges) -> dict[str, Collected]:
+    """canonical text -> Collected(coefficient, possibly non-finite), like terms summed."""
+    out: dict[str, Collected] = {}
+    for term in form:
+        risky = term.risky
+        canon = _canon_term(term, names, ranges)
         if canon is None:
             continue  # an index map selects nothing here: no arithmetic, even on infinite entries
         c, key = canon
         if key in out:
-            if risky or out[key][1]:
-                same_sign(out[key][0], c)
-            out[key][0] = out[key][0] + c
-            out[key][1] = out[key][1] or risky
+            like = out[key]
+            if risky or like.risky:
+                same_sign(like.coef, c)
+            like.coef = like.coef + c
+            like.risky = like.risky or risky
         else:
-            out[key] = [c, risky]
+            out[key] = Collected(c, risky)
     for key in list(out):
-        c, risky = out[key]
-        if is_zero(c):
-            if risky:
+        if is_zero(out[key].coef):
+            if out[key].risky:
                 raise Unsupported("possibly non-finite terms would cancel")
             del out[key]
     return out
@@ -271,14 +440,15 @@ def form_key(form: list, names, ranges) -> str:
     collected = collect(form, names, ranges)
     if not collected:
         return "0"
-    return " + ".join(f"({_coef_text(c)})*{key}" for key, (c, _) in sorted(collected.items()))
+    return " + ".join(f"({_coef_text(like.coef)})*{key}" for key, like in sorted(collected.items()))
 
 
 def display(collected: dict) -> str:
     if not collected:
         return "0"
     text = ""
-    for key, (c, _) in sorted(collected.items()):
+    for key, like in sorted(collected.items()):
+        c = like.coef
         negative = c.could_extract_minus_sign()
         size = -c if negative else c
         term = key if size == 1 else f"{size} * {key}" if not size.is_Add else f"({size}) * {key}"
