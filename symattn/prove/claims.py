@@ -348,7 +348,7 @@ def _float64_contradicts(session: _Session, check: t.CheckInfo) -> str | None:
                 return None
             left = np.asarray(ev.evaluate(check.lhs), dtype=np.float64)
             right = np.asarray(ev.evaluate(check.rhs), dtype=np.float64)
-        except (SymAttnError, KeyError):
+        except SymAttnError:
             return None  # a gradient the float64 evaluator cannot produce: nothing to compare
         left, right = np.broadcast_arrays(left, right)
         for index in np.ndindex(*left.shape):
