@@ -2,29 +2,35 @@
 
 Contract: `FUNCTIONS` maps a name (`exp`, `tanh`, ...) to a `Function` that
 says everything symattn knows about it: its exact SymPy value (element level,
-constants, SymPy forms) and its float64 value (the reference evaluator), both
-with float64's answers at the edges; its local derivative (one rule used by
+constants, SymPy forms), its float64 value (the reference evaluator) and, where
+the exact value is a SymPy function of its own (`exp(u)`, not arithmetic like
+sigmoid's), its mpmath value (30-digit evaluation), all with float64's answers
+at the edges; its local derivative (one rule used by
 the matrix level, index notation and the CUDA target's forward mode); how the
 static finiteness analysis treats it; its NumPy and CUDA spellings; whether it
 is typeset as a named function. Adding a function is adding one record with
 `register` (tensorgrad's FunctionSignature, tinygrad's op tables): the parser,
 validation, derive, check, the NumPy and CUDA targets and the documents all
 read this table when they run. `table(field, extra)` is a live read-only view
-of one field over every registered function (plus `neg` and the like).
+of one field over every registered function (plus `neg` and the like);
+`mpmath_table()` maps the SymPy function class of each exact value to its mpmath
+evaluation.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import mpmath
 import numpy as np
 import sympy
 
 from . import build as b
 
-__all__ = ["Function", "FUNCTIONS", "register", "table"]
+__all__ = ["Function", "FUNCTIONS", "register", "table", "mpmath_table"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class Function:
     numpy_helper: str | None = None              # a runtime helper the template calls
     cuda: str = ""                               # template over the operand "{x}", float32
     named: bool = False                          # typeset upright as a named function (exp, log, ...)
+    mpmath: Callable[[Any], Any] | None = None   # mpmath value of one entry (float64 at the edges), needed
+                                                 # where `exact` writes a SymPy function (exp(u), log(u))
 
     @property
     def adjoint(self) -> tuple[str, Callable]:
@@ -52,6 +60,13 @@ class Function:
     def numpy_code(self) -> tuple[str, str | None]:
         """(template, helper): what the NumPy printer writes."""
         return self.numpy, self.numpy_helper
+
+    @functools.cached_property
+    def sympy_function(self) -> type | None:
+        """The SymPy function class `exact` writes (sympy.exp for exp); None where it writes
+        arithmetic or cases (sigmoid, sqrt, relu), which need no evaluation of their own."""
+        form = self.exact(sympy.Dummy("u"))
+        return form.func if isinstance(form, sympy.Function) and not isinstance(form, sympy.Piecewise) else None
 
 
 FUNCTIONS: dict[str, Function] = {}
@@ -88,8 +103,21 @@ def table(field: str, extra: Mapping[str, Any] | None = None) -> Mapping[str, An
     return _Table(field, extra or {})
 
 
+def mpmath_table() -> dict[type, Callable[[Any], Any]]:
+    """SymPy function class -> its mpmath evaluation, over every registered function that has one."""
+    return {f.sympy_function: f.mpmath for f in FUNCTIONS.values()
+            if f.mpmath is not None and f.sympy_function is not None}
+
+
 def _log(u):
     return -sympy.oo if sympy.sympify(u).is_zero else sympy.log(u)  # log(0) is -inf, not zoo
+
+
+def _mp_log(x):
+    """log with float64's answers at the edges: -inf at 0, NaN below (not a complex number)."""
+    if mpmath.isnan(x) or x < 0:
+        return mpmath.nan
+    return -mpmath.inf if x == 0 else mpmath.log(x)
 
 
 def _relu(u):
@@ -104,20 +132,20 @@ def _sigmoid64(x):
 for _function in (
     Function("exp", sympy.exp, np.exp, "d exp(A) = exp(A) dA",
              lambda x, n, g, r: b.mul(g, n, r), absorbs_minus_inf=True,
-             numpy="np.exp({x})", cuda="expf({x})", named=True),
+             numpy="np.exp({x})", cuda="expf({x})", named=True, mpmath=mpmath.exp),
     Function("log", _log, np.log, "d log(A) = dA / A",
              lambda x, n, g, r: b.div(g, x, r), total=False,
-             numpy="np.log({x})", cuda="logf({x})", named=True),
+             numpy="np.log({x})", cuda="logf({x})", named=True, mpmath=_mp_log),
     Function("sqrt", sympy.sqrt, np.sqrt, "d sqrt(A) = dA / (2 sqrt(A))",
              lambda x, n, g, r: b.div(g, b.mul(b.scalar(2), n, r), r), total=False,
              numpy="np.sqrt({x})", cuda="sqrtf({x})"),
     Function("abs", sympy.Abs, np.abs, "d abs(A) = sign(A) dA",
              lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g,
                                         b.where(b.compare("<", x, b.scalar(0)), b.neg(g, r), b.scalar(0))),
-             numpy="np.abs({x})", cuda="fabsf({x})"),
+             numpy="np.abs({x})", cuda="fabsf({x})", mpmath=abs),
     Function("tanh", sympy.tanh, np.tanh, "d tanh(A) = (1 - tanh(A)^2) dA",
              lambda x, n, g, r: b.mul(g, b.sub(b.scalar(1), b.power(n, b.scalar(2), r), r), r),
-             absorbs_minus_inf=True, numpy="np.tanh({x})", cuda="tanhf({x})", named=True),
+             absorbs_minus_inf=True, numpy="np.tanh({x})", cuda="tanhf({x})", named=True, mpmath=mpmath.tanh),
     Function("sigmoid", lambda u: 1 / (1 + sympy.exp(-u)), _sigmoid64,
              "d sigmoid(A) = sigmoid(A) (1 - sigmoid(A)) dA",
              lambda x, n, g, r: b.mul(g, b.mul(n, b.sub(b.scalar(1), n, r), r), r), absorbs_minus_inf=True,
@@ -127,10 +155,10 @@ for _function in (
              numpy="np.maximum({x}, 0)", cuda="fmaxf({x}, 0.0f)"),
     Function("sin", sympy.sin, np.sin, "d sin(A) = cos(A) dA",
              lambda x, n, g, r: b.mul(g, b.unary("cos", x), r),
-             numpy="np.sin({x})", cuda="sinf({x})", named=True),
+             numpy="np.sin({x})", cuda="sinf({x})", named=True, mpmath=mpmath.sin),
     Function("cos", sympy.cos, np.cos, "d cos(A) = -sin(A) dA",
              lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r),
-             numpy="np.cos({x})", cuda="cosf({x})", named=True),
+             numpy="np.cos({x})", cuda="cosf({x})", named=True, mpmath=mpmath.cos),
 ):
     register(_function)
 del _function

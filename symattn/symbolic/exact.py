@@ -27,6 +27,7 @@ import sympy
 from sympy.functions.elementary.piecewise import ExprCondPair
 
 from ..budget import checkpoint
+from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
 
 __all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "mp_value"]
@@ -91,13 +92,6 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
     return walk(expr)
 
 
-def _mp_log(x):
-    """log with float64's answers at the edges: -inf at 0, NaN below (not a complex number)."""
-    if mpmath.isnan(x) or x < 0:
-        return mpmath.nan
-    return -mpmath.inf if x == 0 else mpmath.log(x)
-
-
 def _mp_pow(base, exponent):
     """base**exponent as float64 has it: 0**-k is inf, a negative base with a fractional exponent NaN."""
     if mpmath.isnan(base) or mpmath.isnan(exponent):
@@ -116,10 +110,9 @@ def _mp_real(value):
     return value
 
 
-_MP_FUNCS = {
-    sympy.exp: mpmath.exp, sympy.log: _mp_log, sympy.tanh: mpmath.tanh, sympy.sin: mpmath.sin,
-    sympy.cos: mpmath.cos, sympy.Abs: abs, sympy.sign: mpmath.sign,
-}
+# SymPy functions in mpmath: each builtin function's own (its record's `mpmath`, read live), and
+# sign, which SymPy writes for the derivative of abs.
+_MP_SIGN = {sympy.sign: mpmath.sign}
 # The conditions of where / relu / abs (sympy.Piecewise), evaluated to Python booleans.
 _MP_RELATIONS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
                  ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
@@ -136,6 +129,7 @@ def _first_branch(pairs):
 
 def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
     """expr at a point, in mpmath at the working precision; shared subtrees evaluated once."""
+    functions = {**_MP_SIGN, **mpmath_table()}
     stack = [(expr, False)]
     while stack:
         node, ready = stack.pop()
@@ -174,8 +168,8 @@ def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
             memo[node] = _mp_real(_mp_pow(*args))
         elif isinstance(node, sympy.core.relational.Relational) and node.rel_op in _MP_RELATIONS:
             memo[node] = bool(_MP_RELATIONS[node.rel_op](*args))
-        elif type(node) in _MP_FUNCS:
-            memo[node] = _mp_real(_MP_FUNCS[type(node)](args[0]))
+        elif type(node) in functions:
+            memo[node] = _mp_real(functions[type(node)](args[0]))
         else:
             memo[node] = None
     return memo[expr]
