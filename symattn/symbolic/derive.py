@@ -388,9 +388,9 @@ def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -
             if isinstance(child, (t.Scalar, t.DimValue, t.Constant, t.Compare)):
                 continue
             made = [(rule, current, contribution)]
-            for rule_name, before, after in cx.rec.steps:
-                if _contains(contribution, after):
-                    made.append((f"simplify: {rule_name}", before, after))
+            for step in cx.rec.steps:
+                if _contains(contribution, step.after):
+                    made.append((f"simplify: {step.rule}", step.before, step.after))
             if isinstance(child, t.Tensor):
                 target = child.name
                 steps[target].extend(Step(s.rule, target, s.before, s.after) for s in trail)
