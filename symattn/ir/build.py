@@ -4,8 +4,11 @@ Contract: each function returns a typed node with its shape inferred by the
 rules of `symattn.ir.shapes`, after the local simplifications a person would
 make without thinking (`-(-A) = A`, `(A.T).T = A`, `1 * A = A`, a scalar
 divisor moved out of a matrix product: `(A / c) @ B = (A @ B) / c`). Each
-simplification that fires is reported to an optional `Recorder` as a
-(rule, before, after) step, so that documents replay exactly what was done.
+simplification that fires is reported as a `Simplification(rule, before,
+after)` to the `Recorder` the caller passed (`rec`), so that documents replay
+exactly what was done; without one, nothing is recorded anywhere (there is no
+shared recorder). `sum_to` and `expand_to` of a tensor that already has the
+shape return it unchanged: that is no simplification, nothing was written.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .shapes import broadcast, matmul_shape
 
 __all__ = [
     "Recorder",
+    "Simplification",
     "scalar",
     "is_scalar_constant",
     "is_zero",
@@ -42,26 +46,33 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Simplification:
+    """One simplification a builder made: `before` (the node it would have built) became `after`."""
+
+    rule: str
+    before: t.Node
+    after: t.Node
+
+
 @dataclass
 class Recorder:
-    """Collects simplification steps: (rule, before, after)."""
+    """Collects the simplifications made by the builders it is passed to, in the order made.
 
-    steps: list[tuple[str, t.Node, t.Node]] = field(default_factory=list)
+    There is no shared recorder: a caller that wants the steps passes its own (one per
+    gradient contribution in `derive`), and a builder called without one records nowhere.
+    """
+
+    steps: list[Simplification] = field(default_factory=list)
 
     def note(self, rule: str, before: t.Node, after: t.Node) -> t.Node:
-        self.steps.append((rule, before, after))
+        self.steps.append(Simplification(rule, before, after))
         return after
 
 
-class _Discard(Recorder):
-    """The recorder of callers that keep no steps: `note` returns the result and keeps nothing
-    (a shared default Recorder would collect every step of the process, forever)."""
-
-    def note(self, rule: str, before: t.Node, after: t.Node) -> t.Node:
-        return after
-
-
-_NULL = _Discard()
+def _note(rec: Recorder | None, rule: str, before: t.Node, after: t.Node) -> t.Node:
+    """`after`, with the step recorded in `rec` when the caller passed one."""
+    return after if rec is None else rec.note(rule, before, after)
 
 
 def scalar(value) -> t.Scalar:
@@ -85,63 +96,85 @@ def is_one(node: t.Node) -> bool:
     return isinstance(node, t.Scalar) and node.value == 1
 
 
-def neg(x: t.Node, rec: Recorder = _NULL) -> t.Node:
+def _is_neg(node: t.Node) -> bool:
+    return isinstance(node, t.Unary) and node.fn == "neg"
+
+
+def neg(x: t.Node, rec: Recorder | None = None) -> t.Node:
+    before = t.Unary("neg", x, x.shape)
     if isinstance(x, t.Scalar):
-        return t.Scalar(-x.value)
-    if isinstance(x, t.Unary) and x.fn == "neg":
-        return rec.note("-(-A) = A", t.Unary("neg", x, x.shape), x.x)
-    return t.Unary("neg", x, x.shape)
+        return _note(rec, "-(c) = -c for a number c", before, t.Scalar(-x.value))
+    if _is_neg(x):
+        return _note(rec, "-(-A) = A", before, x.x)
+    return before
 
 
 def _binary(op: str, a: t.Node, b: t.Node) -> t.Binary:
     return t.Binary(op, a, b, broadcast(a.shape, b.shape))
 
 
-def add(a: t.Node | None, b: t.Node | None, rec: Recorder = _NULL) -> t.Node | None:
-    if is_zero(a):
+def _minus_out(rule: str, before: t.Node, inner: t.Node, rec: Recorder | None) -> t.Node:
+    """`before` rewritten as -(inner) by `rule`, then that negation built (which may simplify)."""
+    _note(rec, rule, before, t.Unary("neg", inner, inner.shape))
+    return neg(inner, rec)
+
+
+def add(a: t.Node | None, b: t.Node | None, rec: Recorder | None = None) -> t.Node | None:
+    """a + b. None is "no term" (the start of a sum): adding it writes nothing, so records nothing."""
+    if a is None:
         return b
+    if b is None:
+        return None if is_zero(a) else a
+    if is_zero(a):
+        return _note(rec, "0 + A = A", _binary("add", a, b), b)
     if is_zero(b):
-        return a
-    if isinstance(b, t.Unary) and b.fn == "neg":
-        return _binary("sub", a, b.x)
+        return _note(rec, "A + 0 = A", _binary("add", a, b), a)
+    if _is_neg(b):
+        return _note(rec, "A + (-B) = A - B", _binary("add", a, b), _binary("sub", a, b.x))
     return _binary("add", a, b)
 
 
-def sub(a: t.Node, b: t.Node, rec: Recorder = _NULL) -> t.Node:
-    if is_zero(b):
+def sub(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
+    if b is None:  # an absent term, as in `add`
         return a
+    if a is None:
+        return None if is_zero(b) else neg(b, rec)
+    if is_zero(b):
+        return _note(rec, "A - 0 = A", _binary("sub", a, b), a)
     if is_zero(a):
+        _note(rec, "0 - A = -A", _binary("sub", a, b), t.Unary("neg", b, b.shape))
         return neg(b, rec)
     return _binary("sub", a, b)
 
 
-def mul(a: t.Node, b: t.Node, rec: Recorder = _NULL) -> t.Node:
+def mul(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
     if is_one(a) and len(b.shape) >= len(a.shape):
-        return b
+        return _note(rec, "1 * A = A", _binary("mul", a, b), b)
     if is_one(b) and len(a.shape) >= len(b.shape):
-        return a
-    if isinstance(a, t.Unary) and a.fn == "neg":
-        return neg(mul(a.x, b, rec), rec)
-    if isinstance(b, t.Unary) and b.fn == "neg":
-        return neg(mul(a, b.x, rec), rec)
+        return _note(rec, "A * 1 = A", _binary("mul", a, b), a)
+    if _is_neg(a):
+        return _minus_out("(-A) * B = -(A * B)", _binary("mul", a, b), mul(a.x, b, rec), rec)
+    if _is_neg(b):
+        return _minus_out("A * (-B) = -(A * B)", _binary("mul", a, b), mul(a, b.x, rec), rec)
     return _binary("mul", a, b)
 
 
-def div(a: t.Node, b: t.Node, rec: Recorder = _NULL) -> t.Node:
+def div(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
     if is_one(b) and len(a.shape) >= len(b.shape):
-        return a
-    if isinstance(a, t.Unary) and a.fn == "neg":
-        return neg(div(a.x, b, rec), rec)
+        return _note(rec, "A / 1 = A", _binary("div", a, b), a)
+    if _is_neg(a):
+        return _minus_out("(-A) / B = -(A / B)", _binary("div", a, b), div(a.x, b, rec), rec)
     return _binary("div", a, b)
 
 
-def power(a: t.Node, b: t.Node, rec: Recorder = _NULL) -> t.Node:
+def power(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
     if is_one(b):
-        return a
+        return _note(rec, "A^1 = A", _binary("pow", a, b), a)
     return _binary("pow", a, b)
 
 
-def matmul(a: t.Node, b: t.Node, rec: Recorder = _NULL) -> t.Node:
+def matmul(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
+    before = t.MatMul(a, b, matmul_shape(a.shape, b.shape))
     # A scalar divisor or factor is moved out of the product, as on a whiteboard.
     for side in ("a", "b"):
         node = a if side == "a" else b
@@ -149,28 +182,29 @@ def matmul(a: t.Node, b: t.Node, rec: Recorder = _NULL) -> t.Node:
                 and is_scalar_constant(node.b):
             inner = matmul(node.a, b, rec) if side == "a" else matmul(a, node.a, rec)
             outer = t.Binary(node.op, inner, node.b, inner.shape)
-            before = t.MatMul(a, b, matmul_shape(a.shape, b.shape))
-            return rec.note(f"(A {'/' if node.op == 'div' else '*'} c) @ B = (A @ B) "
-                            f"{'/' if node.op == 'div' else '*'} c for a scalar c", before, outer)
-        if isinstance(node, t.Unary) and node.fn == "neg":
+            return _note(rec, f"(A {'/' if node.op == 'div' else '*'} c) @ B = (A @ B) "
+                              f"{'/' if node.op == 'div' else '*'} c for a scalar c", before, outer)
+        if _is_neg(node):
             inner = matmul(node.x, b, rec) if side == "a" else matmul(a, node.x, rec)
-            return neg(inner, rec)
-    return t.MatMul(a, b, matmul_shape(a.shape, b.shape))
+            rule = "(-A) @ B = -(A @ B)" if side == "a" else "A @ (-B) = -(A @ B)"
+            return _minus_out(rule, before, inner, rec)
+    return before
 
 
-def transpose(x: t.Node, rec: Recorder = _NULL) -> t.Node:
+def transpose(x: t.Node, rec: Recorder | None = None) -> t.Node:
     shape = (*x.shape[:-2], x.shape[-1], x.shape[-2])
+    before = t.Transpose(x, shape)
     if isinstance(x, t.Transpose):
-        return rec.note("(A.T).T = A", t.Transpose(x, shape), x.x)
+        return _note(rec, "(A.T).T = A", before, x.x)
     if isinstance(x, t.Binary) and x.op in ("div", "mul") and x.b.shape == () and is_scalar_constant(x.b):
         inner = transpose(x.a, rec)
-        return rec.note("(A / c).T = A.T / c", t.Transpose(x, shape), t.Binary(x.op, inner, x.b, inner.shape))
-    if isinstance(x, t.Unary) and x.fn == "neg":
-        return neg(transpose(x.x, rec), rec)
+        return _note(rec, "(A / c).T = A.T / c", before, t.Binary(x.op, inner, x.b, inner.shape))
+    if _is_neg(x):
+        return _minus_out("(-A).T = -(A.T)", before, transpose(x.x, rec), rec)
     if isinstance(x, t.MatMul) and len(x.a.shape) >= 2 and len(x.b.shape) >= 2:
         after = matmul(transpose(x.b, rec), transpose(x.a, rec), rec)
-        return rec.note("(A @ B).T = B.T @ A.T", t.Transpose(x, shape), after)
-    return t.Transpose(x, shape)
+        return _note(rec, "(A @ B).T = B.T @ A.T", before, after)
+    return before
 
 
 def unary(fn: str, x: t.Node) -> t.Node:
@@ -200,15 +234,15 @@ def ones(shape) -> t.Constant:
 
 def sum_to(x: t.Node, shape) -> t.Node:
     """Undo broadcasting: sum `x` down to `shape`."""
-    if tuple(x.shape) == tuple(shape):
+    if tuple(x.shape) == tuple(shape):  # nothing was broadcast: no sum to write, so no step
         return x
     node = t.SumTo(x, tuple(shape))
     return node if node.axes else x
 
 
-def expand_to(x: t.Node, shape) -> t.Node:
+def expand_to(x: t.Node, shape, rec: Recorder | None = None) -> t.Node:
     """Broadcast `x` up to `shape` explicitly (as `x * ones(...)`)."""
     if tuple(x.shape) == tuple(shape):
         return x
-    return mul(x, ones(shape))
+    return mul(x, ones(shape), rec)
 

@@ -9,7 +9,11 @@ symbolic, so each formula holds for all sizes. Every adjoint rule applied and
 every simplification made is recorded as a `Step(rule, tensor, before, after)`.
 
 The adjoint rules form one table (`_adjoint`, dispatched on node type); a
-node without a rule is an error that names it.
+node without a rule is an error that names it. A rule returns one `Part` per
+operand, whose contribution the driver builds with a fresh `Recorder`: the
+simplifications recorded for a contribution are exactly those made while
+building it (and those of summing a tensor's paths, exactly those made by
+that sum), attributed when made, never recovered afterwards.
 
 A `Derivation` is also a read-only mapping from `"grad(T)"` (or `"T"`) to a
 `Formula` (spec text, LaTeX, MathML, SymPy); an unknown name
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, singledispatch
 
 import sympy
@@ -30,7 +34,7 @@ from ..ir import typed as t
 from ..ir.functions import table
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
-from .index_adjoint import index_adjoint
+from .index_adjoint import Part, index_adjoint
 from ..ir.printing import to_spec
 
 __all__ = ["Step", "Gradient", "Derivation", "Formula", "derive", "UNARY_RULES"]
@@ -177,13 +181,12 @@ class Derivation(Mapping):
 
 
 class _Context:
-    """What the rules need: the spec, names of known subexpressions, the recorder."""
+    """What the rules need: the spec and the names of known subexpressions."""
 
     def __init__(self, spec: t.TypedSpec) -> None:
         self.spec = spec
         self.names = {info.expr: t.Tensor(name, info.shape) for name, info in spec.tensors.items()
                       if info.expr is not None and not isinstance(info.expr, t.IndexDef)}
-        self.rec = b.Recorder()
         self.reserved = set(spec.dims) | set(spec.tensors)
 
     def ref(self, node: t.Node) -> t.Node:
@@ -191,11 +194,11 @@ class _Context:
         return self.names.get(node, node)
 
 
-# --- the adjoint rules: node, upstream G -> [(child, contribution, rule)] ----------
+# --- the adjoint rules: node, upstream G -> [Part(child, rule, build)] -----------------
 
 
 @singledispatch
-def _adjoint(node, g: t.Node, cx: _Context):
+def _adjoint(node, g: t.Node, cx: _Context) -> list[Part]:
     raise SymbolicError(f"no adjoint rule for {type(node).__name__}")
 
 
@@ -215,90 +218,98 @@ UNARY_RULES = table("adjoint", {"neg": ("-A", lambda x, n, g, r: b.neg(g, r))})
 @_adjoint.register
 def _(node: t.Unary, g, cx):
     rule, make = UNARY_RULES[node.fn]
-    return [(node.x, make(node.x, cx.ref(node), g, cx.rec), rule)]
+    return [Part(node.x, rule, lambda r: make(node.x, cx.ref(node), g, r))]
 
 
 @_adjoint.register
 def _(node: t.Binary, g, cx):
-    x, y, r = node.a, node.b, cx.rec
+    x, y = node.a, node.b
     if node.op == "add":
-        return [(x, b.sum_to(g, x.shape), "A + B: both get G, summed over broadcast axes"),
-                (y, b.sum_to(g, y.shape), "A + B: both get G, summed over broadcast axes")]
+        rule = "A + B: both get G, summed over broadcast axes"
+        return [Part(x, rule, lambda r: b.sum_to(g, x.shape)),
+                Part(y, rule, lambda r: b.sum_to(g, y.shape))]
     if node.op == "sub":
-        return [(x, b.sum_to(g, x.shape), "A - B: A gets G"),
-                (y, b.sum_to(b.neg(g, r), y.shape), "A - B: B gets -G")]
+        return [Part(x, "A - B: A gets G", lambda r: b.sum_to(g, x.shape)),
+                Part(y, "A - B: B gets -G", lambda r: b.sum_to(b.neg(g, r), y.shape))]
     if node.op == "mul":
-        return [(x, b.sum_to(b.mul(g, y, r), x.shape), "A * B: A gets G * B"),
-                (y, b.sum_to(b.mul(x, g, r), y.shape), "A * B: B gets A * G")]
+        return [Part(x, "A * B: A gets G * B", lambda r: b.sum_to(b.mul(g, y, r), x.shape)),
+                Part(y, "A * B: B gets A * G", lambda r: b.sum_to(b.mul(x, g, r), y.shape))]
     if node.op == "div":
-        return [(x, b.sum_to(b.div(g, y, r), x.shape), "A / B: A gets G / B"),
-                (y, b.sum_to(b.neg(b.div(b.mul(g, cx.ref(node), r), y, r), r), y.shape),
-                 "A / B: B gets -(G * (A / B)) / B")]
+        return [Part(x, "A / B: A gets G / B", lambda r: b.sum_to(b.div(g, y, r), x.shape)),
+                Part(y, "A / B: B gets -(G * (A / B)) / B",
+                     lambda r: b.sum_to(b.neg(b.div(b.mul(g, cx.ref(node), r), y, r), r), y.shape))]
     if node.op == "pow":
-        out = []
         if isinstance(y, t.Scalar) and y.value == 0:  # A^0 = 1 for every A, 0 and inf included
-            return out
+            return []
         if isinstance(y, t.Scalar):
             exponent = b.scalar(y.value - 1)
-            grad_x = b.mul(g, b.mul(y, b.power(x, exponent, r), r), r)
+
+            def grad_x(r):
+                return b.mul(g, b.mul(y, b.power(x, exponent, r), r), r)
         else:
-            grad_x = b.mul(g, b.mul(y, b.power(x, b.sub(y, b.scalar(1), r), r), r), r)
-        out.append((x, b.sum_to(grad_x, x.shape), "A^B: A gets G * B * A^(B - 1)"))
+            def grad_x(r):
+                return b.mul(g, b.mul(y, b.power(x, b.sub(y, b.scalar(1), r), r), r), r)
+        out = [Part(x, "A^B: A gets G * B * A^(B - 1)", lambda r: b.sum_to(grad_x(r), x.shape))]
         if not b.is_scalar_constant(y):
-            out.append((y, b.sum_to(b.mul(g, b.mul(cx.ref(node), b.unary("log", x), r), r), y.shape),
-                        "A^B: B gets G * A^B * log(A)"))
+            out.append(Part(y, "A^B: B gets G * A^B * log(A)",
+                            lambda r: b.sum_to(b.mul(g, b.mul(cx.ref(node), b.unary("log", x), r), r), y.shape)))
         return out
     raise SymbolicError(f"no adjoint rule for the elementwise operation {node.op}")
 
 
 @_adjoint.register
 def _(node: t.MatMul, g, cx):
-    x, y, r = node.a, node.b, cx.rec
+    x, y = node.a, node.b
     if len(x.shape) == 1 and len(y.shape) == 1:  # a dot product: G is a scalar
-        return [(x, b.mul(g, y, r), "c = a @ b (vectors): grad(a) = grad(c) * b"),
-                (y, b.mul(x, g, r), "c = a @ b (vectors): grad(b) = a * grad(c)")]
+        return [Part(x, "c = a @ b (vectors): grad(a) = grad(c) * b", lambda r: b.mul(g, y, r)),
+                Part(y, "c = a @ b (vectors): grad(b) = a * grad(c)", lambda r: b.mul(x, g, r))]
     if len(x.shape) == 1 or len(y.shape) == 1:
         # A matrix times a vector: one gradient is a matrix product, the other an outer product,
         # which the matrix language cannot write without reshaping.
         raise SymbolicError("the gradient of @ between a matrix and a 1-D vector needs an outer product; "
                             "write the vector as a [1, n] or [n, 1] matrix")
-    return [(x, b.sum_to(b.matmul(g, b.transpose(y, r), r), x.shape), "C = A @ B: grad(A) = grad(C) @ B.T"),
-            (y, b.sum_to(b.matmul(b.transpose(x, r), g, r), y.shape), "C = A @ B: grad(B) = A.T @ grad(C)")]
+    return [Part(x, "C = A @ B: grad(A) = grad(C) @ B.T",
+                 lambda r: b.sum_to(b.matmul(g, b.transpose(y, r), r), x.shape)),
+            Part(y, "C = A @ B: grad(B) = A.T @ grad(C)",
+                 lambda r: b.sum_to(b.matmul(b.transpose(x, r), g, r), y.shape))]
 
 
 @_adjoint.register
 def _(node: t.Transpose, g, cx):
-    return [(node.x, b.transpose(g, cx.rec), "C = A.T: grad(A) = grad(C).T")]
+    return [Part(node.x, "C = A.T: grad(A) = grad(C).T", lambda r: b.transpose(g, r))]
 
 
 @_adjoint.register
 def _(node: t.Reduce, g, cx):
-    x, r = node.x, cx.rec
+    x = node.x
     if node.kind == "sum":
-        return [(x, b.expand_to(g, x.shape), "C = sum(A): every entry of A gets G")]
+        return [Part(x, "C = sum(A): every entry of A gets G", lambda r: b.expand_to(g, x.shape, r))]
     if node.kind == "mean":
         axes = range(len(x.shape)) if node.axis is None else [node.axis]
-        count = sympy.Mul(*[x.shape[k] for k in axes])
-        return [(x, b.expand_to(b.div(g, t.DimValue(count), r), x.shape), "C = mean(A): every entry gets G / n")]
-    if node.axis is None:
-        weights = b.unary("exp", b.sub(x, cx.ref(node), r))
-    else:
-        weights = b.softmax(x, node.axis)
-    return [(x, b.mul(g, cx.ref(weights), r), "C = logsumexp(A): grad(A) = G * softmax(A)")]
+        count = t.DimValue(sympy.Mul(*[x.shape[k] for k in axes]))
+        return [Part(x, "C = mean(A): every entry gets G / n", lambda r: b.expand_to(b.div(g, count, r), x.shape, r))]
+
+    def weights(r):
+        if node.axis is None:
+            return b.unary("exp", b.sub(x, cx.ref(node), r))
+        return b.softmax(x, node.axis)
+    return [Part(x, "C = logsumexp(A): grad(A) = G * softmax(A)", lambda r: b.mul(g, cx.ref(weights(r)), r))]
 
 
 @_adjoint.register
 def _(node: t.Softmax, g, cx):
-    p, r = cx.ref(node), cx.rec
-    inner = b.sub(g, b.reduce_sum(b.mul(g, p, r), node.axis), r)
-    return [(node.x, b.mul(p, inner, r), "P = softmax(S): grad(S) = P * (grad(P) - sum(grad(P) * P))")]
+    p = cx.ref(node)
+    return [Part(node.x, "P = softmax(S): grad(S) = P * (grad(P) - sum(grad(P) * P))",
+                 lambda r: b.mul(p, b.sub(g, b.reduce_sum(b.mul(g, p, r), node.axis), r), r))]
 
 
 @_adjoint.register
 def _(node: t.Where, g, cx):
     zero = b.scalar(0)
-    return [(node.a, b.sum_to(b.where(node.cond, g, zero), node.a.shape), "where(c, A, B): A gets G where c"),
-            (node.b, b.sum_to(b.where(node.cond, zero, g), node.b.shape), "where(c, A, B): B gets G elsewhere")]
+    return [Part(node.a, "where(c, A, B): A gets G where c",
+                 lambda r: b.sum_to(b.where(node.cond, g, zero), node.a.shape)),
+            Part(node.b, "where(c, A, B): B gets G elsewhere",
+                 lambda r: b.sum_to(b.where(node.cond, zero, g), node.b.shape))]
 
 
 @_adjoint.register
@@ -307,13 +318,14 @@ def _(node: t.MergeHeads, g, cx):
     per_head = node.x.shape[-1]
     *batch, n, _ = g.shape
     split = t.SplitHeads(g, heads, (*batch, heads, n, per_head))
-    return [(node.x, split, "C = merge_heads(A): grad(A) = split_heads(grad(C), h)")]
+    return [Part(node.x, "C = merge_heads(A): grad(A) = split_heads(grad(C), h)", lambda r: split)]
 
 
 @_adjoint.register
 def _(node: t.SplitHeads, g, cx):
     *batch, h, n, k = g.shape
-    return [(node.x, t.MergeHeads(g, (*batch, n, h * k)), "C = split_heads(A): grad(A) = merge_heads(grad(C))")]
+    merged = t.MergeHeads(g, (*batch, n, h * k))
+    return [Part(node.x, "C = split_heads(A): grad(A) = merge_heads(grad(C))", lambda r: merged)]
 
 
 @_adjoint.register
@@ -321,7 +333,8 @@ def _(node: t.Concat, g, cx):
     out, start = [], sympy.Integer(0)
     for part in node.parts:
         stop = start + part.shape[node.axis]
-        out.append((part, t.Slice(g, node.axis, start, stop, part.shape), "concat: each part gets its slice of G"))
+        piece = t.Slice(g, node.axis, start, stop, part.shape)
+        out.append(Part(part, "concat: each part gets its slice of G", lambda r, piece=piece: piece))
         start = stop
     return out
 
@@ -346,12 +359,13 @@ def derive(spec: t.TypedSpec) -> Derivation:
         info = spec.tensors[name]
         order = {n: k for k, n in enumerate(spec.tensors)}
         paths[name].sort(key=lambda path: order.get(path[0], -1))
-        total = None
+        total, rec = None, b.Recorder()
         for _, part in paths[name]:
-            total = b.add(total, part)
+            total = b.add(total, part, rec)
         if len(paths[name]) > 1:
             steps[name].append(Step(f"sum over the {len(paths[name])} paths from {name} to the outputs",
                                     name, t.Grad(name, info.shape), total))
+        steps[name].extend(Step(f"simplify: {s.rule}", name, s.before, s.after) for s in rec.steps)
         adjoint = t.Grad(name, info.shape)
         if name in spec.outputs and len(paths[name]) > 1:
             # An output that other tensors read: grad(O) names its upstream gradient (the
@@ -365,16 +379,13 @@ def derive(spec: t.TypedSpec) -> Derivation:
     return result
 
 
-def _contains(node: t.Node, part: t.Node) -> bool:
-    return any(n == part for n in t.walk(node))
-
-
 def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -> None:
     """Push upstream `g` through the definition of `owner` down to the tensors it references.
 
-    The steps taken inside the definition travel with each branch (`trail`) and are
-    recorded for the tensor the branch reaches, so grad(T)'s steps start at the
-    definition of each consumer of T.
+    Each contribution is built with a recorder of its own, so the simplifications recorded
+    with it are exactly those made while building it. The steps taken inside the definition
+    travel with each branch (`trail`) and are recorded for the tensor the branch reaches, so
+    grad(T)'s steps start at the definition of each consumer of T.
     """
     if isinstance(node, t.Tensor):  # an alias, `O = A`: A gets grad(O) unchanged
         paths[node.name].append((owner, g))
@@ -383,20 +394,20 @@ def _backprop(owner: str, node: t.Node, g: t.Node, cx: _Context, paths, steps) -
     work: list[tuple[t.Node, t.Node, tuple[Step, ...]]] = [(node, g, ())]
     while work:
         current, upstream, trail = work.pop()
-        cx.rec.steps.clear()
-        for child, contribution, rule in _adjoint(current, upstream, cx):
-            if isinstance(child, (t.Scalar, t.DimValue, t.Constant, t.Compare)):
+        for part in _adjoint(current, upstream, cx):
+            if isinstance(part.child, (t.Scalar, t.DimValue, t.Constant, t.Compare)):
                 continue
-            made = [(rule, current, contribution)]
-            for rule_name, before, after in cx.rec.steps:
-                if _contains(contribution, after):
-                    made.append((f"simplify: {rule_name}", before, after))
-            if isinstance(child, t.Tensor):
-                target = child.name
-                steps[target].extend(Step(s.rule, target, s.before, s.after) for s in trail)
-                steps[target].extend(Step(r, target, before, after) for r, before, after in made)
+            rec = b.Recorder()
+            contribution = part.build(rec)
+            if contribution is None:
+                continue
+            made = (Step(part.rule, owner, current, contribution),
+                    *(Step(f"simplify: {s.rule}", owner, s.before, s.after) for s in rec.steps))
+            if isinstance(part.child, t.Tensor):
+                target = part.child.name
+                steps[target].extend(replace(s, tensor=target) for s in trail + made)
                 paths[target].append((owner, contribution))
-            elif isinstance(child, t.IndexDef) or not isinstance(child, t.Node):
-                raise SymbolicError(f"unexpected operand {type(child).__name__}")
+            elif isinstance(part.child, t.IndexDef) or not isinstance(part.child, t.Node):
+                raise SymbolicError(f"unexpected operand {type(part.child).__name__}")
             else:
-                work.append((child, contribution, trail + tuple(Step(r, owner, before, after) for r, before, after in made)))
+                work.append((part.child, contribution, trail + made))

@@ -16,6 +16,7 @@ deltas and no more sums than the entry formula itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import singledispatch
 from typing import Callable
 
@@ -23,12 +24,41 @@ from ..ir import build as b
 from ..ir import typed as t
 from ..errors import SymbolicError
 
-__all__ = ["index_adjoint", "rename_indices"]
+__all__ = ["Part", "index_adjoint", "rename_indices"]
 
 _FRESH = ("l", "m", "n", "p", "q", "r", "s", "u", "v", "a", "b", "e", "f", "g", "i", "j", "k")
 
-# A term of a derivative: index -> target index constraints (deltas), and the expression.
-Term = tuple[dict[str, str], t.Node]
+@dataclass(frozen=True)
+class Part:
+    """One contribution an adjoint rule sends to an operand: `child` gets `build(recorder)`.
+
+    The contribution is built only when the caller (`derive`) calls `build` with a recorder of
+    its own, so the simplifications made while building it are recorded for it and for nothing
+    else. `build` returns None when the operand gets nothing after all (index notation that
+    reads a tensor only where its derivative vanishes).
+    """
+
+    child: t.Node
+    rule: str
+    build: Callable[[b.Recorder], t.Node | None]
+
+
+# A term of a derivative: index -> target index constraints (deltas), and the expression. The
+# expression is None where it is the bare delta, d X[l, m] / d X[l, m] = 1: the chain and product
+# rules then write v, not 1 * v, so no redundant node is built and no `1 * A = A` step recorded.
+Term = tuple[dict[str, str], t.Node | None]
+
+
+def _unit(e: t.Node | None) -> t.Node:
+    """The expression of a term, with the bare delta written as the number 1."""
+    return b.scalar(1) if e is None else e
+
+
+def _times(a: t.Node, e: t.Node | None, rec: b.Recorder | None, left: bool = False) -> t.Node:
+    """a * e (e * a when `left`), where e = None is the bare delta: then just a."""
+    if e is None:
+        return a
+    return b.mul(e, a, rec) if left else b.mul(a, e, rec)
 
 
 def _index_names(node: t.Node) -> set[str]:
@@ -97,11 +127,12 @@ def _(node: t.Where, mapping):
 class _Differentiator:
     """d body / d X[targets], as a list of terms with pending deltas."""
 
-    def __init__(self, tensor: str, targets: list[str], unary_rules: dict[str, tuple[str, Callable]]) -> None:
+    def __init__(self, tensor: str, targets: list[str], unary_rules: dict[str, tuple[str, Callable]],
+                 rec: b.Recorder | None) -> None:
         self.tensor = tensor
         self.targets = targets
         self.unary_rules = unary_rules
-        self.rec = b.Recorder()
+        self.rec = rec
 
     def d(self, node: t.Node) -> list[Term]:
         if isinstance(node, t.Entry):
@@ -113,21 +144,23 @@ class _Differentiator:
                     raise SymbolicError(f"{node.tensor}[{', '.join(node.indices)}] repeats an index; the gradient "
                                         "of a diagonal read is not derived yet")
                 deltas[index] = target
-            return [(deltas, b.scalar(1))]
+            return [(deltas, None)]
         if isinstance(node, t.Tensor):  # a scalar tensor read whole, as in `w * (j - i)`
-            return [({}, b.scalar(1))] if node.name == self.tensor else []
+            return [({}, None)] if node.name == self.tensor else []
         if isinstance(node, (t.Scalar, t.DimValue, t.IndexVar)):
             return []
         if isinstance(node, t.Unary):
             _, make = self.unary_rules[node.fn]
-            factor = make(node.x, node, b.scalar(1), self.rec)
-            return [(c, b.mul(factor, e)) for c, e in self.d(node.x)]
+            # f'(u) read off the function's adjoint at G = 1: the `1 * A` that reading makes is
+            # how the table is read, not a step of the derivation, so it is recorded nowhere.
+            factor = make(node.x, node, b.scalar(1), None)
+            return [(c, _times(factor, e, self.rec)) for c, e in self.d(node.x)]
         if isinstance(node, t.Binary):
             return self._binary(node)
         if isinstance(node, t.Where):
             zero = b.scalar(0)
-            return ([(c, b.where(node.cond, e, zero)) for c, e in self.d(node.a)]
-                    + [(c, b.where(node.cond, zero, e)) for c, e in self.d(node.b)])
+            return ([(c, b.where(node.cond, _unit(e), zero)) for c, e in self.d(node.a)]
+                    + [(c, b.where(node.cond, zero, _unit(e))) for c, e in self.d(node.b)])
         if isinstance(node, t.IndexSum):
             out: list[Term] = []
             for deltas, expr in self.d(node.body):
@@ -135,61 +168,65 @@ class _Differentiator:
                 if name in deltas:
                     deltas = dict(deltas)
                     target = deltas.pop(name)
-                    out.append((deltas, rename_indices(expr, {name: target})))  # the sum collapses
+                    out.append((deltas, None if expr is None else rename_indices(expr, {name: target})))  # collapses
                 else:
-                    out.append((deltas, t.IndexSum(node.index, expr)))
+                    out.append((deltas, t.IndexSum(node.index, _unit(expr))))
             return out
         raise SymbolicError(f"cannot differentiate {type(node).__name__} in index notation")
 
     def _binary(self, node: t.Binary) -> list[Term]:
-        u, v, op = node.a, node.b, node.op
+        u, v, op, r = node.a, node.b, node.op, self.rec
         du, dv = self.d(u), self.d(v)
         if op == "add":
             return du + dv
         if op == "sub":
-            return du + [(c, b.neg(e)) for c, e in dv]
+            return du + [(c, b.scalar(-1) if e is None else b.neg(e, r)) for c, e in dv]
         if op == "mul":
-            return [(c, b.mul(e, v)) for c, e in du] + [(c, b.mul(u, e)) for c, e in dv]
+            return [(c, _times(v, e, r, left=True)) for c, e in du] + [(c, _times(u, e, r)) for c, e in dv]
         if op == "div":
-            return ([(c, b.div(e, v)) for c, e in du]
-                    + [(c, b.neg(b.div(b.mul(u, e), b.power(v, b.scalar(2))))) for c, e in dv])
+            return ([(c, b.div(_unit(e), v, r)) for c, e in du]
+                    + [(c, b.neg(b.div(_times(u, e, r), b.power(v, b.scalar(2), r), r), r)) for c, e in dv])
         if op == "pow":
             if dv:
                 raise SymbolicError("a power whose exponent depends on a tensor is not derived in index notation")
             if isinstance(v, t.Scalar):
-                factor = b.mul(v, b.power(u, b.scalar(v.value - 1)))
+                factor = b.mul(v, b.power(u, b.scalar(v.value - 1), r), r)
             else:
-                factor = b.mul(v, b.power(u, b.sub(v, b.scalar(1))))
-            return [(c, b.mul(factor, e)) for c, e in du]
+                factor = b.mul(v, b.power(u, b.sub(v, b.scalar(1), r), r), r)
+            return [(c, _times(factor, e, r)) for c, e in du]
         raise SymbolicError(f"cannot differentiate {op} in index notation")
 
 
 def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[str],
-                  unary_rules: dict[str, tuple[str, Callable]]):
-    """[(Tensor X, grad(X) contribution as IndexDef, rule)] for each tensor the body reads."""
+                  unary_rules: dict[str, tuple[str, Callable]]) -> list[Part]:
+    """A `Part` for each tensor X the body reads: grad(X) as index notation, built on demand."""
     if not isinstance(g, t.Grad):
         raise SymbolicError("index notation is differentiated only as the definition of a named tensor")
-    lhs = [i for i in node.indices]
-    used = _index_names(node.body) | {i.name for i in lhs} | set(reserved)
-    out = []
+    used = _index_names(node.body) | {i.name for i in node.indices} | set(reserved)
+    parts = []
     for name in t.tensors_read(node.body):
-        shape = spec.tensors[name].shape
-        targets = _fresh(len(shape), used)
-        terms = _Differentiator(name, targets, unary_rules).d(node.body)
-        total = None
-        for deltas, expr in terms:
-            stray = [k for k in deltas if k not in {i.name for i in lhs}]
-            if stray:
-                raise SymbolicError(f"index {stray[0]} of {name} is not bound where it is read")
-            upstream = t.Entry(g.name, tuple(deltas.get(i.name, i.name) for i in lhs), grad=True)
-            term = b.mul(upstream, rename_indices(expr, deltas))
-            for index in reversed(lhs):
-                if index.name not in deltas:
-                    term = t.IndexSum(index, term)
-            total = b.add(total, term)
-        if total is None:
-            continue
-        contribution = t.IndexDef(tuple(t.Index(n, d) for n, d in zip(targets, shape)), total, shape)
-        out.append((t.Tensor(name, shape), contribution,
-                    f"{g.name}[...] = f({name}[...]): differentiate the entry formula"))
-    return out
+        tensor = t.Tensor(name, spec.tensors[name].shape)
+        targets = _fresh(len(tensor.shape), used)
+        parts.append(Part(tensor, f"{g.name}[...] = f({name}[...]): differentiate the entry formula",
+                          lambda rec, x=tensor, targets=targets: _gradient(node, g, x, targets, unary_rules, rec)))
+    return parts
+
+
+def _gradient(node: t.IndexDef, g: t.Grad, x: t.Tensor, targets: list[str],
+              unary_rules: dict[str, tuple[str, Callable]], rec: b.Recorder | None) -> t.IndexDef | None:
+    """grad(x)[targets] through `node` with upstream `g`, as index notation; None when it is zero."""
+    lhs = {i.name for i in node.indices}
+    total = None
+    for deltas, expr in _Differentiator(x.name, targets, unary_rules, rec).d(node.body):
+        stray = [k for k in deltas if k not in lhs]
+        if stray:
+            raise SymbolicError(f"index {stray[0]} of {x.name} is not bound where it is read")
+        upstream = t.Entry(g.name, tuple(deltas.get(i.name, i.name) for i in node.indices), grad=True)
+        term = upstream if expr is None else b.mul(upstream, rename_indices(expr, deltas), rec)
+        for index in reversed(node.indices):
+            if index.name not in deltas:
+                term = t.IndexSum(index, term)
+        total = b.add(total, term, rec)
+    if total is None:
+        return None
+    return t.IndexDef(tuple(t.Index(n, d) for n, d in zip(targets, x.shape)), total, x.shape)

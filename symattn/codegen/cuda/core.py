@@ -292,7 +292,7 @@ def _forward(node: t.Node, wrt: t.Node) -> t.Node | None:
         return b.scalar(1)
     if isinstance(node, t.Unary):
         dx = _forward(node.x, wrt)
-        return None if dx is None else UNARY_RULES[node.fn][1](node.x, node, dx, b.Recorder())
+        return None if dx is None else UNARY_RULES[node.fn][1](node.x, node, dx, None)
     if isinstance(node, t.Binary):
         u, v = node.a, node.b
         du, dv = _forward(u, wrt), _forward(v, wrt)
