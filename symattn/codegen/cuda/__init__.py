@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...ir import typed as t
 from .emit import render, signatures
-from .plan import Program, plan
+from .plan import KernelPlan, plan
 from .syntax import CudaCodegenError
 
 __all__ = ["CudaCode", "CudaCodegenError", "emit_cuda"]
@@ -25,7 +25,7 @@ __all__ = ["CudaCode", "CudaCodegenError", "emit_cuda"]
 
 @dataclass
 class CudaCode:
-    program: Program
+    program: KernelPlan
     files: dict[str, str]
 
     @property
