@@ -1,6 +1,6 @@
 """Assemble the emitted files from a `KernelPlan`: .cu, .h, cuda_host.h, README.md.
 
-Contract: `render(program)` returns {file name: text}. `<spec>.cu` holds the
+Contract: `render(plan)` returns {file name: text}. `<spec>.cu` holds the
 kernels (forward first, then backward, each with a comment giving the formula
 it computes) and the host code: a workspace layout and the `extern "C"`
 launch functions declared in `<spec>.h`:
@@ -47,21 +47,21 @@ def runtime_header() -> str:
     return resources.files("symattn").joinpath("runtime/cuda_host.h").read_text("utf-8")
 
 
-def _shape(program: KernelPlan, buffer: Buffer) -> str:
-    shape = format_shape(buffer.shape, list(program.spec.dims)) if buffer.shape else "[]"
+def _shape(plan: KernelPlan, buffer: Buffer) -> str:
+    shape = format_shape(buffer.shape, list(plan.spec.dims)) if buffer.shape else "[]"
     return ("[batch, " + shape[1:] if shape != "[]" else "[batch]") if buffer.batched else shape
 
 
-def _dims_params(program: KernelPlan) -> str:
-    return ", ".join([f"int {d}" for d in program.dims] + [f"int {program.batch}"])
+def _dims_params(plan: KernelPlan) -> str:
+    return ", ".join([f"int {d}" for d in plan.dims] + [f"int {plan.batch}"])
 
 
-def _dims_args(program: KernelPlan) -> str:
-    return ", ".join([*program.dims, program.batch])
+def _dims_args(plan: KernelPlan) -> str:
+    return ", ".join([*plan.dims, plan.batch])
 
 
-def signatures(program: KernelPlan) -> dict[str, str]:
-    p = program
+def signatures(plan: KernelPlan) -> dict[str, str]:
+    p = plan
     forward = ([f"const float* {b.name}" for b in p.inputs] + [f"float* {b.name}" for b in p.outputs]
                + [f"float* {p.workspace_arg}"])
     backward = ([f"const float* {b.name}" for b in (*p.inputs, *p.outputs, *p.upstream)]
@@ -282,10 +282,10 @@ def _readme(p: KernelPlan) -> str:
     ])
 
 
-def render(program: KernelPlan) -> dict[str, str]:
+def render(plan: KernelPlan) -> dict[str, str]:
     return {
-        f"{program.prefix}.cu": _source(program),
-        f"{program.prefix}.h": _header(program),
+        f"{plan.prefix}.cu": _source(plan),
+        f"{plan.prefix}.h": _header(plan),
         "cuda_host.h": runtime_header(),
-        "README.md": _readme(program),
+        "README.md": _readme(plan),
     }
