@@ -11,6 +11,7 @@ or g++ skips the tests that need it, with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import subprocess
@@ -23,6 +24,9 @@ import pytest
 import symattn
 from conftest import EXAMPLES, REPO, run_cli
 from symattn.codegen.cuda import emit_cuda
+from symattn.codegen.cuda.emit import render
+from symattn.codegen.cuda.plan import lower
+from symattn.codegen.program import CodegenError, Definition, build_program
 from symattn.check.cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
                                  parse_ptxas, reference, verify_cuda, verify_sizes)
 
@@ -109,6 +113,38 @@ def test_fused_path_never_stores_the_attention_matrix(emitted):
 
 
 # --- the compile gate -----------------------------------------------------------------------
+
+
+# --- a lowering of the program IR --------------------------------------------------------
+
+LOWERED = """
+dim N = 4, d = 3
+input X[N, d]
+param W[d, d]
+H = tanh(X @ W)
+O = H * X
+output O
+"""
+
+
+def test_kernels_lower_the_program_they_are_given():
+    """The kernels compute what the program's statements define (`Stmt.defines`), not the spec's text."""
+    spec = symattn.load(LOWERED, filename="lowered.attn").typed
+    program = build_program(spec)
+    (stmt,) = [s for s in program.stmts if s.defines == Definition("H", False, spec.tensors["H"].expr)]
+    before = render(lower(program))["lowered.cu"]
+    stmt.defines = Definition("H", False, dataclasses.replace(stmt.defines.expr, fn="sigmoid"))
+    after = render(lower(program))["lowered.cu"]
+    assert "tanhf(" in before and "tanhf(" not in after
+    assert "expf(" not in before and "expf(" in after  # sigmoid's CUDA spelling
+
+
+def test_a_tensor_named_like_an_upstream_keyword():
+    """backward(grad_O=...) is the NumPy module's keyword: only the NumPy target refuses a tensor grad_O."""
+    spec = symattn.load(LOWERED.replace("H", "grad_O"), filename="clash.attn")
+    with pytest.raises(CodegenError, match="tensor grad_O has the name of the keyword that passes grad\\(O\\)"):
+        spec.emit("numpy")
+    assert "clash_grad_O" in emit_cuda(spec).kernel_names()
 
 
 @pytest.mark.slow
