@@ -21,7 +21,8 @@ nodes in which
 
 Each statement also records which leaves' batch axes its value may carry and
 the last statement that reads it, so a printer can decide what to compute in
-place. Python identifiers are chosen here (`Namer`): the spec's own names,
+place, and, for a tensor or a gradient, its expression as the spec or the
+derivation states it (`defines`), which the CUDA target lowers to kernels. Python identifiers are chosen here (`Namer`): the spec's own names,
 `dX` for grad(X), and names that never collide with each other, with Python
 keywords or with the printer's reserved names. Nothing here is NumPy-specific.
 """

@@ -9,9 +9,11 @@ a tensor's definition, a gradient as derived), not its array-level form
 program splits into statements, and runs index notation as loops. The forward
 computes, in the spec's order, every tensor that an output or the backward
 needs (also one that the program computes in its backward section, where
-only the backward reads it); the backward computes `grad(T)` for every tensor that depends on an
-input or param, in the order derived, and ends with the gradient of each
-input and param. Every named tensor of the spec is one kernel (and one
+only the backward reads it); the backward computes `grad(T)` for every
+tensor that depends on an input or param, in the order derived, and ends
+with the gradient of each input and param. (The program has no statement for
+a gradient that no input's or param's gradient reads; its kernel lowers the
+derivation's expression.) Every named tensor of the spec is one kernel (and one
 buffer); inside a kernel, elementwise operations are fused into one
 expression, and a subexpression that needs its own launch (a matrix product,
 reduction, softmax or index-notation sum that is not the kernel's own root)
