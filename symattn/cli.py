@@ -198,10 +198,10 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     progress.step("deriving and generating the kernels")
     code = emit_cuda(spec, fused=args.cuda_path != "generic")
     written = code.write(directory)
-    cores = ", ".join(c.output for c in code.program.cores)
+    cores = ", ".join(c.output for c in code.plan.cores)
     print(f"wrote {directory}: {', '.join(p.name for p in written)} ({code.path} path"
           + (f", fused attention core {cores}" if cores else "") + ")")
-    for note in code.program.notes:
+    for note in code.plan.notes:
         print(f"note: {note}")
     return 0
 

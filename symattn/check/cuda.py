@@ -207,7 +207,7 @@ def build_cpu(code: CudaCode, directory: str | Path, tsan: bool = False, cxx: st
 
 def _driver(code: CudaCode) -> str:
     """A main() that reads the arrays, runs forward then backward, and writes outputs and gradients."""
-    p = code.program
+    p = code.plan
     arrays = [*p.inputs, *p.outputs, *p.upstream, *p.gradients]
     given = {id(b) for b in (*p.inputs, *p.upstream)}
     lines = ['#include <cstdio>', '#include <cstdlib>', '#include <vector>', f'#include "{p.prefix}.h"', "",
@@ -248,7 +248,7 @@ def _concrete(buffer: Buffer, sizes: Mapping[str, int], batch: int) -> tuple[int
 
 
 def _dim_values(code: CudaCode, sizes: Mapping[str, int]) -> list[int]:
-    return [sizes[name] for name in code.program.spec.dims]
+    return [sizes[name] for name in code.plan.spec.dims]
 
 
 class _Runner:
@@ -257,7 +257,7 @@ class _Runner:
     def __init__(self, library: Path, code: CudaCode) -> None:
         self.code = code
         self.lib = ctypes.CDLL(str(library))
-        p = code.program
+        p = code.plan
         ints = [ctypes.c_int] * (len(p.dims) + 1)
         self.workspace_bytes = getattr(self.lib, f"{p.prefix}_workspace_bytes")
         self.workspace_bytes.restype = ctypes.c_size_t
@@ -271,7 +271,7 @@ class _Runner:
         self.backward.argtypes = [ctypes.c_void_p] * n + ints + [ctypes.c_void_p]
 
     def __call__(self, arrays: dict[int, np.ndarray], dims: list[int]) -> None:
-        p = self.code.program
+        p = self.code.plan
         ws = np.zeros(self.workspace_bytes(*dims) // 4 + 1, dtype=np.float32)
         ptr = lambda b: arrays[id(b)].ctypes.data  # noqa: E731
         status = self.forward(*[ptr(b) for b in (*p.inputs, *p.outputs)], ws.ctypes.data, *dims, None)
@@ -286,7 +286,7 @@ class _Runner:
 def _tsan_run(executable: Path, code: CudaCode, arrays: dict[int, np.ndarray], dims: list[int],
               timeout: float) -> tuple[str, dict[int, np.ndarray]]:
     """Run the TSan driver in a subprocess; returns (TSan's report or '', the results)."""
-    p = code.program
+    p = code.plan
     order = [*p.inputs, *p.outputs, *p.upstream, *p.gradients]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
@@ -419,9 +419,9 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         sizes, guard_note = choice.sizes, choice.note("verify")
     sizes = dict(sizes)
     report = VerifyReport(typed.name, code.path, sizes, batch, tolerance=tolerance)
-    cores = ", ".join(c.output for c in code.program.cores)
+    cores = ", ".join(c.output for c in code.plan.cores)
     say(f"{typed.name}: {code.path} path" + (f" (fused attention core: {cores})" if cores else ""))
-    for note in code.program.notes:
+    for note in code.plan.notes:
         say(f"  note: {note}")
     if guard_note:
         say(guard_note)
@@ -436,7 +436,7 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         report.problems += report.gate.problems
 
     rng = np.random.default_rng(seed)
-    p = code.program
+    p = code.plan
     arrays: dict[int, np.ndarray] = {}
     for b in (*p.inputs, *p.upstream):
         arrays[id(b)] = rng.standard_normal(_concrete(b, sizes, batch)).astype(np.float32)

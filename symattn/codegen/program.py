@@ -21,7 +21,8 @@ nodes in which
 
 Each statement also records which leaves' batch axes its value may carry and
 the last statement that reads it, so a printer can decide what to compute in
-place. Python identifiers are chosen here (`Namer`): the spec's own names,
+place, and, for a tensor or a gradient, its expression as the spec or the
+derivation states it (`defines`), which the CUDA target lowers to kernels. Python identifiers are chosen here (`Namer`): the spec's own names,
 `dX` for grad(X), and names that never collide with each other, with Python
 keywords or with the printer's reserved names. Nothing here is NumPy-specific.
 """
@@ -37,11 +38,11 @@ from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text,
-                         walk_labelled)
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild,
+                         spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
-__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "build_program",
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "build_program",
            "REWRITES", "spec_text"]
 
 
@@ -97,11 +98,7 @@ class _Builder:
             self._argument(var, spec.tensors[name].shape, frozenset({name}))
         self.upstream: dict[str, str] = {}
         for out in spec.outputs:
-            kw = f"grad_{out}"
-            if kw in spec.tensors:
-                raise CodegenError(f"tensor {kw} has the name of the keyword that passes grad({out}) to "
-                                   f"backward(); rename it")
-            self.upstream[out] = kw
+            self.upstream[out] = f"grad_{out}"
         for name in spec.intermediates:  # the spec's names come first: they read best
             self.tensor_vars[name] = self.names.take(name)
         for out, kw in self.upstream.items():
@@ -198,10 +195,11 @@ class _Builder:
             return dataclasses.replace(node, x=self.hoist(node.x, "scores"))
         return rebuild(node, self.lower)
 
-    def add(self, var: str, node, title: str, shape=(), labels=None, rewritten: bool = False) -> Stmt:
+    def add(self, var: str, node, title: str, shape=(), labels=None, rewritten: bool = False,
+            defines: Definition | None = None) -> Stmt:
         notes = [n.note for n in walk_labelled(node) if isinstance(n, SoftmaxGrad) and n.note]
         stmt = Stmt(var, node, self.section, title, shape, labels, self._sources(node), self._reads(node),
-                    note="; ".join(dict.fromkeys(notes)), rewritten=rewritten or bool(notes))
+                    note="; ".join(dict.fromkeys(notes)), rewritten=rewritten or bool(notes), defines=defines)
         self.stmts.append(stmt)
         self.info[var] = stmt
         return stmt
@@ -238,7 +236,7 @@ class _Builder:
         else:
             title = f"{name} = {to_spec(info.expr, dims)}"
         self.add(self.tensor_vars[name], lowered, title, shape=info.shape,
-                 rewritten=self.forward_exprs[name] != info.expr)
+                 rewritten=self.forward_exprs[name] != info.expr, defines=Definition(name, False, info.expr))
         self.emitted.add(name)
         self.building.discard(name)
 
@@ -246,8 +244,9 @@ class _Builder:
         var = self.names.take(f"d{name}", f"grad_{name}")
         self.grad_vars[name] = var
         lowered = self.lower(expr)
+        derived = self.derivation.gradients[name].expr
         self.add(var, lowered, self.derivation.formula(name), shape=self.spec.tensors[name].shape,
-                 rewritten=expr != self.derivation.gradients[name].expr)
+                 rewritten=expr != derived, defines=Definition(name, True, derived))
 
     def build(self) -> Program:
         spec, derivation = self.spec, self.derivation

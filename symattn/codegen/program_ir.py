@@ -7,6 +7,13 @@ carry, the last statement that reads it), with nodes from the typed IR plus
 backward as one operation) and `Arange` (an index's values); `Namer` chooses
 identifiers that collide with nothing. `symattn.codegen.program` builds it,
 `symattn.codegen.rewrites` makes it cheaper, the targets print it.
+
+A statement that computes a tensor of the spec or a gradient also says so in
+`defines`: the value and its expression as the spec or the derivation states
+it (over `t.Tensor` and `t.Grad`, before rewrites, sharing and index
+lowering). A target that prints statements as array operations (NumPy) reads
+`node`; a target that fuses work across statements into kernels of its own
+(CUDA, `symattn.codegen.cuda.plan`) lowers `defines`.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation
 from .index import IndexArray, LContract, LOp, LSum
 
-__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "spec_text", "rebuild",
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "spec_text", "rebuild",
            "unrewrite", "RETURNED", "walk_labelled"]
 
 
@@ -93,6 +100,16 @@ def rebuild(node: t.Node, fn) -> t.Node:
     return dataclasses.replace(node, **{f: fn(getattr(node, f)) for f in fields})
 
 
+@dataclass(frozen=True, slots=True)
+class Definition:
+    """What a statement computes: `tensor`, or grad(tensor) when `grad`, and `expr`, its definition or
+    its derivative as the spec or the derivation states it."""
+
+    tensor: str
+    grad: bool
+    expr: t.Node
+
+
 @dataclass
 class Stmt:
     """`var = node`. `labels` is None for a tensor, or the index labels of an index-notation array."""
@@ -108,6 +125,7 @@ class Stmt:
     last_use: int = -1  # index of the last statement that reads it (a large number: returned)
     note: str = ""  # the identity a rewrite used, if any
     rewritten: bool = False  # computed otherwise than its title says
+    defines: Definition | None = None  # the tensor or gradient it computes; None for a temporary
 
 
 @dataclass

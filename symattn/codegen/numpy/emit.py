@@ -62,6 +62,10 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     from ..program import CodegenError, build_program
 
     program = build_program(spec, derivation, reserved=RESERVED)
+    for out, keyword in program.upstream.items():
+        if keyword in spec.tensors:  # backward() takes grad(O) as the keyword grad_O
+            raise CodegenError(f"tensor {keyword} has the name of the keyword that passes grad({out}) to "
+                               f"backward(); rename it")
     printer = NumPyPrinter(program)
     order = list(spec.dims)
     leaves = [program.tensor_vars[n] for n in spec.leaves]
