@@ -66,9 +66,10 @@ def dim_c(dim: sympy.Expr, names: CNames) -> str:
     """
     dim = sympy.sympify(dim)
     num, den = sympy.fraction(sympy.together(dim))
+    printer = CDimPrinter(names)
     if den != 1:
-        return f"({_polynomial_c(num, names)} / {_polynomial_c(den, names)})"
-    return _polynomial_c(dim, names)
+        return f"({printer.doprint(num).text} / {printer.doprint(den).text})"
+    return printer.doprint(dim).text
 
 
 def quotients(dims) -> list[tuple[str, sympy.Expr, sympy.Expr]]:
@@ -81,14 +82,28 @@ def quotients(dims) -> list[tuple[str, sympy.Expr, sympy.Expr]]:
     return [(dim, num, den) for dim, (num, den) in out.items()]
 
 
-def _polynomial_c(dim: sympy.Expr, names: CNames) -> str:
-    if dim.is_Integer:
-        return str(int(dim))
-    if dim.is_Symbol:
-        return names.spec("dim", str(dim))
-    if dim.is_Add:
-        return "(" + " + ".join(_polynomial_c(a, names) for a in dim.args) + ")"
-    if dim.is_Mul or dim.is_Rational or (dim.is_Pow and dim.exp.is_Integer):
+class CDimPrinter(Printer):
+    """Dim expressions (SymPy) as C int arithmetic, every sum and product in brackets."""
+
+    error = CudaCodegenError
+
+    def __init__(self, names: CNames) -> None:
+        self.names = names
+
+    def unknown(self, dim, *context) -> Printed:
+        raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
+
+    def _print_Integer(self, dim: sympy.Integer) -> Printed:
+        return Printed(str(int(dim)))
+
+    def _print_Symbol(self, dim: sympy.Symbol) -> Printed:
+        return Printed(self.names.spec("dim", str(dim)))
+
+    def _print_Add(self, dim: sympy.Add) -> Printed:
+        return Printed(self.fence(" + ".join(self.doprint(a).text for a in dim.args)))
+
+    def _print_Mul(self, dim: sympy.Expr) -> Printed:
+        """A product of integer powers, the factors with negative exponents (and denominators) divided out."""
         top, bottom = [], []
         for factor in sympy.Mul.make_args(dim):
             if factor.is_Rational:
@@ -98,12 +113,16 @@ def _polynomial_c(dim: sympy.Expr, names: CNames) -> str:
                     bottom.append(str(factor.q))
             elif factor.is_Pow and factor.exp.is_Integer:
                 side = top if factor.exp > 0 else bottom
-                side += [_polynomial_c(factor.base, names)] * abs(int(factor.exp))
+                side += [self.doprint(factor.base).text] * abs(int(factor.exp))
             else:
-                top.append(_polynomial_c(factor, names))
+                top.append(self.doprint(factor).text)
         text = " * ".join(top) or "1"
-        return f"({text} / ({' * '.join(bottom)}))" if bottom else f"({text})"
-    raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
+        return Printed(self.fence(f"{text} / {self.fence(' * '.join(bottom))}" if bottom else text))
+
+    _print_Rational = _print_Mul
+
+    def _print_Pow(self, dim: sympy.Pow) -> Printed:
+        return self._print_Mul(dim) if dim.exp.is_Integer else self.unknown(dim)
 
 
 def numel_c(shape: Sequence[sympy.Expr], names: CNames) -> str:
