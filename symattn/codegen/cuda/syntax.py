@@ -9,7 +9,7 @@ aligning axes from the right); a tensor, a `grad(T)`, or a subexpression that
 another kernel materialised is read from memory through `source.read`.
 Index notation is printed with its index names; `sum(k, ...)` becomes a loop
 statement collected in `statements`, and the expression reads its
-accumulator. The operations form tables (`UNARY`, `BINARY`, `COMPARE`); a node
+accumulator. The operations form tables (`UNARY`, `BINARY`, `COMPARISON`); a node
 type without a rule is an error that names it.
 """
 
@@ -21,11 +21,11 @@ import sympy
 
 from ...ir.functions import table
 from ...ir import typed as t
-from ...ir.printer import ADD, ATOM, COMPARE as COMPARE_LEVEL, NEG, PRECEDENCE, Printed, Printer
+from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
 from ...errors import SymAttnError
 from .names import CNames
 
-__all__ = ["CudaCodegenError", "CPrinter", "Source", "UNARY", "BINARY", "COMPARE", "float_literal", "dim_c",
+__all__ = ["CudaCodegenError", "CPrinter", "Source", "UNARY", "BINARY", "COMPARISON", "float_literal", "dim_c",
            "quotients", "numel_c", "offset_c", "align"]
 
 
@@ -37,7 +37,7 @@ class CudaCodegenError(SymAttnError):
 UNARY = table("cuda", {"neg": "-{x}"})
 # The infix operators; `pow` is the call `powf(a, b)` (`sa_square(a)` for a square).
 BINARY: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-COMPARE = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+COMPARISON = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
 CONSTANT: dict[str, Callable[[Sequence[str], Sequence[str]], str]] = {
     "ones": lambda coords, args: "1.0f",
     "eye": lambda coords, args: f"({coords[0]} == {coords[1]} ? 1.0f : 0.0f)",
@@ -274,11 +274,11 @@ class CPrinter(Printer):
         if a is None or b is None:
             a = self.parenthesize(self._child(node.a, node, coords), ADD)
             b = self.parenthesize(self._child(node.b, node, coords), ADD)
-        return Printed(f"{a} {COMPARE[node.op]} {b}", self.prec("compare"))
+        return Printed(f"{a} {COMPARISON[node.op]} {b}", self.prec("compare"))
 
     def _print_Where(self, node: t.Where, coords) -> Printed:
         level = self.prec("where")
-        cond = self.parenthesize(self._child(node.cond, node, coords), COMPARE_LEVEL)
+        cond = self.parenthesize(self._child(node.cond, node, coords), COMPARE)
         a = self.parenthesize(self._child(node.a, node, coords), level + 1)
         b = self.parenthesize(self._child(node.b, node, coords), level)
         return Printed(self.fence(f"{cond} ? {a} : {b}"), ATOM)
