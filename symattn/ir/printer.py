@@ -75,13 +75,10 @@ class Printer:
 
     def doprint(self, node: Any, *context: Any) -> Printed:
         """`node` printed by the rule for its class (or the nearest base class that has one)."""
-        rule = self.rule("_print_", type(node))
-        if rule is None:
-            return self.unknown(node, *context)
-        return rule(self, node, *context)
+        return self.dispatch("_print_", node, *context)
 
     def dispatch(self, prefix: str, node: Any, *context: Any) -> Any:
-        """Like `doprint`, for the rules named `<prefix><Class>`."""
+        """`node` handled by this printer's rule `<prefix><Class>` for its class or the nearest base class."""
         rule = self.rule(prefix, type(node))
         if rule is None:
             return self.unknown(node, *context)
