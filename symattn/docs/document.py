@@ -305,7 +305,7 @@ def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> 
     fused = cost.quadratic != 0
 
     def m(expr) -> Math:
-        return Math.of(dim_box(expr)[0])
+        return Math.of(dim_box(expr))
 
     rows = [
         ["mathematics and generated NumPy", m(cost.forward_flops), m(cost.backward_flops), m(cost.activations)],
