@@ -1,0 +1,81 @@
+"""Rewrite rules on index forms that hold for every size: identities of opaque functions.
+
+Contract: `rewrite(form)` returns an index form (see `symattn.prove.index_terms`)
+equal to `form` at every point and every size, with every rule of `RULES`
+applied until none applies. A rule maps one term to the terms that replace it,
+or None when it does not apply to that term. Rules only rewrite terms all of
+whose factors are finite (an infinite factor times cos^2 is not inf - inf *
+sin^2), so they never touch what the finiteness analysis keeps whole.
+
+- `cos^2 = 1 - sin^2`: two equal factors `$cos(a)[i...]` (the same argument and
+  indices, so the same entry) become `1 - $sin(a)[i...]^2`. Every term reaches a
+  normal form of degree < 2 in each cos factor, so both sides of a claim agree
+  modulo sin^2 + cos^2 = 1 (`cos(X)^2 + sin(X)^2 == ones(N, d)` for all sizes).
+
+What the matrix level does not do (the element level does, at concrete sizes):
+angle addition (`sin(X + Y)`), roots (`sqrt(s)^2 = s` needs s >= 0 and the
+NaN cases), exp of sums.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from ..symbolic.finiteness import FINITE
+from .index_terms import MAX_TERMS, TooBig
+
+__all__ = ["rewrite", "RULES"]
+
+_COS, _SIN = "$cos(", "$sin("
+
+
+# Factor fields, read in one place: (key, indices, risk, meta).
+def _key(factor) -> str:
+    return factor[0]
+
+
+def _finite_term(term) -> bool:
+    return all(factor[2] == FINITE for factor in term[1])
+
+
+def _as_sine(factor):
+    key, indices, risk, meta = factor
+    return (_SIN + key[len(_COS):], indices, risk, meta)
+
+
+def _cos_squared(term):
+    """c * cos(a)^2 * rest -> c * rest - c * sin(a)^2 * rest."""
+    coef, factors, sums = term
+    if not _finite_term(term):
+        return None
+    counts = Counter(f for f in factors if _key(f).startswith(_COS))
+    twice = next((f for f, n in counts.items() if n >= 2), None)
+    if twice is None:
+        return None
+    rest = list(factors)
+    rest.remove(twice)
+    rest.remove(twice)
+    sine = _as_sine(twice)
+    return [(coef, tuple(rest), sums), (-coef, tuple(rest) + (sine, sine), sums)]
+
+
+RULES: tuple[Callable, ...] = (_cos_squared,)
+
+
+def rewrite(form: list) -> list:
+    """`form` with every rule applied to every term until none applies."""
+    pending, out = list(form), []
+    while pending:
+        term = pending.pop()
+        for rule in RULES:
+            replaced = rule(term)
+            if replaced is not None:
+                pending.extend(replaced)
+                if len(pending) + len(out) > MAX_TERMS:
+                    raise TooBig("the expansion is too large")
+                break
+        else:
+            out.append(term)
+    out.reverse()
+    return out
