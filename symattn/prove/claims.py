@@ -8,8 +8,11 @@ settled it:
 
 1. matrix level, dims symbolic: canonical index forms agree -> proved for all sizes;
 2. element level, at the spec's sizes: exact identity of every entry -> proved at
-   those sizes; only for sides whose values cannot be NaN or +-inf for finite
-   inputs (`Finiteness.deep`), since SymPy rewrites exp(log(x)) to x and x/x to 1;
+   those sizes. Sides whose values cannot be NaN or +-inf for finite inputs
+   (`Finiteness.deep`) are compared in the element model (SymPy rewrites
+   exp(log(x)) to x and x/x to 1, true only where x > 0 or x != 0); the others
+   region by region under float64 semantics (`symattn.symbolic.guarded`: where
+   every divisor and sqrt/log argument is nonzero, then where one is 0);
 3. concrete inputs (multiples of 1/2 in [-1, 1], zeros and negatives included) at
    which the two sides differ at 30 digits *and* in plain float64, re-evaluated by
    the float64 evaluator (independent of SymPy, with gradients from the matrix-level
@@ -445,7 +448,11 @@ def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
 def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
     """How a case-by-case proof was made, for the verdict."""
     text = (f"element level: exact identity of every entry at {_sizes_text(spec)} under float64 semantics "
-            "(NaN and infinities included), where every divisor and every argument of sqrt and log is nonzero")
+            "(NaN and infinities included)")
+    if not cases.guarded:
+        text += ", no divisor or argument of sqrt, log or a power being 0 anywhere"
+    else:
+        text += ", where every divisor and every argument of sqrt, log and powers is nonzero"
     if cases.zero_sets:
         example = " = ".join(sorted(str(s) for s in min(cases.zero_sets, key=lambda z: sorted(map(str, z)))))
         count = len(cases.zero_sets)

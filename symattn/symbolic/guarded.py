@@ -438,12 +438,14 @@ class _Guarded:
 @dataclass
 class CaseProof:
     """The answer of `compare_by_cases`: `proved`, the number of regions compared (the whole
-    domain, then each set of symbols set to 0 that some guard needed), and the reason when not."""
+    domain, then each set of symbols set to 0 that some guard needed), the reason when not,
+    and whether any operation was guarded at all (no divisor or sqrt argument that can be 0)."""
 
     proved: bool
     regions: int
     reason: str = ""
     zero_sets: list[frozenset] = field(default_factory=list)
+    guarded: bool = True
 
 
 class _TooManyCases(Exception):
@@ -486,7 +488,7 @@ class _Regions:
         self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
         self.upstream = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape), grad=True)
                          for n in spec.outputs}
-        self.memo: dict[frozenset, tuple[np.ndarray, np.ndarray, list[str]]] = {}
+        self.memo: dict[frozenset, tuple[np.ndarray, np.ndarray, _Guarded]] = {}
         self.done: dict[tuple, str | None] = {}
 
     def sides(self, zero: frozenset):
@@ -511,7 +513,7 @@ class _Regions:
                 ev.grads[name] = np.broadcast_to(np.asarray(value, dtype=object), shape)
             left, right = (np.broadcast_to(backend.array(np.asarray(ev.evaluate(side), dtype=object)), self.shape)
                            for side in (self.lhs, self.rhs))
-            self.memo[zero] = (left, right, backend.problems)
+            self.memo[zero] = (left, right, backend)
         return self.memo[zero]
 
     def settle(self, index: tuple, zero: frozenset) -> str | None:
@@ -520,7 +522,8 @@ class _Regions:
         key = (index, zero)
         if key in self.done:
             return self.done[key]
-        left, right, problems = self.sides(zero)
+        left, right, backend = self.sides(zero)
+        problems = backend.problems
         a, b = left[index], right[index]
         reason = None
         if not _same(a, b):
@@ -559,4 +562,5 @@ def compare_by_cases(spec: t.TypedSpec, lhs: t.Node, rhs: t.Node, shape: tuple[i
                 return CaseProof(False, len(regions.memo), reason)
     except _TooManyCases:
         return CaseProof(False, len(regions.memo), f"more than {MAX_CASES} regions would be needed")
-    return CaseProof(True, len(regions.memo), zero_sets=[z for z in regions.memo if z])
+    guarded = bool(regions.sides(frozenset())[2].guards)
+    return CaseProof(True, len(regions.memo), zero_sets=[z for z in regions.memo if z], guarded=guarded)

@@ -7,7 +7,8 @@ entries, upstream gradients; a symbol declared positive, such as a root atom of
 - `positive(e)` / `nonnegative(e)`: True only if e > 0 / e >= 0 at every point,
   shown from its structure (positive numbers and symbols, exp, even powers,
   sums and products of such); False means "not shown";
-- `zero_events(e)`: the points where e == 0, as a list of *events*, each a set of
+- `zero_events(e)`: the points where e == 0 (among those where e is finite, a
+  power 1 / b^n counting as nonzero), as a list of *events*, each a set of
   symbols: e == 0 exactly when, for some event, every symbol in it is 0; and
   setting those symbols to 0 makes e's terms vanish one by one. `[]` means e is
   never 0, `[frozenset()]` that it is always 0, and None that its zeros are not
@@ -51,6 +52,8 @@ def nonnegative(e: sympy.Expr) -> bool:
         return True
     if e.is_Symbol:
         return e.is_nonnegative is True
+    if isinstance(e, sympy.Abs):
+        return True
     if e.is_Add or e.is_Mul:
         return all(nonnegative(a) for a in e.args)
     if e.is_Pow:
@@ -75,9 +78,15 @@ def zero_events(e: sympy.Expr) -> list[frozenset] | None:
         return []
     if e.is_Symbol:
         return [frozenset((e,))] if e.is_real else None
+    if isinstance(e, sympy.Abs):
+        return zero_events(e.args[0])
     if e.is_Pow:
         if e.exp.is_Integer and e.exp > 0:
             return zero_events(e.base)
+        if e.exp.is_Integer:
+            # 1 / b^n is never 0 where it is finite; where b is 0 the division that made it is
+            # guarded (`symattn.symbolic.guarded`), so those points are another region's
+            return []
         return None
     if e.is_Mul:
         out: list[frozenset] = []
