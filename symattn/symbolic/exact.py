@@ -247,8 +247,10 @@ def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
         terms = [memo.get(term) for term in sympy.Add.make_args(expr)]
         if any(v is None for v in terms):
             return False
-        scale = max(abs(v) for v in terms)
-        # At 40 digits a true zero leaves at most ~1e-35 of the largest term.
+        # At 40 digits a true zero leaves at most ~1e-35 of the largest value it was computed
+        # from: a term, or a sum inside a product that is zero only by a relation (s^2 + c^2 - 1).
+        scale = max([abs(v) for v in terms] + [abs(v) for v in memo.values()
+                                                if isinstance(v, mpmath.mpf) and mpmath.isfinite(v)])
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
 
 
