@@ -340,3 +340,14 @@ def test_a_check_that_was_not_shown_is_unknown_in_every_output(tmp_path):
     verdicts = json.loads(as_json.stdout)
     assert [v["verdict"] for v in verdicts][0] == "unknown"
     assert "unknown" in summary.stdout
+
+
+def test_the_rule_applies_inside_the_arguments_of_opaque_functions():
+    typed = symattn.load(MATRIX + "check exp(cos(X)^2 + sin(X)^2) * X == exp(ones(N, d)) * X\n"
+                                  "check exp(cos(X)^2) * X == exp(ones(N, d)) * X\n").typed
+    true, false = typed.checks
+    assert prove_equal(true.lhs, true.rhs, typed, definitions_for(typed)) is not None
+    assert prove_equal(false.lhs, false.rhs, typed, definitions_for(typed)) is None
+    x = np.array([[0.3, -1.2]])
+    assert np.allclose(np.exp(np.cos(x) ** 2 + np.sin(x) ** 2) * x, np.exp(1.0) * x)
+    assert not np.allclose(np.exp(np.cos(x) ** 2) * x, np.exp(1.0) * x)

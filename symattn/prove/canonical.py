@@ -47,7 +47,8 @@ overflow, both sides are equal, or the same non-finite value (see
 
 Identities of opaque functions that hold for every size are rewrite rules
 (`symattn.prove.index_rules`: cos^2 = 1 - sin^2 on finite terms), applied to
-each side's expansion before like terms are collected.
+each side's expansion before like terms are collected, and to the arguments of
+opaque factors before they are keyed.
 
 Incomplete by design: no other algebra inside opaque functions (`exp(a + b)` is
 not `exp(a) * exp(b)`, `sin(a + b)` is not expanded, `P = softmax(S)` is not expanded into `exp`), no

@@ -21,6 +21,7 @@ import sympy
 from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
+from .index_rules import rewrite
 from .index_terms import EYE, IVAR, MAX_TERMS, ONE, ZERO_INDEX, TooBig, Unsupported, form_key, risky
 
 __all__ = ["Converter"]
@@ -372,7 +373,7 @@ class Converter:
                     raise Unsupported("a possibly non-finite argument inside index notation")
                 forms.append(("struct", arg))  # NaN and inf differ: only the same node is the same
             else:
-                forms.append(("form", self.conv(arg, arg_idx, env)))
+                forms.append(("form", rewrite(self.conv(arg, arg_idx, env))))  # keyed modulo the identities
         extras: list[str] = []
         for kind, form in forms:
             if kind == "form":

@@ -2,7 +2,10 @@
 
 Contract: `rewrite(form)` returns an index form (see `symattn.prove.index_terms`)
 equal to `form` at every point and every size, with every rule of `RULES`
-applied until none applies. A rule maps one term to the terms that replace it,
+applied until none applies. `symattn.prove.canonical` rewrites each side of a
+claim, `symattn.prove.index_forms` the argument of every opaque factor before
+keying it, so that `exp(cos(X)^2 + sin(X)^2)` and `exp(ones(N, d))` are one
+factor. A rule maps one term to the terms that replace it,
 or None when it does not apply to that term. Rules only rewrite terms all of
 whose factors are finite (an infinite factor times cos^2 is not inf - inf *
 sin^2), so they never touch what the finiteness analysis keeps whole.
