@@ -102,23 +102,32 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
 
 
 # sin(a + b) is expanded by angle addition only for angles of a few terms (sin of a matrix product's
-# entry would expand into 2^d terms) and multiples n * x with |n| up to _MAX_MULTIPLE.
+# entry would expand into 2^d terms), and n * x by repeated addition, at most _MAX_MULTIPLE base
+# angles in all; a larger angle is one base angle of its own.
 _MAX_ANGLE_TERMS = 4
 _MAX_MULTIPLE = 6
 
 
+def _base_angles(angle: sympy.Expr) -> list[tuple[sympy.Expr, int]]:
+    """angle = sum of count * base, or the angle itself as one base when that would be too long."""
+    out = []
+    for term in sympy.Add.make_args(sympy.expand(angle)):
+        if term == 0:
+            continue
+        coeff, rest = term.as_coeff_Mul()
+        if term.is_number or not coeff.is_Integer:
+            out.append((term, 1))
+        else:
+            out.append((rest, int(coeff)))
+    if len(out) > _MAX_ANGLE_TERMS or sum(abs(count) for _, count in out) > _MAX_MULTIPLE:
+        return [(angle, 1)]
+    return out
+
+
 def _angle_sum(angle: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
     """(sin(angle), cos(angle)) as polynomials in the atoms of its base angles."""
-    terms = [term for term in sympy.Add.make_args(sympy.expand(angle)) if term != 0]
-    if len(terms) > _MAX_ANGLE_TERMS:
-        terms = [angle]
     sine, cosine = sympy.Integer(0), sympy.Integer(1)
-    for term in terms:
-        coeff, rest = term.as_coeff_Mul()
-        if term.is_number or not (coeff.is_Integer and abs(coeff) <= _MAX_MULTIPLE):
-            base, count = term, 1
-        else:
-            base, count = rest, int(coeff)
+    for base, count in _base_angles(angle):
         s, c = angle_atoms(base)
         if count < 0:  # sin(-x) = -sin(x), cos(-x) = cos(x)
             s, count = -s, -count
