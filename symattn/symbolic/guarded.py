@@ -271,6 +271,8 @@ class _Guarded:
             return Value(NAN, deps=v.deps)
         if v.kind in _INFINITE and fn == "abs":
             return Value(INF if v.kind == NEG_INF else v.kind, deps=v.deps)
+        if v.kind in _INFINITE:
+            self._problem(f"{fn} of an infinity whose sign is not followed")
         return Value(UNKNOWN, deps=v.deps)
 
     def _log(self, v: Value) -> Value:
@@ -527,9 +529,10 @@ class _Regions:
         a, b = left[index], right[index]
         reason = None
         if not _same(a, b):
-            where = f"entry {list(index)} {_where_zero(zero)}"
+            where = f"at entry {list(index)}, {_where_zero(zero)}"
             if UNKNOWN in (a.kind, b.kind):
-                reason = f"{where} cannot be followed" + (f": {'; '.join(problems[:3])}" if problems else "")
+                shown = f" ({'; '.join(problems[:2])})" if problems else ""
+                reason = f"{where}, a side could not be followed{shown}"
             elif a.kind == b.kind == FINITE:
                 reason = f"{where}: the two sides are not shown equal"
             else:
@@ -538,7 +541,7 @@ class _Regions:
             for guard in sorted(a.deps | b.deps, key=lambda g: (g.what, str(g.argument))):
                 for event in guard.events:
                     if not event - zero:
-                        reason = f"entry {list(index)}: where {guard.argument} is 0 is not separated"
+                        reason = f"at entry {list(index)}, where {guard.argument} is 0 is not separated"
                     else:
                         reason = self.settle(index, zero | event)
                     if reason is not None:
