@@ -351,3 +351,50 @@ def test_the_rule_applies_inside_the_arguments_of_opaque_functions():
     x = np.array([[0.3, -1.2]])
     assert np.allclose(np.exp(np.cos(x) ** 2 + np.sin(x) ** 2) * x, np.exp(1.0) * x)
     assert not np.allclose(np.exp(np.cos(x) ** 2) * x, np.exp(1.0) * x)
+
+
+# --- the region prover directly: what it proves, NumPy confirms at every point ----------------
+
+REGION_CLAIMS = [  # (claim, NumPy sides, proved today: false ones never, true ones where the lattice follows)
+    ("Q / sqrt(sum(Q * Q, axis=-1)) - Q / sqrt(sum(Q * Q, axis=-1)) == 0 * Q",
+     lambda X, Y, Q: (Q / row_norm(Q) - Q / row_norm(Q), 0 * Q), False),
+    ("X * 0 == 0 * X / X", lambda X, Y, Q: (X * 0, 0 * X / X), False),
+    ("1 / X * 0 == 0 * X", lambda X, Y, Q: (1 / X * 0, 0 * X), False),
+    ("sqrt(X * X + Y * Y) / sqrt(X * X + Y * Y) == sqrt(Y * Y + X * X) / sqrt(Y * Y + X * X)",
+     lambda X, Y, Q: (np.sqrt(X * X + Y * Y) / np.sqrt(X * X + Y * Y),
+                      np.sqrt(Y * Y + X * X) / np.sqrt(Y * Y + X * X)), True),
+    ("exp(-1 / (X * X)) * 0 == 0 * X", lambda X, Y, Q: (np.exp(-1 / (X * X)) * 0, 0 * X), False),  # true; the
+    # sign of 1 / 0 is not followed
+    ("X ^ (-1) * X == ones(N, d)", lambda X, Y, Q: (np.power(X, -1.0) * X, np.ones_like(X)), False),
+    ("(X * X) ^ (3/2) == abs(X) ^ 3", lambda X, Y, Q: (np.power(X * X, 1.5), np.abs(X) ** 3), True),
+    ("(X * X * Y * Y + 1) ^ (1/2) * (X * X * Y * Y + 1) ^ (-1/2) == ones(N, d)",
+     lambda X, Y, Q: (np.power(X * X * Y * Y + 1, 0.5) * np.power(X * X * Y * Y + 1, -0.5), np.ones_like(X)), True),
+    ("1 / (X * X + Y * Y) * (X * X + Y * Y) == ones(N, d)",
+     lambda X, Y, Q: (1 / (X * X + Y * Y) * (X * X + Y * Y), np.ones_like(X)), False),
+    ("sin(1 / X) * 0 == 0 * X", lambda X, Y, Q: (np.sin(1 / X) * 0, 0 * X), False),
+    ("cos(1 / X)^2 + sin(1 / X)^2 == ones(N, d)",
+     lambda X, Y, Q: (np.cos(1 / X) ** 2 + np.sin(1 / X) ** 2, np.ones_like(X)), False),
+    ("sum(Q * Q / sum(Q * Q, axis=-1), axis=-1) == sum(Q * Q, axis=-1) / sum(Q * Q, axis=-1)",
+     lambda X, Y, Q: (np.sum(Q * Q / np.sum(Q * Q, axis=-1, keepdims=True), axis=-1, keepdims=True),
+                      np.sum(Q * Q, axis=-1, keepdims=True) / np.sum(Q * Q, axis=-1, keepdims=True)), True),
+    ("log(X * X + 1) - log(X * X + 1) == 0 * X",
+     lambda X, Y, Q: (np.log(X * X + 1) - np.log(X * X + 1), 0 * X), True),
+    ("log(X * X) * 0 == 0 * X", lambda X, Y, Q: (np.log(X * X) * 0, 0 * X), False),
+]
+
+
+@pytest.mark.parametrize("claim, numpy_sides, expected", REGION_CLAIMS, ids=[c for c, _, _ in REGION_CLAIMS])
+def test_what_the_region_prover_proves_numpy_confirms(claim, numpy_sides, expected):
+    typed = symattn.load(PAIR + f"check {claim}\n").typed
+    check = typed.checks[0]
+    shape = typed.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
+    proved = compare_by_cases(typed, check.lhs, check.rhs, shape, {}).proved
+    assert proved == expected
+    rng = np.random.default_rng(8)
+    agree = True
+    for X, Y, Q in zip(points((3, 2), rng, 30), points((3, 2), rng, 30), points((3, 2), rng, 30)):
+        with np.errstate(all="ignore"):
+            lhs, rhs = numpy_sides(X, Y, Q)
+        agree = agree and bool(same_ieee(lhs, rhs).all())
+    if proved:
+        assert agree, "proved, but NumPy finds a difference"
