@@ -31,7 +31,7 @@ from typing import Callable
 
 import mpmath
 import sympy
-from sympy.polys.polyerrors import PolynomialError
+from sympy.polys.polyerrors import BasePolynomialError
 
 __all__ = ["Root", "Angle", "Relation", "root_atom", "angle_atoms", "root_of", "relations", "reduces_to_zero",
            "atom_values"]
@@ -141,8 +141,8 @@ def reduces_to_zero(poly: sympy.Expr, rels: list[Relation]) -> bool:
             others |= set(sympy.Poly(expr).gens)
         gens = lead + sorted(others - set(lead), key=sympy.default_sort_key)
         _, remainder = sympy.reduced(poly, [r.polynomial for r in rels], *gens, order="lex")
-    except (PolynomialError, sympy.CoercionFailed, sympy.GeneratorsNeeded):
-        return False  # not a polynomial in these generators: not shown
+    except BasePolynomialError:  # not a polynomial in these generators, or a domain without division
+        return False  # not shown
     return remainder == 0
 
 
