@@ -45,8 +45,13 @@ means: at every point, with float64 semantics aside from rounding and
 overflow, both sides are equal, or the same non-finite value (see
 `symattn.symbolic.finiteness`).
 
-Incomplete by design: no algebra inside opaque functions (`exp(a + b)` is
-not `exp(a) * exp(b)`, `P = softmax(S)` is not expanded into `exp`), no
+Identities of opaque functions that hold for every size are rewrite rules
+(`symattn.prove.index_rules`: cos^2 = 1 - sin^2 on finite terms), applied to
+each side's expansion before like terms are collected, and to the arguments of
+opaque factors before they are keyed.
+
+Incomplete by design: no other algebra inside opaque functions (`exp(a + b)` is
+not `exp(a) * exp(b)`, `sin(a + b)` is not expanded, `P = softmax(S)` is not expanded into `exp`), no
 cancellation of `x * (1 / x)`, no index arithmetic beyond the index-map
 rules, and an expansion larger than MAX_TERMS terms is given up.
 """
@@ -63,6 +68,7 @@ from ..ir.printing import to_spec
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import Finiteness
 from .index_forms import Converter
+from .index_rules import rewrite
 from .index_terms import ZERO_INDEX, Collected, TooBig, Unsupported, collect, display
 
 __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
@@ -119,8 +125,8 @@ def _forms(lhs, rhs, shape, spec, definitions, unfold, risk):
             cv.ranges[f"p{k}"] = sympy.sympify(d)
             names[f"p{k}"] = f"p{k}"
     try:
-        left = collect(cv.conv(lhs, _top_tokens(lhs.shape, shape), {}), names, cv.ranges)
-        right = collect(cv.conv(rhs, _top_tokens(rhs.shape, shape), {}), names, cv.ranges)
+        left = collect(rewrite(cv.conv(lhs, _top_tokens(lhs.shape, shape), {})), names, cv.ranges)
+        right = collect(rewrite(cv.conv(rhs, _top_tokens(rhs.shape, shape), {})), names, cv.ranges)
     except TooBig:
         raise
     except Unsupported:

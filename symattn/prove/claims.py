@@ -8,8 +8,11 @@ settled it:
 
 1. matrix level, dims symbolic: canonical index forms agree -> proved for all sizes;
 2. element level, at the spec's sizes: exact identity of every entry -> proved at
-   those sizes; only for sides whose values cannot be NaN or +-inf for finite
-   inputs (`Finiteness.deep`), since SymPy rewrites exp(log(x)) to x and x/x to 1;
+   those sizes. Sides whose values cannot be NaN or +-inf for finite inputs
+   (`Finiteness.deep`) are compared in the element model (SymPy rewrites
+   exp(log(x)) to x and x/x to 1, true only where x > 0 or x != 0); the others
+   region by region under float64 semantics (`symattn.symbolic.guarded`: where
+   every divisor and sqrt/log argument is nonzero, then where one is 0);
 3. concrete inputs (multiples of 1/2 in [-1, 1], zeros and negatives included) at
    which the two sides differ at 30 digits *and* in plain float64, re-evaluated by
    the float64 evaluator (independent of SymPy, with gradients from the matrix-level
@@ -38,7 +41,8 @@ from .. import progress
 from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
-from ..symbolic.element import ElementModel
+from ..symbolic.element import ElementModel, guard
+from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from ..symbolic.finiteness import ANY, Finiteness
@@ -396,8 +400,18 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                            "(not shown for all sizes)")
         why += f", no exact proof at {_sizes_text(spec)}"
     else:
-        why += (", and the element level does not compare values that may be NaN or infinite for finite "
-                "inputs (log, sqrt, division by a tensor, powers, or what reads them)")
+        try:
+            cases = _by_cases(session, check)
+        except SizeGuardError as err:
+            return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
+        if cases.proved:
+            contradiction = _float64_contradicts(session, check)
+            if contradiction is not None:  # a bug in the case analysis: never a proof
+                return Verdict(check.line, check.text, "unknown",
+                               f"the case analysis at {_sizes_text(spec)} is contradicted by float64: "
+                               f"{contradiction}; this is a bug in symattn, please report it")
+            return Verdict(check.line, check.text, "proved", _cases_method(spec, cases, _reads_grads(check)))
+        why += f", and the element level's case analysis at {_sizes_text(spec)} did not settle it ({cases.reason})"
     if search is None:
         return Verdict(check.line, check.text, "unknown",
                        f"{why}; the spec's sizes are too large to search for a counterexample, and the claim reads "
@@ -412,6 +426,41 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     return Verdict(check.line, check.text, "unknown",
                    f"{why}; the two sides agree {where} at {POINTS + 1} random rational points in float64 and "
                    f"to {DIGITS} digits (agreement at points is not a proof)")
+
+
+def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
+    """The element level for a claim whose values may be NaN or infinite: exact, region by region
+    (`symattn.symbolic.guarded`); raises SizeGuardError at sizes that would take minutes."""
+    spec = session.spec
+    guard(spec, session.force)
+    gradients: dict[str, t.Node | None] = {}
+    if _reads_grads(check):
+        if session.derivation is None:
+            return CaseProof(False, 0, f"the derivation failed: {session.derive_error}")
+        gradients = {n: g.expr for n, g in session.derivation.gradients.items() if n not in spec.outputs}
+    shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
+    try:
+        return compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
+    except SymAttnError as err:
+        return CaseProof(False, 0, f"the sides could not be evaluated: {err}")
+
+
+def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
+    """How a case-by-case proof was made, for the verdict."""
+    text = (f"element level: exact identity of every entry at {_sizes_text(spec)} under float64 semantics "
+            "(NaN and infinities included)")
+    if not cases.guarded:
+        text += ", no divisor or argument of sqrt, log or a power being 0 anywhere"
+    else:
+        text += ", where every divisor and every argument of sqrt, log and powers is nonzero"
+    if cases.zero_sets:
+        example = " = ".join(sorted(str(s) for s in min(cases.zero_sets, key=lambda z: sorted(map(str, z)))))
+        count = len(cases.zero_sets)
+        text += (f", and in the {count} region{'s' if count > 1 else ''} where one is 0 "
+                 f"(such as {example} = 0), re-evaluated there")
+    if grads:
+        text += "; gradients as the derived formulas compute them"
+    return text + " (not shown for all sizes)"
 
 
 def _negate(verdict: Verdict) -> Verdict:

@@ -21,6 +21,7 @@ import sympy
 from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
+from .index_rules import rewrite
 from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Embed, Eye, IndexValue, Infinity, Mix,
                           Reference, SoftmaxApplication, Term, TooBig, Unsupported, form_key)
 
@@ -386,7 +387,7 @@ class Converter:
                     raise Unsupported("a possibly non-finite argument inside index notation")
                 forms.append(arg)
             else:
-                forms.append(self.conv(arg, arg_idx, env))
+                forms.append(rewrite(self.conv(arg, arg_idx, env)))  # keyed modulo the identities
         extras: list[str] = []
         for form in forms:
             if not isinstance(form, t.Node):

@@ -37,7 +37,8 @@ rounding and overflow are not modelled. The element level honours it so:
 - values that may be NaN or +-inf for finite inputs (`log`, `sqrt`, division
   by a tensor, and what reads them) are never compared here at all: SymPy
   already rewrote exp(log(x)) to x and x/x to 1 when it built them. The
-  caller (`symattn.prove.claims`) asks `Finiteness.deep` first.
+  caller (`symattn.prove.claims`) asks `Finiteness.deep` first and compares
+  such values region by region instead (`symattn.symbolic.guarded`).
 
 An output that other tensors read has two gradients: `upstream[O]` is its
 upstream gradient grad(O) (what a claim's `grad(O)` means), and the chain

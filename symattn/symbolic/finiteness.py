@@ -15,7 +15,8 @@ the same non-finite value counting as equal; rounding and overflow are not
 modelled. The matrix level (`symattn.prove.canonical`) never cancels or drops a term
 that is not FINITE; the element level (`symattn.symbolic.element`) proves identities
 only of values whose `deep` class is at most MINUS_INF, substituting the exact
-values of the others before it compares; the counterexample search
+values of the others before it compares, and values of class ANY are compared
+region by region (`symattn.symbolic.guarded`); the counterexample search
 (`symattn.prove.claims`) reports only differences that the float64 evaluator
 reproduces.
 """
