@@ -73,7 +73,7 @@ def forward_values(spec, leaves: dict, override: dict | None = None) -> dict[str
     typed = spec.typed
     override = override or {}
     ev = Evaluator(typed, NUMERIC)
-    ev.values = {name: override.get(name, leaves[name]) for name in typed.leaves}
+    ev.values = {name: override.get(name, leaves[name]) for name in typed.given}
     for name, info in typed.tensors.items():
         if info.expr is not None:
             ev.values[name] = override[name] if name in override else np.asarray(ev.evaluate(info.expr))
@@ -224,6 +224,6 @@ def test_leaf_gradients_match_torch_autograd(path):
                                err_msg="the torch forward and the spec disagree")
     (output * torch.tensor(upstream[out])).sum().backward()
     derived = derived_gradients(spec, leaves, upstream)
-    for name in spec.typed.leaves:
+    for name in spec.typed.differentiable:
         np.testing.assert_allclose(derived[name], tensors[name].grad.numpy(), rtol=1e-10, atol=1e-12,
                                    err_msg=f"grad({name})")

@@ -173,6 +173,8 @@ def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[
     used = _index_names(node.body) | {i.name for i in lhs} | set(reserved)
     out = []
     for name in t.tensors_read(node.body):
+        if not spec.tensors[name].has_gradient:  # a buffer: never differentiated
+            continue
         shape = spec.tensors[name].shape
         targets = _fresh(len(shape), used)
         terms = _Differentiator(name, targets, unary_rules).d(node.body)
