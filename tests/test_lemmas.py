@@ -114,17 +114,20 @@ def check_leaf(n: int) -> None:
 
 
 def check_group(n: int) -> None:
-    """A group moves each tensor along its first axis of size n by the same Pi: X [n, 2] becomes Pi X,
-    a table B [2, n] becomes B Pi^T, a mask M [n, n] becomes Pi M (its first axis only), and whatever
-    combines them elementwise follows: (Pi X) * m' = Pi (X * m') for a column m' [n, 1] of the group."""
+    """A group moves every axis of size n of each tensor by the same Pi: X [n, 2] becomes Pi X, a table
+    B [2, n] becomes B Pi^T, a mask M [n, n] becomes Pi M Pi^T, and whatever combines them elementwise
+    follows: (Pi X) * c' = Pi (X * c) for a column c [n, 1] of the group, and Pi M Pi^T + Pi X X^T Pi^T
+    = Pi (M + X X^T) Pi^T."""
     x, b, m, col = mat("x", n, 2), mat("b", 2, n), mat("m", n, n), mat("c", n, 1)
     for p in perms(n):
         pi = pmat(p)
-        moved = {name: _permuted(np.array(v.tolist(), dtype=object), list(p), [axis])
-                 for name, v, axis in (("x", x, 0), ("b", b, 1), ("m", m, 0), ("c", col, 0))}
-        assert same(pi * x, moved["x"]) and same(b * pi.T, moved["b"]) and same(pi * m, moved["m"])
+        moved = {name: _permuted(np.array(v.tolist(), dtype=object), list(p), axis)
+                 for name, v, axis in (("x", x, [0]), ("b", b, [1]), ("m", m, [0, 1]), ("c", col, [0]))}
+        assert same(pi * x, moved["x"]) and same(b * pi.T, moved["b"]) and same(pi * m * pi.T, moved["m"])
         assert same(broadcast(lambda u, v: u * v, sympy.Matrix(moved["x"]), sympy.Matrix(moved["c"])),
                     pi * broadcast(lambda u, v: u * v, x, col))
+        px = sympy.Matrix(moved["x"])
+        assert same(sympy.Matrix(moved["m"]) + px * px.T, pi * (m + x * x.T) * pi.T)
 
 
 def check_matmul(n: int) -> None:

@@ -2,9 +2,10 @@
 
 Contract: `check_symmetry(spec, check)` answers `equivariant(O, X[, D])` and
 `invariant(O, Y[, D])` with a `verdicts.Verdict`; X may be a group of given
-tensors, `(X, keep)`, permuted together by the same Pi, each along its first
-axis of size D. Every given tensor the claim does not name stays fixed:
-`equivariant(O, X)` leaves a mask buffer where it is.
+tensors, `(X, keep)`, permuted together by the same Pi (which axes:
+`symmetry_evidence.permuted_axes`, shared by every level). Every given tensor
+the claim does not name stays fixed: `equivariant(O, X)` leaves a mask buffer
+where it is.
 
 - the general proof, at the matrix level with D symbolic: every tensor gets a
   transformation type under a permutation matrix Pi acting on D, the set of
@@ -36,7 +37,7 @@ from .verdicts import Verdict
 from ..ir.printing import to_spec
 from ..ir.shapes import ONE, same_dim
 from ..ir.sizes import reads_sizes
-from .symmetry_evidence import element_witness, find_counterexample, search_sizes
+from .symmetry_evidence import element_witness, find_counterexample, permuted_axes, search_sizes
 
 __all__ = ["Lemma", "LEMMAS", "ProofStep", "prove_symmetry", "check_symmetry", "element_witness",
            "find_counterexample", "search_sizes"]
@@ -52,8 +53,9 @@ class Lemma:
 
 LEMMAS = {
     "leaf": Lemma("leaf", "the claim permutes X along D; every other input and param is unchanged"),
-    "group": Lemma("group", "the claim permutes every tensor of its group by the same Pi, each along its first "
-                            "axis of size D; every other input, param and buffer is unchanged"),
+    "group": Lemma("group", "the claim permutes every axis of size D of every tensor of its group by the same "
+                            "Pi (a mask M [D, D] becomes Pi M Pi^T); every other input, param and buffer is "
+                            "unchanged"),
     "matmul": Lemma("matmul", "(Pi A) @ B = Pi (A @ B),  A @ (B Pi^T) = (A @ B) Pi^T,  "
                               "(A Pi^T) @ (Pi B) = A @ B since Pi^T Pi = I"),
     "transpose": Lemma("transpose", "(Pi A Sigma^T)^T = Sigma A^T Pi^T"),
@@ -426,6 +428,7 @@ def prove_symmetry(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...
     symbol = spec.dims[dim].symbol
     ty = _Types(spec, symbol)
     ty.sources = sources
+    moved = permuted_axes(spec, sources, dim)
     steps: list[ProofStep] = []
     needed = _needed(spec, output) | set(sources)
     for name, info in spec.tensors.items():
@@ -433,8 +436,7 @@ def prove_symmetry(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...
             continue
         if info.expr is None:
             if name in sources:
-                axis = next(k for k, d in enumerate(info.shape) if same_dim(d, symbol))
-                pattern = tuple(k == axis for k in range(len(info.shape)))
+                pattern = tuple(k in moved[name] for k in range(len(info.shape)))
                 ty.types[name] = frozenset({pattern})
                 steps.append(ProofStep(name, "leaf" if len(sources) == 1 else "group",
                                        f"{name} -> {_describe(name, pattern, info.shape)}"))

@@ -8,9 +8,11 @@ transposition and an n-cycle, which generate every permutation: True, False
 at which float64 shows the two sides differ; it runs at `search_sizes` (the
 spec's, or smaller ones the size guard picks, but never for an output that
 reads sizes as values). `symattn.prove.equivariance` calls both. `sources` is
-one given tensor or a group of them: the same Pi moves each along its first
-axis of size D; every other given tensor (a buffer the claim does not name
-included) keeps its values.
+one given tensor or a group of them, and `permuted_axes` says which axes the
+permutation Pi moves (both levels use it): a tensor named alone, along its
+first axis of size D; every tensor of a group, along every axis of size D (a
+mask M [N, N] becomes Pi M Pi^T). Every other given tensor (a buffer the claim
+does not name included) keeps its values.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..symbolic.element import guard, same_entry, settled, shared_xreplace, symb
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .verdicts import Counterexample
 
-__all__ = ["element_witness", "find_counterexample", "search_sizes"]
+__all__ = ["element_witness", "find_counterexample", "search_sizes", "permuted_axes"]
 
 
 def _permuted(array: np.ndarray, perm: list[int], axes: list[int]) -> np.ndarray:
@@ -42,10 +44,14 @@ def _axes_of(shape, symbol) -> list[int]:
     return [k for k, d in enumerate(shape) if same_dim(d, symbol)]
 
 
-def _source_axes(spec: t.TypedSpec, sources, symbol) -> dict[str, int]:
-    """Each permuted tensor and the axis the permutation moves: its first axis of size D."""
+def permuted_axes(spec: t.TypedSpec, sources: str | tuple[str, ...], dim: str) -> dict[str, tuple[int, ...]]:
+    """Each tensor a claim permutes and the axes Pi moves: a tensor named alone, its first axis of size
+    `dim` (`equivariant(O, X)` permutes the rows of X); each tensor of a group, every axis of size `dim`
+    (`equivariant(O, (X, M))` moves a mask M [N, N] as Pi M Pi^T: the positions it indexes move)."""
     sources = (sources,) if isinstance(sources, str) else tuple(sources)
-    return {name: _axes_of(spec.tensors[name].shape, symbol)[0] for name in sources}
+    symbol = spec.dims[dim].symbol
+    axes = {name: tuple(_axes_of(spec.tensors[name].shape, symbol)) for name in sources}
+    return axes if len(sources) > 1 else {name: found[:1] for name, found in axes.items()}
 
 
 def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...], dim: str, invariant: bool,
@@ -70,13 +76,13 @@ def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ..
     ev.run(leaf)
     base = np.asarray(ev.values[output], dtype=object)
     out_axes = [] if invariant else _axes_of(spec.tensors[output].shape, symbol)
-    axes = _source_axes(spec, sources, symbol)
+    axes = permuted_axes(spec, sources, dim)
     generators = {"the transposition (1 2)": [1, 0] + list(range(2, n)),
                   f"the cycle (1 2 ... {n})": list(range(1, n)) + [0]}
     for label, perm in generators.items():
         mapping = {}
-        for name, axis in axes.items():
-            moved = _permuted(leaf[name], perm, [axis])
+        for name, moved_axes in axes.items():
+            moved = _permuted(leaf[name], perm, list(moved_axes))
             mapping.update({old: new for old, new in zip(leaf[name].flat, moved.flat)})
         replace = shared_xreplace(mapping)
         left = np.vectorize(lambda e: replace(sympy.sympify(e)), otypes=[object])(base)
@@ -131,7 +137,7 @@ def find_counterexample(spec: t.TypedSpec, output: str, sources: str | tuple[str
     symbol = spec.dims[dim].symbol
     rng = np.random.default_rng(20261129)
     out_axes = [] if invariant else _axes_of(spec.tensors[output].shape, symbol)
-    axes = _source_axes(spec, sources, symbol)
+    axes = permuted_axes(spec, sources, dim)
     perms = [[1, 0] + list(range(2, n)), list(range(1, n)) + [0]]
     for attempt in range(6):
         leaves = {name: rng.integers(-2, 3, size=spec.concrete_shape(spec.tensors[name].shape)) / 2.0
@@ -139,8 +145,8 @@ def find_counterexample(spec: t.TypedSpec, output: str, sources: str | tuple[str
         perm = perms[attempt % 2]
         base = Evaluator(spec, NUMERIC).run(leaves)[output]
         moved = dict(leaves)
-        for name, axis in axes.items():
-            moved[name] = _permuted(leaves[name], perm, [axis])
+        for name, moved_axes in axes.items():
+            moved[name] = _permuted(leaves[name], perm, list(moved_axes))
         left = Evaluator(spec, NUMERIC).run(moved)[output]
         right = _permuted(base, perm, out_axes)
         gap = np.abs(np.asarray(left) - np.asarray(right))
@@ -151,10 +157,11 @@ def find_counterexample(spec: t.TypedSpec, output: str, sources: str | tuple[str
             side = f"{output}({', '.join('Pi ' + name for name in axes)})"
             plain = f"{output}({', '.join(axes)})"
             other = plain if invariant else f"Pi {plain}"
-            where = " and ".join(f"axis {axis} of {name}" for name, axis in axes.items())
-            extra = {"permutation": perm, "axis": next(iter(axes.values()))}
+            where = " and ".join(f"ax{'es' if len(a) > 1 else 'is'} {', '.join(map(str, a))} of {name}"
+                                 for name, a in axes.items())
+            extra = {"permutation": perm, "axis": next(iter(axes.values()))[0]}
             if len(axes) > 1:
-                extra["axes"] = dict(axes)
+                extra["axes"] = {name: list(a) for name, a in axes.items()}
             return Counterexample(
                 sizes=dict(spec.sizes),
                 inputs={k: np.asarray(v).tolist() for k, v in leaves.items()},
