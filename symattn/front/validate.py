@@ -331,7 +331,8 @@ class _Validator:
         usage = (f"{claim.func} takes (OUTPUT, TENSOR) or (OUTPUT, TENSOR, DIM), all names; TENSOR may be a "
                  f"group of given tensors permuted together, as in {claim.func}(O, (X, keep))")
         if not 2 <= len(args) <= 3 or not isinstance(args[0], ir.Name) \
-                or not isinstance(args[1], (ir.Name, ir.Group)) or (len(args) == 3 and not isinstance(args[2], ir.Name)):
+                or not isinstance(args[1], (ir.Name, ir.Group)) \
+                or (len(args) == 3 and not isinstance(args[2], ir.Name)):
             raise _err(SpecCheckError, usage, claim.pos)
         out = args[0]
         group = args[1].items if isinstance(args[1], ir.Group) else (args[1],)

@@ -3,8 +3,9 @@
 Contract: `numpy_source(spec)` returns the text of a Python module that imports
 only NumPy and follows DESIGN.md's "Generated NumPy module" contract:
 `forward(**tensors) -> {output: array}`, `backward(**tensors, grad_O=...) ->
-{input or param: gradient}` (a buffer is an argument of both, with no gradient), plus `forward_backward(...) -> (outputs,
-gradients)` from one forward pass. Sizes are read from the arrays (a dim that
+{input or param: gradient}` (a buffer is an argument of both, with no
+gradient), plus `forward_backward(...) -> (outputs, gradients)` from one
+forward pass. Sizes are read from the arrays (a dim that
 no input's shape has keeps the spec's default); extra leading batch axes
 broadcast; a shape that disagrees with the spec is a `ValueError` naming the
 tensor, the expected and the given shape; float32 stays float32 and float64
