@@ -423,7 +423,7 @@ def _applied(output: str, sources: tuple[str, ...], permuted: bool) -> str:
 def prove_symmetry(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...], dim: str,
                    invariant: bool) -> SymmetryProof:
     """The matrix-level proof for every size of D, or where and why it stops. `sources` is one
-    given tensor or several, permuted together (each along its first axis of size D)."""
+    given tensor or several, permuted together along the axes `permuted_axes` names."""
     sources = _sources(sources)
     symbol = spec.dims[dim].symbol
     ty = _Types(spec, symbol)
