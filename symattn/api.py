@@ -175,23 +175,37 @@ class Spec:
                 self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
         return list(self._verdicts[key])
 
-    def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
-                     force: bool = False):
-        """Is `output` equivariant (or invariant) under permuting `source` along `dim`? A Verdict with steps."""
+    def equivariance(self, output: str, source: str | tuple[str, ...] | list[str], dim: str | None = None,
+                     invariant: bool = False, force: bool = False):
+        """Is `output` equivariant (or invariant) under permuting `source` along `dim`? A Verdict with steps.
+
+        `source` is a given tensor's name, or several (`("X", "keep")`) permuted together, each along
+        its first axis of `dim`; `dim` defaults to the dim of the first axis of the first of them."""
         from .prove.equivariance import check_symmetry
         from .ir.shapes import same_dim
 
         self._tensor(output)
-        shape = self._tensor(source).shape
+        sources = (source,) if isinstance(source, str) else tuple(source)
+        if not sources:
+            raise UsageError("name at least one tensor to permute")
+        for name in sources:
+            if self._tensor(name).expr is not None:
+                raise UsageError(f"{name} is computed, not declared; permute an input, param or buffer")
+        if len(set(sources)) != len(sources):
+            raise UsageError(f"a tensor is named twice in {sources}")
+        shape = self._tensor(sources[0]).shape
         if dim is None:
             if not shape or not shape[0].is_Symbol:
-                raise UsageError(f"name the dim to permute: the first axis of {source} is not a single dim")
+                raise UsageError(f"name the dim to permute: the first axis of {sources[0]} is not a single dim")
             dim = str(shape[0])
-        if dim not in self.typed.dims or not any(same_dim(d, self.typed.dims[dim].symbol) for d in shape):
-            raise UsageError(f"{source} has no axis of dim {dim!r}")
+        for name in sources:
+            shape = self._tensor(name).shape
+            if dim not in self.typed.dims or not any(same_dim(d, self.typed.dims[dim].symbol) for d in shape):
+                raise UsageError(f"{name} has no axis of dim {dim!r}")
         kind = "invariant" if invariant else "equivariant"
-        claim = t.CheckInfo(0, f"{kind}({output}, {source}, {dim})", False, kind, NOWHERE,
-                            output=output, input=source, dim=dim)
+        shown = sources[0] if len(sources) == 1 else "(" + ", ".join(sources) + ")"
+        claim = t.CheckInfo(0, f"{kind}({output}, {shown}, {dim})", False, kind, NOWHERE,
+                            output=output, sources=sources, dim=dim)
         return check_symmetry(self.typed, claim, force=force)
 
     def verify_gradients(self, force: bool = False):
@@ -298,7 +312,8 @@ def format_typed(spec: t.TypedSpec) -> str:
                 shapes = f"{format_shape(check.lhs.shape, order)} == {format_shape(check.rhs.shape, order)}"
                 lines.append(f"  line {check.line}: {neg}{check.text}    {shapes}")
             else:
-                lines.append(f"  line {check.line}: {neg}{check.kind}({check.output}, {check.input}) "
+                permuted = check.sources[0] if len(check.sources) == 1 else "(" + ", ".join(check.sources) + ")"
+                lines.append(f"  line {check.line}: {neg}{check.kind}({check.output}, {permuted}) "
                              f"permuting dim {check.dim}")
     return "\n".join(lines) + "\n"
 

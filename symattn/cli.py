@@ -111,7 +111,7 @@ def _summary(spec: Spec, force: bool = False) -> str:
     what = "the built-in example" if spec.filename == example_path() else spec.filename
     lines = [f"Derivation of {spec.name} ({what}), in short", "",
              f"Forward pass (dims symbolic; default sizes {sizes})"]
-    for role in ("input", "param"):
+    for role in ("input", "param", "buffer"):
         names = [n for n, i in typed.tensors.items() if i.role == role]
         if names:
             declared = ", ".join(n + (format_shape(typed.tensors[n].shape, order) if typed.tensors[n].shape else "")

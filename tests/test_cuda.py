@@ -201,7 +201,7 @@ def test_verify_forward_backward_with_and_without_tsan(builds, stem):
     builds.result(stem, "plain"), builds.result(stem, "tsan")
     spec, code = builds.specs[stem], builds.codes[stem]
     report = verify_cuda(spec, code=code, gate=False, tsan=True, workdir=builds.root)
-    expected = {*spec.outputs, *(f"grad({x})" for x in spec.typed.leaves)}
+    expected = {*spec.outputs, *(f"grad({x})" for x in spec.typed.differentiable)}
     assert set(report.errors) == expected == set(report.tsan_errors)
     assert report.ok, report.problems
     assert report.tsan_report == ""
@@ -335,8 +335,8 @@ def test_reference_gradients_match_finite_differences(stem):
     spec = symattn.load(REPO / "derivations" / f"{stem}.attn").typed
     rng = np.random.default_rng(1)
     sizes = dict(spec.sizes)
-    leaves = {x: rng.standard_normal(((2,) if spec.tensors[x].kind == "input" else ())
-                                     + spec.concrete_shape(spec.tensors[x].shape)) for x in spec.leaves}
+    leaves = {x: rng.standard_normal(((2,) if spec.tensors[x].kind != "param" else ())
+                                     + spec.concrete_shape(spec.tensors[x].shape)) for x in spec.given}
     upstream = {o: rng.standard_normal((2,) + spec.concrete_shape(spec.tensors[o].shape)) for o in spec.outputs}
 
     def loss(values):

@@ -200,7 +200,7 @@ def test_cuda_dim_arithmetic_runs_on_the_cpu(tmp_path):
     X, Y, dZ = (rng.standard_normal(s).astype(np.float32) for s in ((1, 7, 3), (1, 4, 3), (1, 4, 3)))
     given = {"X": X, "Y": Y}
     arrays = {}
-    for name, b in zip(code.plan.spec.leaves, p.inputs):
+    for name, b in zip(code.plan.spec.given, p.inputs):
         arrays[id(b)] = np.ascontiguousarray(given[name])
     arrays[id(p.upstream[0])] = dZ
     for b in (*p.outputs, *p.gradients):

@@ -130,7 +130,7 @@ CASES = [
     ("check_not_a_claim", BASE + "output X\ncheck X\n", Check, 4, 7,
      r"^a check is `A == B`, `equivariant\(O, X\)` or `invariant\(O, Y\)`$"),
     ("equivariant_of_computed", BASE + "Z = X\noutput Z\ncheck equivariant(Z, Z)\n", Check, 5, 22,
-     r"^'Z' is computed, not declared; permute an input or param$"),
+     r"^'Z' is computed, not declared; permute an input, param or buffer$"),
     ("equivariant_unknown", BASE + "output X\ncheck equivariant(O, X)\n", Name, 4, 19, r"^unknown name 'O'$"),
     ("invariant_in_expression", BASE + "output X\ncheck invariant(X, Y) == X\n", Check, 4, 7,
      r"^invariant\(\.\.\.\) is a claim; it can only stand alone in a check$"),

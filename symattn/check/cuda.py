@@ -11,7 +11,7 @@ Contract:
   `runtime/cuda_host.h` emulating blocks and threads), loads it with ctypes,
   runs forward and backward on random float32 inputs at sizes that are not
   multiples of the tile sizes, with a batch axis, and compares every output
-  and every input and param gradient with the float64 reference evaluator
+  and every input and param gradient (a buffer has none) with the float64 reference evaluator
   (forward op by op; gradients from the derivation, evaluated op by op),
   equal meaning `verify.relative_error`'s: within tolerance, or non-finite in
   the same way. Sizes come from `guarded_sizes`: `verify_sizes`, made
@@ -355,12 +355,13 @@ def guarded_sizes(spec: t.TypedSpec, budget: int = BUDGET) -> SizeChoice:
 
 def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, np.ndarray],
               upstream: Mapping[str, np.ndarray], batch: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Outputs and leaf gradients in float64, one batch entry at a time (params shared, gradients summed)."""
+    """Outputs and input and param gradients in float64, one batch entry at a time (params shared,
+    their gradients summed; inputs and buffers batched)."""
     derivation = derive(spec)
     outputs = {o: [] for o in spec.outputs}
-    grads = {x: [] for x in spec.leaves}
+    grads = {x: [] for x in spec.differentiable}
     for b in range(batch):
-        entry = {x: leaves[x][b] if spec.tensors[x].kind == "input" else leaves[x] for x in spec.leaves}
+        entry = {x: leaves[x][b] if spec.tensors[x].kind != "param" else leaves[x] for x in spec.given}
         ev = Evaluator(spec, NUMERIC, sizes)
         values = ev.run(entry)
         ev.grads = {o: upstream[o][b] for o in spec.outputs}
@@ -372,7 +373,7 @@ def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, 
             shape = tuple(ev.size(d) for d in spec.tensors[name].shape)
             value = np.zeros(shape) if gradient.expr is None else ev.evaluate(gradient.expr)
             ev.grads[name] = np.broadcast_to(np.asarray(value, dtype=np.float64), shape)
-        for x in spec.leaves:
+        for x in spec.differentiable:
             grads[x].append(ev.grads[x])
     out = {o: np.stack(v) for o, v in outputs.items()}
     grad = {x: np.stack(v) if spec.tensors[x].kind == "input" else np.sum(v, axis=0) for x, v in grads.items()}
@@ -442,16 +443,16 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         arrays[id(b)] = rng.standard_normal(_concrete(b, sizes, batch)).astype(np.float32)
     for b in (*p.outputs, *p.gradients):
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
-    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.leaves, p.inputs)}
+    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}
     upstream = {o: arrays[id(b)].astype(np.float64) for o, b in zip(typed.outputs, p.upstream)}
     labels = {id(b): o for o, b in zip(typed.outputs, p.outputs)}
-    labels.update({id(b): f"grad({x})" for x, b in zip(typed.leaves, p.gradients)})
+    labels.update({id(b): f"grad({x})" for x, b in zip(typed.differentiable, p.gradients)})
     dims = _dim_values(code, sizes) + [batch]
 
     progress.step("the float64 reference")
     want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
     want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
-    want.update({id(b): want_grad[x] for x, b in zip(typed.leaves, p.gradients)})
+    want.update({id(b): want_grad[x] for x, b in zip(typed.differentiable, p.gradients)})
     progress.step("building the kernels for the CPU")
     library = build_cpu(code, workdir, tsan=False)
     progress.step("running the kernels on the CPU")

@@ -2,7 +2,8 @@
 
 Contract: `build_program(spec)` returns a `Program`, the statements `var = node`
 that compute the spec's outputs (the forward section) followed by those that
-compute the gradient of every input and param (the backward section), in an
+compute the gradient of every input and param (the backward section; a buffer
+is an argument of both and has no gradient), in an
 order where every value is computed before it is read. Nodes are typed-IR
 nodes in which
 
@@ -92,7 +93,7 @@ class _Builder:
         self.building: set[str] = set()
         self.emitted: set[str] = set()
         self.dim_vars = {name: self.names.take(name) for name in spec.dims}
-        for name in spec.leaves:
+        for name in spec.given:
             var = self.names.take(name)
             self.tensor_vars[name] = var
             self._argument(var, spec.tensors[name].shape, frozenset({name}))
@@ -250,9 +251,9 @@ class _Builder:
 
     def build(self) -> Program:
         spec, derivation = self.spec, self.derivation
-        # Which gradients the leaves need, in the order derived (consumers first).
+        # Which gradients the inputs and params need, in the order derived (consumers first).
         wanted: set[str] = set()
-        stack = list(spec.leaves)
+        stack = list(spec.differentiable)
         while stack:
             name = stack.pop()
             expr = derivation.gradients[name].expr if name in derivation.gradients else None
@@ -262,7 +263,8 @@ class _Builder:
                 if ref not in wanted and ref not in spec.outputs:
                     wanted.add(ref)
                     stack.append(ref)
-        order = [n for n in derivation.gradients if (n in wanted or n in spec.leaves) and n not in spec.outputs
+        order = [n for n in derivation.gradients
+                 if (n in wanted or n in spec.differentiable) and n not in spec.outputs
                  and derivation.gradients[n].expr is not None]
         rewriter = Rewriter(spec, derivation)
         self.forward_exprs = {name: rewriter(info.expr) for name, info in spec.tensors.items()
@@ -291,7 +293,7 @@ class _Builder:
         self.section = "backward"
         for name in order:
             self.emit_grad(name, backward_exprs[name])
-        leaf_grads = {name: self.grad_vars.get(name) for name in spec.leaves}
+        leaf_grads = {name: self.grad_vars.get(name) for name in spec.differentiable}
 
         program = Program(spec, derivation, self.stmts, forward_count, self.tensor_vars, self.grad_vars,
                           self.upstream, self.dim_vars, leaf_grads, names=self.names, info=self.info)

@@ -134,11 +134,11 @@ class Program:
     derivation: Derivation
     stmts: list[Stmt]
     forward_count: int  # stmts[:forward_count] make up the forward section
-    tensor_vars: dict[str, str]  # every leaf and emitted tensor -> its variable
+    tensor_vars: dict[str, str]  # every given (input, param, buffer) and emitted tensor -> its variable
     grad_vars: dict[str, str]  # tensor -> variable of its gradient
     upstream: dict[str, str]  # output -> its keyword, grad_O
     dim_vars: dict[str, str]
-    leaf_grads: dict[str, str | None]  # leaf -> variable of its gradient, None when L does not depend on it
+    leaf_grads: dict[str, str | None]  # input or param -> variable of its gradient, None when L does not depend on it
     names: Namer | None = None  # for printers that need more variables
     info: dict[str, Stmt] = field(default_factory=dict)  # variable -> statement (arguments too)
 

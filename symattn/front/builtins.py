@@ -232,6 +232,10 @@ def _grad(v, call, scope):
             raise _err(SpecCheckError, f"grad of '{name.id}': it is a dim, not a tensor", name.pos)
         raise _err(SpecCheckError, f"grad of unknown tensor '{name.id}'", name.pos,
                    v.unknown(name.id, name.pos).hint)
+    if not v.tensors[name.id].has_gradient:
+        raise _err(SpecCheckError, f"grad of '{name.id}': it is a buffer, a given tensor that is never "
+                   "differentiated, so it has no gradient", name.pos,
+                   f"declare {name.id} as an input or param to differentiate it")
     return t.Grad(name.id, v.tensors[name.id].shape, pos=call.pos)
 
 

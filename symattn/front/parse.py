@@ -28,7 +28,7 @@ from ..errors import SpecError, SpecSyntaxError
 
 __all__ = ["parse", "grammar_text", "KEYWORDS"]
 
-KEYWORDS = frozenset({"attention", "dim", "input", "param", "output", "check", "not"})
+KEYWORDS = frozenset({"attention", "dim", "input", "param", "buffer", "output", "check", "not"})
 
 # Deeper expressions are refused: every later pass walks trees recursively,
 # and Python's stack would overflow long before a real spec gets near this.
@@ -57,6 +57,7 @@ _TERMINAL_WORDS = {
     "TRANSPOSE": "'.T'",
     "INPUT": "'input'",
     "PARAM": "'param'",
+    "BUFFER": "'buffer'",
     "NOT": "'not'",
     "ATTENTION": "'attention'",
     "DIM": "'dim'",
@@ -66,7 +67,12 @@ _TERMINAL_WORDS = {
 
 
 def grammar_text() -> str:
-    """The grammar, from the installed package or, failing that, the checkout."""
+    """The grammar: the checkout's when this code runs from a source checkout (a worktree imported
+    through PYTHONPATH shares the editable install's `symattn.grammar`, which is another checkout's),
+    otherwise the installed package's."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "grammar" / "attention.lark").is_file():
+        return (checkout / "grammar" / "attention.lark").read_text("utf-8")
     try:
         return resources.files("symattn.grammar").joinpath("attention.lark").read_text("utf-8")
     except (ModuleNotFoundError, FileNotFoundError, OSError):
@@ -156,6 +162,9 @@ class ToIR(Transformer):
     def transpose(self, meta, children):
         operand, op = children
         return ir.Transpose(operand, pos=_pos_of(meta), op_pos=_pos_of(op))
+
+    def group(self, meta, children):
+        return ir.Group(tuple(children), pos=_pos_of(meta))
 
     def compare(self, meta, children):
         left, op, right = children

@@ -25,6 +25,7 @@ __all__ = [
     "UnaryOp",
     "Transpose",
     "Compare",
+    "Group",
     "Statement",
     "Header",
     "DimItem",
@@ -123,6 +124,14 @@ class Compare(Expr):
     op_pos: Pos = _pos()
 
 
+@dataclass(frozen=True, slots=True)
+class Group(Expr):
+    """`(X, keep)`: tensors a symmetry claim permutes together (only meaningful there)."""
+
+    items: tuple[Expr, ...]
+    pos: Pos = _pos()
+
+
 # --- statements --------------------------------------------------------------
 
 
@@ -159,7 +168,7 @@ class TensorItem:
 
 @dataclass(frozen=True, slots=True)
 class TensorDecl(Statement):
-    kind: str  # "input" or "param"
+    kind: str  # "input", "param" or "buffer"
     items: tuple[TensorItem, ...]
     pos: Pos = _pos()
 

@@ -294,6 +294,10 @@ class _Validator:
                 if name.id in self.dims:
                     raise _err(SpecNameError, f"'{name.id}' is a dim; an output must be a tensor", name.pos)
                 raise self.unknown(name.id, name.pos)
+            if self.tensors[name.id].kind == "buffer":
+                raise _err(SpecNameError, f"'{name.id}' is a buffer: given, never differentiated, so it has no "
+                           "upstream gradient and cannot be an output", name.pos,
+                           f"output a tensor computed from it, e.g. `{name.id}_out = {name.id} * 1`")
             if name.id in self.outputs:
                 raise _err(SpecNameError, f"'{name.id}' is already an output", name.pos)
             self.outputs.append(name.id)
@@ -324,36 +328,57 @@ class _Validator:
 
     def symmetry_check(self, stmt: ir.Check, claim: ir.Call) -> t.CheckInfo:
         args = claim.args
-        if not 2 <= len(args) <= 3 or any(not isinstance(a, ir.Name) for a in args):
-            raise _err(SpecCheckError, f"{claim.func} takes (OUTPUT, INPUT) or (OUTPUT, INPUT, DIM), all names",
-                       claim.pos)
-        out, inp = args[0], args[1]
-        for name in (out, inp):
-            if name.id not in self.tensors:
-                raise self.unknown(name.id, name.pos)
-        if self.tensors[inp.id].kind not in ("input", "param"):
-            raise _err(SpecCheckError, f"'{inp.id}' is computed, not declared; permute an input or param",
-                       inp.pos)
-        in_shape = self.tensors[inp.id].shape
+        usage = (f"{claim.func} takes (OUTPUT, TENSOR) or (OUTPUT, TENSOR, DIM), all names; TENSOR may be a "
+                 f"group of given tensors permuted together, as in {claim.func}(O, (X, keep))")
+        if not 2 <= len(args) <= 3 or not isinstance(args[0], ir.Name) \
+                or not isinstance(args[1], (ir.Name, ir.Group)) \
+                or (len(args) == 3 and not isinstance(args[2], ir.Name)):
+            raise _err(SpecCheckError, usage, claim.pos)
+        out = args[0]
+        group = args[1].items if isinstance(args[1], ir.Group) else (args[1],)
+        if out.id not in self.tensors:
+            raise self.unknown(out.id, out.pos)
+        seen: dict[str, ir.Pos] = {}
+        for item in group:
+            if not isinstance(item, ir.Name):
+                raise _err(SpecCheckError, f"a group lists tensor names, as in {claim.func}(O, (X, keep))", item.pos)
+            if item.id not in self.tensors:
+                raise self.unknown(item.id, item.pos)
+            if self.tensors[item.id].kind not in ("input", "param", "buffer"):
+                raise _err(SpecCheckError, f"'{item.id}' is computed, not declared; permute an input, param or "
+                           "buffer", item.pos)
+            if item.id in seen:
+                first = seen[item.id]
+                raise _err(SpecCheckError, f"'{item.id}' is named twice in the group (first at "
+                           f"{first.line}:{first.column})", item.pos)
+            seen[item.id] = item.pos
+        first_item = group[0]
+        first_shape = self.tensors[first_item.id].shape
         if len(args) == 3:
             dim_name = args[2]
             if dim_name.id not in self.dims:
                 raise _err(SpecCheckError, f"'{dim_name.id}' is not a dim", dim_name.pos)
-            dim = self.dims[dim_name.id].symbol
-            if not any(same_dim(dim, d) for d in in_shape):
-                raise _err(SpecCheckError,
-                           f"{inp.id} {self.shape_text(in_shape)} has no axis of dim {dim_name.id}", dim_name.pos)
             chosen = dim_name.id
+            where = dim_name.pos
         else:
-            if not in_shape:
-                raise _err(SpecCheckError, f"'{inp.id}' is a scalar; there is nothing to permute", inp.pos)
-            first = in_shape[0]
+            if not first_shape:
+                raise _err(SpecCheckError, f"'{first_item.id}' is a scalar; there is nothing to permute",
+                           first_item.pos)
+            first = first_shape[0]
             if not first.is_Symbol:
-                raise _err(SpecCheckError, f"the first axis of {inp.id} is {first}, not a single dim", inp.pos,
-                           f"name the dim to permute: {claim.func}({out.id}, {inp.id}, DIM)")
+                shown = first_item.id if len(group) == 1 else "(" + ", ".join(i.id for i in group) + ")"
+                raise _err(SpecCheckError, f"the first axis of {first_item.id} is {first}, not a single dim",
+                           first_item.pos, f"name the dim to permute: {claim.func}({out.id}, {shown}, DIM)")
             chosen = str(first)
+            where = None
+        dim = self.dims[chosen].symbol
+        for item in group:
+            shape = self.tensors[item.id].shape
+            if not any(same_dim(dim, d) for d in shape):
+                raise _err(SpecCheckError, f"{item.id} {self.shape_text(shape)} has no axis of dim {chosen}",
+                           where if where is not None and len(group) == 1 else item.pos)
         return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, claim.func, stmt.pos,
-                           output=out.id, input=inp.id, dim=chosen)
+                           output=out.id, sources=tuple(i.id for i in group), dim=chosen)
 
     # --- index notation ----------------------------------------------------------------
 
@@ -514,6 +539,11 @@ class _Validator:
             self.bind_range(scope, index.id, shape[axis], index.pos, f"axis {axis} of {node.name}")
             names.append(index.id)
         return t.Entry(node.name, tuple(names), pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.Group, scope) -> t.Node:
+        raise _err(SpecShapeError, "a parenthesised group (A, B) only names the tensors an equivariant or "
+                   "invariant claim permutes together", node.pos, "the language has no tuples")
 
     @expr.register
     def _(self, node: ir.Keyword, scope) -> t.Node:

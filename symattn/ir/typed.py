@@ -78,7 +78,7 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class Tensor(Node):
-    """A named tensor: input, param or a defined intermediate."""
+    """A named tensor: input, param, buffer or a defined intermediate."""
 
     name: str
     shape: Shape
@@ -471,7 +471,12 @@ class DimInfo:
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of the spec. `kind` is input, param or intermediate."""
+    """A tensor of the spec. `kind` is input, param, buffer or intermediate.
+
+    Inputs, params and buffers are *given* (arguments of the forward pass); a
+    buffer (a mask, a position table, a KV cache) is never differentiated:
+    it has no gradient, and the backward pass takes it as a constant.
+    """
 
     name: str
     kind: str
@@ -484,10 +489,19 @@ class TensorInfo:
     def role(self) -> str:
         return "output" if self.is_output else self.kind
 
+    @property
+    def has_gradient(self) -> bool:
+        """Whether grad(T) is defined: for every tensor but a buffer."""
+        return self.kind != "buffer"
+
 
 @dataclass(frozen=True)
 class CheckInfo:
-    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'."""
+    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'.
+
+    A symmetry claim permutes the given tensors `sources` together along `dim`
+    (one tensor, or a parenthesised group: `equivariant(O, (X, keep))`).
+    """
 
     line: int
     text: str
@@ -497,7 +511,7 @@ class CheckInfo:
     lhs: Node | None = None
     rhs: Node | None = None
     output: str | None = None
-    input: str | None = None
+    sources: tuple[str, ...] = ()
     dim: str | None = None
 
 
@@ -521,8 +535,17 @@ class TypedSpec:
         return tuple(n for n, t in self.tensors.items() if t.kind == "param")
 
     @property
-    def leaves(self) -> tuple[str, ...]:
-        """Inputs and params, in declaration order: what the backward pass returns."""
+    def buffers(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "buffer")
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        """Inputs, params and buffers, in declaration order: the arguments of the forward pass."""
+        return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param", "buffer"))
+
+    @property
+    def differentiable(self) -> tuple[str, ...]:
+        """Inputs and params, in declaration order: the gradients the backward pass returns."""
         return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param"))
 
     @property

@@ -198,7 +198,7 @@ class _Session:
             return ev
         derivation = self.derivation
         for name in reversed(list(spec.tensors)):
-            if name in spec.outputs:
+            if name in spec.outputs or not spec.tensors[name].has_gradient:
                 continue
             shape = spec.concrete_shape(spec.tensors[name].shape)
             if derivation is not None and name in derivation.gradients:
@@ -259,7 +259,7 @@ def _rational_point(session: _Session, rng: np.random.Generator, kind: str = "ra
             return np.array(sympy.Integer(0), dtype=object)
         return rng.choice(halves, size=shape)
 
-    values = {n: leaf(n) for n in spec.leaves}
+    values = {n: leaf(n) for n in spec.given}
     nonzero = np.array([sympy.Rational(k, 2) for k in (-2, -1, 1, 2)], dtype=object)
     upstream = {n: rng.choice(nonzero, size=spec.concrete_shape(spec.tensors[n].shape)) for n in spec.outputs}
     return values, upstream

@@ -4,7 +4,8 @@ Contract: `derive(spec)` returns a `Derivation` whose `gradients[name]` holds,
 for every tensor of the spec, a closed form for dL/dT (L = sum over outputs
 of <O, grad(O)>) written with the spec's own names: forward tensors and the
 `grad(C)` of the tensors C that consume T, e.g. `grad(V) = P.T @ grad(O)`,
-`grad(X) = grad(Q) @ W_q.T + grad(K) @ W_k.T + grad(V) @ W_v.T`. Dims stay
+`grad(X) = grad(Q) @ W_q.T + grad(K) @ W_k.T + grad(V) @ W_v.T`; a buffer has
+no gradient (it is a constant of the backward pass). Dims stay
 symbolic, so each formula holds for all sizes. Every adjoint rule applied and
 every simplification made is recorded as a `Step(rule, tensor, before, after)`.
 
@@ -357,6 +358,8 @@ def derive(spec: t.TypedSpec) -> Derivation:
     result = Derivation(spec)
     for name in reversed(list(spec.tensors)):
         info = spec.tensors[name]
+        if not info.has_gradient:  # a buffer: a constant of the backward pass
+            continue
         order = {n: k for k, n in enumerate(spec.tensors)}
         paths[name].sort(key=lambda path: order.get(path[0], -1))
         total, rec = None, b.Recorder()

@@ -2,12 +2,12 @@
 
 Contract: `ElementModel(spec)` holds, at the spec's sizes,
 
-- `leaf[X]`: a real symbol per entry of every input and param (`X_{1,2}`,
+- `leaf[X]`: a real symbol per entry of every input, param and buffer (`X_{1,2}`,
   `W^{q}_{2,1}`, 1-based as people write them);
 - `slot[T]`: a symbol per entry of every defined tensor, and `local[T]`: its
   entries written in the slots of the tensors its definition reads (softmax
   with exp, masks with -oo giving exactly 0 weight);
-- `upstream[T]`: a symbol per entry of grad(T) (`\\bar{O}_{1,1}`);
+- `upstream[T]`: a symbol per entry of grad(T) (`\\bar{O}_{1,1}`), for every tensor but a buffer;
 - `ground_truth(T)`: dL/dT entry by entry, by the chain rule node by node:
   grad(T)[t] = sum over consumers C, entries c of grad(C)[c] * d local[C][c] / d slot[T][t],
   each derivative taken by `sympy.diff` on the small local formula.
@@ -21,8 +21,8 @@ It never claims a difference;
 `evaluate_at` supplies concrete values for counterexamples.
 
 What "equal" means (the same everywhere in symattn, see `symattn.symbolic.finiteness`):
-equal at every point of the domain (finite real values of every input, param
-and upstream gradient) under IEEE float64 semantics, NaN and infinities
+equal at every point of the domain (finite real values of every input, param,
+buffer and upstream gradient) under IEEE float64 semantics, NaN and infinities
 included, two entries being the same non-finite value counting as equal;
 rounding and overflow are not modelled. The element level honours it so:
 
@@ -126,10 +126,11 @@ class ElementModel:
         guard(spec, force)
         self.spec = spec
         self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
-        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
+        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.given}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
-        self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()}
+        self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()
+                         if i.has_gradient}
         # Tensors that may be -inf or NaN never stand as finite slot symbols in a comparison.
         finiteness = Finiteness(spec, {n: i.expr for n, i in spec.tensors.items() if i.expr is not None})
         self.risky = tuple(n for n in self.slot if finiteness.tensor(n) != FINITE)
@@ -220,7 +221,7 @@ class ElementModel:
     def _grad_unfolding(self) -> list[tuple[dict, str]]:
         """Substitutions grad(T) -> ground truth, earliest tensor first (outputs stay symbols)."""
         out = []
-        for name in self.spec.tensors:
+        for name in self.upstream:
             if name in self.spec.outputs:
                 continue
             truth = self.ground_truth(name)
@@ -283,7 +284,7 @@ class ElementModel:
                 memo: dict = {}
                 for sym, entry in zip(self.slot[name].flat, entries.flat):
                     subs[sym] = mp_value(sympy.sympify(entry), subs, memo)
-            for name in reversed(list(self.spec.tensors)):
+            for name in reversed(list(self.upstream)):
                 if name in self.spec.outputs:
                     continue
                 memo = {}

@@ -218,21 +218,21 @@ class Evaluator:
         return _whole(dim, self.subs, self.sizes, list(self.spec.dims))
 
     def run(self, leaves: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray] | None = None):
-        """Every tensor's value, given the inputs and params (and optional grad(T) arrays).
+        """Every tensor's value, given the inputs, params and buffers (and optional grad(T) arrays).
 
-        A leaf must have its declared shape at these sizes (after any leading batch
+        A given tensor must have its declared shape at these sizes (after any leading batch
         axes), and each dim of it must be whole (`(N + 1) / 2` refuses an even N),
         as generated code refuses them too: otherwise a UsageError.
         """
         order = tuple(self.spec.dims)
-        for name in self.spec.leaves:
+        for name in self.spec.given:
             declared = tuple(self.spec.tensors[name].shape)
             expected = _shape_at(declared, tuple(self.sizes.items()), order)
             given = np.shape(leaves[name])
             if len(given) < len(declared) or given[len(given) - len(declared):] != expected:
                 raise UsageError(f"{name}: expected shape {format_shape(declared, list(order))} = "
                                  f"{list(expected)} at these sizes, got {list(given)}")
-        self.values = {name: leaves[name] for name in self.spec.leaves}
+        self.values = {name: leaves[name] for name in self.spec.given}
         self.grads = dict(grads or {})
         for name, info in self.spec.tensors.items():
             if info.expr is not None:
@@ -458,8 +458,8 @@ class _Grid:
 
 def random_leaves(spec: t.TypedSpec, rng: np.random.Generator, batch: tuple[int, ...] = (),
                   sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Standard-normal float64 arrays for every input and param."""
+    """Standard-normal float64 arrays for every input, param and buffer."""
     ev = Evaluator(spec, NUMERIC, sizes)
     return {name: rng.standard_normal(batch + tuple(ev.size(d) for d in spec.tensors[name].shape))
-            for name in spec.leaves}
+            for name in spec.given}
 

@@ -487,7 +487,7 @@ class _Regions:
     def __init__(self, spec: t.TypedSpec, lhs: t.Node, rhs: t.Node, shape: tuple[int, ...],
                  gradients: Mapping[str, t.Node | None]) -> None:
         self.spec, self.lhs, self.rhs, self.shape, self.gradients = spec, lhs, rhs, shape, gradients
-        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
+        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.given}
         self.upstream = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape), grad=True)
                          for n in spec.outputs}
         self.memo: dict[frozenset, tuple[np.ndarray, np.ndarray, _Guarded]] = {}

@@ -205,6 +205,8 @@ def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[
     used = _index_names(node.body) | {i.name for i in node.indices} | set(reserved)
     parts = []
     for name in t.tensors_read(node.body):
+        if not spec.tensors[name].has_gradient:  # a buffer: never differentiated
+            continue
         tensor = t.Tensor(name, spec.tensors[name].shape)
         targets = _fresh(len(tensor.shape), used)
         parts.append(Part(tensor, f"{g.name}[...] = f({name}[...]): differentiate the entry formula",

@@ -6,13 +6,14 @@ it computes) and the host code: a workspace layout and the `extern "C"`
 launch functions declared in `<spec>.h`:
 
     size_t <spec>_workspace_bytes(dims..., int batch);
-    int <spec>_forward(inputs..., params..., outputs..., float* workspace, dims..., int batch, void* stream);
-    int <spec>_backward(inputs..., params..., outputs..., grad_outputs..., grad_inputs..., grad_params...,
+    int <spec>_forward(given..., outputs..., float* workspace, dims..., int batch, void* stream);
+    int <spec>_backward(given..., outputs..., grad_outputs..., grad_inputs_and_params...,
                         float* workspace, dims..., int batch, void* stream);
 
-Pointers are device pointers (host pointers under the CPU emulation), float32,
-row-major, with a leading batch axis on inputs, outputs and their gradients
-(params and their gradients have none). The backward reads the workspace the
+`given` is every input, param and buffer in declaration order; a buffer has no
+gradient. Pointers are device pointers (host pointers under the CPU emulation),
+float32, row-major, with a leading batch axis on inputs, buffers, outputs and
+their gradients (params and their gradients have none). The backward reads the workspace the
 forward filled with the same arguments. The only user text in any file is
 the spec's validated identifiers and formulas printed from the typed IR.
 """

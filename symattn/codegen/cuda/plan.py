@@ -28,9 +28,10 @@ the fused kernels (`symattn.codegen.cuda.flash`): its intermediates (S, P) are
 never stored, and the derivation's contributions through the core are replaced
 by the dQ, dK, dV the fused backward writes.
 
-Batch: every input, output and intermediate has a leading batch axis (the
-launch functions' `batch` argument); params have none, so their gradients are
-computed per batch entry and summed at the end.
+Batch: every input, buffer, output and intermediate has a leading batch axis
+(the launch functions' `batch` argument); params have none, so their gradients
+are computed per batch entry and summed at the end. A buffer is an argument of
+both passes and has no gradient.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ class KernelPlan:
     batch: str                       # C name of the batch argument
     workspace_arg: str               # C names of the workspace and stream arguments
     stream_arg: str
-    inputs: list[Buffer]             # forward arguments: inputs then params
+    inputs: list[Buffer]             # forward arguments: the given tensors (inputs, params, buffers)
     outputs: list[Buffer]
     upstream: list[Buffer]           # backward: grad(O) for each output
-    gradients: list[Buffer]          # backward results: grad of each input and param
+    gradients: list[Buffer]          # backward results: grad of each input and param (not of a buffer)
     workspace: list[Buffer]
     forward: list[Kernel]
     backward: list[Kernel]
@@ -154,14 +155,14 @@ class _Planner:
     def arguments(self) -> None:
         spec, n = self.spec, self.names
         self.inputs = [self._user(("tensor", x), n.spec("tensor", x), spec.tensors[x].shape,
-                                  spec.tensors[x].kind == "input", spec.tensors[x].kind, spec.tensors[x].kind)
-                       for x in spec.leaves]
+                                  spec.tensors[x].kind != "param", spec.tensors[x].kind, spec.tensors[x].kind)
+                       for x in spec.given]
         self.outputs = [self._user(("tensor", o), n.spec("tensor", o), spec.tensors[o].shape, True, "output",
                                    "output") for o in spec.outputs]
         self.upstream = [self._user(("grad", o), n.fresh(f"grad_{n.spec('tensor', o)}"), spec.tensors[o].shape, True,
                                     "upstream", f"grad({o})") for o in spec.outputs]
         self.gradients = [Buffer(n.fresh(f"grad_{n.spec('tensor', x)}"), spec.tensors[x].shape,
-                                 spec.tensors[x].kind == "input", "grad", f"grad({x})") for x in spec.leaves]
+                                 spec.tensors[x].kind == "input", "grad", f"grad({x})") for x in spec.differentiable]
 
     def tensor_buffer(self, name: str) -> Buffer:
         key = ("tensor", name)
@@ -176,7 +177,7 @@ class _Planner:
         if key not in self.buffers:
             info = self.spec.tensors[name]
             if info.kind == "input":
-                buffer = self.gradients[self.spec.leaves.index(name)]
+                buffer = self.gradients[self.spec.differentiable.index(name)]
             elif info.kind == "param":
                 buffer = self._workspace(f"grad_{self.names.spec('tensor', name)}_per_entry", info.shape,
                                          f"grad({name}) for each batch entry, summed into the result at the end")
@@ -392,7 +393,7 @@ class _Planner:
         """grad(T) for every T that depends on a leaf, in the order derived: the program's statement for it,
         with the paths through a fused core replaced by Stored."""
         spec = self.spec
-        depends = set(spec.leaves)
+        depends = set(spec.differentiable)
         for name, info in spec.tensors.items():
             if info.expr is not None and any(r in depends for r in t.tensors_read(info.expr)):
                 depends.add(name)
@@ -471,7 +472,7 @@ class _Planner:
             if isinstance(expr, Stored) and self.buffers[("stored", expr.core, expr.role)] is target:
                 self._core_backward(self.cores[expr.core])
                 continue
-            if expr is None and name not in self.spec.leaves:
+            if expr is None and name not in self.spec.differentiable:
                 continue  # nothing reads the gradient of an intermediate that no output depends on
             if expr is None:
                 expr = t.Scalar(b.scalar(0).value)
@@ -479,7 +480,7 @@ class _Planner:
             else:
                 comment = [f"grad({name}) = {_grad_text(expr, self.order)}"]
             self.compute(target, expr, comment)
-        for leaf, result in zip(self.spec.leaves, self.gradients):
+        for leaf, result in zip(self.spec.differentiable, self.gradients):
             if leaf not in grads:
                 self.stage = result.name
                 self.compute(result, t.Scalar(b.scalar(0).value), [f"grad({leaf}) = 0"])
