@@ -408,7 +408,7 @@ def test_document_lists_the_buffer_as_given_with_no_gradient(key_padding):
 
 def test_cuda_takes_the_buffer_as_an_input_with_no_gradient(key_padding):
     code = emit_cuda(key_padding.typed)
-    p = code.program
+    p = code.plan
     assert [b.name for b in p.inputs] == ["X", "W_q", "W_k", "W_v", "keep"]
     keep = p.inputs[-1]
     assert keep.batched and keep.kind == "buffer"
