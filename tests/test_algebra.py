@@ -398,3 +398,51 @@ def test_what_the_region_prover_proves_numpy_confirms(claim, numpy_sides, expect
         agree = agree and bool(same_ieee(lhs, rhs).all())
     if proved:
         assert agree, "proved, but NumPy finds a difference"
+
+
+# --- gradient checks of values that may be NaN: radicals as positive roots --------------------
+
+_QK_NORM = """
+dim N = 3, d = 2
+input Q[N, d]
+Qn = Q / sqrt(sum(Q * Q, axis=-1))
+O = Qn * Qn
+output O
+"""
+
+
+def test_the_qk_norm_gradient_is_checked_as_rational_functions_and_a_wrong_one_is_not():
+    import dataclasses as dc
+
+    from symattn.prove.claims import verify_gradients
+    from symattn.symbolic.derive import derive
+
+    typed = symattn.load(_QK_NORM).typed
+    derivation = derive(typed)
+    checks = {c.tensor: c for c in verify_gradients(typed, derivation=derivation)}
+    assert checks["Q"].ok and "as rational functions" in checks["Q"].method
+    # grad(Q) with the radial part not projected out: correct nowhere, so never "identical"
+    wrong_q = symattn.load(_QK_NORM + "check grad(Q) == grad(Qn) / sqrt(sum(Q * Q, axis=-1))\n").typed
+    wrong = wrong_q.checks[0].rhs
+    gradients = dict(derivation.gradients)
+    gradients["Q"] = dc.replace(gradients["Q"], expr=wrong)
+    tampered = dc.replace(derivation, gradients=gradients)
+    (bad,) = [c for c in verify_gradients(typed, derivation=tampered) if c.tensor == "Q"]
+    assert not bad.ok
+    # and the wrong formula really differs in float64 at a point with no zero row
+    rng = np.random.default_rng(0)
+    Q, G = rng.standard_normal((3, 2)), rng.standard_normal((3, 2))
+    r = np.sqrt((Q * Q).sum(-1, keepdims=True))
+    Qn = Q / r
+    dQn = 2 * Qn * G
+    true = (dQn - Qn * (dQn * Qn).sum(-1, keepdims=True)) / r
+    assert not np.allclose(dQn / r, true)
+
+
+def test_radicals_as_roots_do_not_make_sqrt_of_a_square_the_value():
+    from symattn.symbolic.exact import zero_test
+    from symattn.symbolic.relations import radicals_as_roots
+
+    x, y = sympy.symbols("x y", real=True)
+    assert zero_test(radicals_as_roots(sympy.sqrt(x * x + y * y) ** 2 - (x * x + y * y)))
+    assert not zero_test(radicals_as_roots(sympy.sqrt(x * x) - x))        # |x| is not x

@@ -61,6 +61,7 @@ from ..errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
 from .exact import entry_diff, mp_value, same_entry, settled, shared_xreplace, zero_test
+from .relations import radicals_as_roots
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
            "ELEMENT_BUDGET"]
@@ -241,13 +242,17 @@ class ElementModel:
             return entry.xreplace(self.exact_values)
         return entry
 
-    def identical(self, a: np.ndarray, b: np.ndarray, unfold_grads: bool = True) -> tuple[bool, list[str]]:
+    def identical(self, a: np.ndarray, b: np.ndarray, unfold_grads: bool = True,
+                  as_rational_functions: bool = False) -> tuple[bool, list[str]]:
         """(True, unfolded) if a == b entry by entry, exactly, under float64 semantics
-        (see the module docstring); (False, ...) if not shown."""
+        (see the module docstring); (False, ...) if not shown. With `as_rational_functions`, a
+        weaker comparison that the caller must state: radicals are positive roots
+        (`relations.radicals_as_roots`), so points where a value is NaN or infinite are not compared."""
         a, b = np.broadcast_arrays(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
         unfolded: list[str] = []
         stages = (self._grad_unfolding() if unfold_grads else []) + self._forward_unfolding()
-        pending = [(self._exact(x), self._exact(y)) for x, y in zip(a.flat, b.flat)]
+        exact = (lambda x: radicals_as_roots(self._exact(x))) if as_rational_functions else self._exact
+        pending = [(exact(x), exact(y)) for x, y in zip(a.flat, b.flat)]
         pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         for mapping, label in stages:
             if not pending:
@@ -258,7 +263,7 @@ class ElementModel:
             self._tick(f"unfolding {label}")
             unfolded.append(label)
             replace = shared_xreplace(mapping)
-            pending = [(self._exact(replace(x)), self._exact(replace(y))) for x, y in pending]
+            pending = [(exact(replace(x)), exact(replace(y))) for x, y in pending]
             pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         return (not pending), unfolded
 

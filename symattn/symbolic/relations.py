@@ -33,7 +33,7 @@ import mpmath
 import sympy
 from sympy.polys.polyerrors import BasePolynomialError
 
-__all__ = ["Root", "Angle", "Relation", "root_atom", "angle_atoms", "root_of", "relations", "reduces_to_zero",
+__all__ = ["radicals_as_roots", "Root", "Angle", "Relation", "root_atom", "angle_atoms", "root_of", "relations", "reduces_to_zero",
            "atom_values"]
 
 
@@ -81,6 +81,22 @@ def root_atom(radicand: sympy.Expr, degree: int) -> sympy.Dummy:
         _ROOTS[key] = root = Root(atom, radicand, degree, next(_RANK))
         _ROOT_OF[atom] = root
     return _ROOTS[key].atom
+
+
+def radicals_as_roots(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with every rational power b^(p/q) of a non-number (q > 1) written r^p, r = root_atom(b, q).
+
+    Only for comparisons *as rational functions* (the caller says so in its verdict): it takes
+    every radicand as positive, which is where float64's sqrt is a number; where a radicand is
+    negative or 0 the values are NaN or infinite and are not compared."""
+    def is_radical(node) -> bool:
+        return (isinstance(node, sympy.Pow) and node.exp.is_Rational and not node.exp.is_Integer
+                and not node.base.is_Number)
+
+    def as_root(node: sympy.Pow) -> sympy.Expr:
+        return root_atom(node.base, int(node.exp.q)) ** int(node.exp.p)
+
+    return expr.replace(is_radical, as_root) if expr.has(sympy.Pow) else expr
 
 
 def root_of(symbol) -> Root | None:
