@@ -62,9 +62,7 @@ def grad_entry(v, node: ir.CallSubscript, scope) -> t.Entry:
     if scope is None:
         raise _err(SpecShapeError, "grad(...)[...] picks one entry, which is index notation", node.pos,
                    "define a check-only tensor in index notation: T[i, j] = ... grad(X)[i, j] ...")
-    from .builtins import validate_call
-
-    whole = validate_call(v, call, None)  # typed, and recorded as a read of grad
+    whole = v.expr(call, None)  # typed by the builtin's rule, and recorded as a read of grad
     entry = v.expr(ir.Subscript(whole.name, node.indices, pos=node.pos), scope)
     return replace(entry, grad=True)
 
