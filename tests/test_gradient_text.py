@@ -99,6 +99,28 @@ def test_index_notation_parts_are_named_by_check_only_definitions():
     assert "grad(w) = dw_1" in lines and any(line.startswith("dw_1[l:d_a] = sum(i, sum(j, ") for line in lines)
 
 
+# A scalar param read in index notation (its gradient is an index-notation part of rank 0),
+# and an input the output does not depend on (its gradient is 0).
+SCALAR_AND_ZERO = """attention scalar
+dim N = 3
+input X[N, N], Y[N, N]
+param c
+S[i, j] = c * X[i, j] * X[j, i]
+O = tanh(S)
+output O
+"""
+
+
+def test_a_scalar_part_and_a_zero_gradient_parse_back_and_are_proved():
+    text = str(symattn.load(SCALAR_AND_ZERO).derive())
+    assert "dc_1[z_1:1] = sum(i, sum(j, " in text and "grad(c) = dc_1" in text
+    assert "grad(Y) = 0    # L does not depend on Y" in text
+    combined, first, equations = stated_as_checks(SCALAR_AND_ZERO, text)
+    verdicts = [v for v in symattn.load(combined, filename="scalar.attn").check() if v.line >= first]
+    assert len(verdicts) == len(equations) == 4
+    assert [v.verdict for v in verdicts] == ["proved"] * 4, [(v.claim, v.method) for v in verdicts]
+
+
 def test_fresh_names_collide_with_nothing():
     """A spec that already uses dX_1 (and an index name l): the printout picks dX_2."""
     source = (ROOT / "derivations" / "additive.attn").read_text().replace(

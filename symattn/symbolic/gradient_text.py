@@ -8,6 +8,7 @@ before it:
 
 - an index-notation part, as `dX_1[l:N, m:d] = sum(j, grad(S)[l, j] * ...)`
   (every index with its range), then `grad(X) = dX_1 + P.T @ grad(O) @ W_v.T`;
+  a scalar one gets an index over a single entry, `dc_1[z_1:1] = sum(i, ...)`;
 - the slice of an upstream gradient (concat's backward), as `dV_1 = grad(C)`,
   then `grad(V) = dV_1[:, 0:d]` (a slice of a name).
 
@@ -64,11 +65,14 @@ class _Names:
                     self.taken |= set(n.indices)
 
     def fresh(self, tensor: str) -> str:
+        return self.first_free(f"d{tensor}_{{}}")
+
+    def first_free(self, pattern: str) -> str:
         k = 1
-        while f"d{tensor}_{k}" in self.taken:
+        while pattern.format(k) in self.taken:
             k += 1
-        self.taken.add(f"d{tensor}_{k}")
-        return f"d{tensor}_{k}"
+        self.taken.add(pattern.format(k))
+        return pattern.format(k)
 
 
 class _Writer:
@@ -82,6 +86,8 @@ class _Writer:
         name = self.names.fresh(self.tensor)
         if isinstance(node, t.IndexDef):
             head = ", ".join(f"{i.name}:{format_dim(i.range, self.dims)}" for i in node.indices)
+            if not node.indices:  # a scalar: one index over a single entry, read nowhere ([1] is () up to a leading 1)
+                head = f"{self.names.first_free('z_{}')}:1"
             self.definitions.append(f"{name}[{head}] = {to_spec(node.body, self.dims)}")
         else:
             self.definitions.append(f"{name} = {to_spec(node, self.dims)}")
