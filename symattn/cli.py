@@ -120,7 +120,7 @@ def _summary(spec: Spec, force: bool = False) -> str:
     lines += [f"  {definition_text(typed, n)}" for n, i in typed.tensors.items() if i.expr is not None]
     lines += [f"  output {', '.join(typed.outputs)}", "", "Backward pass (matrix form, valid for all sizes)"]
     derivation = spec.derive()
-    lines += [f"  {derivation.formula(name)}" for name in derivation.gradients]
+    lines += [f"  {line}" for name in derivation.gradients for line in derivation.formula(name).splitlines()]
     verdicts = spec.check(force=force)
     if verdicts:
         counts = ", ".join(f"{sum(v.verdict == kind for v in verdicts)} {kind}"

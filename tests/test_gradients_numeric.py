@@ -42,6 +42,10 @@ output O
 """
 SPECS = sorted((REPO / "derivations").glob("*.attn")) + [BEYOND]
 IDS = [p.stem for p in SPECS[:-1]] + ["beyond"]
+# The attention variants (ALiBi, cosine, differential, GQA, sigmoid, sliding window,
+# soft-capping): their gradients exercise the simplifications of issue 12 (numbers cancelled,
+# ones folded, like terms collected), so each must still match finite differences.
+VARIANTS = sorted((REPO / "tests" / "data" / "variants").glob("*.attn"))
 
 
 def load(spec):
@@ -130,7 +134,7 @@ def test_every_gradient_equals_the_element_level_chain_rule_exactly(path):
 # --- (b) float64 central finite differences ------------------------------------------
 
 
-@pytest.mark.parametrize("path", SPECS, ids=IDS)
+@pytest.mark.parametrize("path", SPECS + VARIANTS, ids=IDS + [p.stem for p in VARIANTS])
 def test_every_gradient_matches_central_finite_differences(path):
     spec = load(path)
     leaves, upstream = sample(spec)

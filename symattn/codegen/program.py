@@ -246,7 +246,7 @@ class _Builder:
         self.grad_vars[name] = var
         lowered = self.lower(expr)
         derived = self.derivation.gradients[name].expr
-        self.add(var, lowered, self.derivation.formula(name), shape=self.spec.tensors[name].shape,
+        self.add(var, lowered, self.derivation.one_line(name), shape=self.spec.tensors[name].shape,
                  rewritten=expr != derived, defines=Definition(name, True, derived))
 
     def build(self) -> Program:

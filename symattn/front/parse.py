@@ -67,17 +67,14 @@ _TERMINAL_WORDS = {
 
 
 def grammar_text() -> str:
-    """The grammar: the checkout's when this code runs from a source checkout (a worktree imported
-    through PYTHONPATH shares the editable install's `symattn.grammar`, which is another checkout's),
-    otherwise the installed package's."""
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").is_file() and (checkout / "grammar" / "attention.lark").is_file():
-        return (checkout / "grammar" / "attention.lark").read_text("utf-8")
-    try:
-        return resources.files("symattn.grammar").joinpath("attention.lark").read_text("utf-8")
-    except (ModuleNotFoundError, FileNotFoundError, OSError):
-        checkout = Path(__file__).resolve().parents[2] / "grammar" / "attention.lark"
+    """The grammar of the checkout this package is imported from, or else the installed package's.
+
+    The checkout comes first: an editable install maps `symattn.grammar` to the checkout it
+    was installed from, which is not this one when another copy is on `sys.path` first."""
+    checkout = Path(__file__).resolve().parents[2] / "grammar" / "attention.lark"
+    if checkout.is_file():
         return checkout.read_text("utf-8")
+    return resources.files("symattn.grammar").joinpath("attention.lark").read_text("utf-8")
 
 
 class _BracketLines:
@@ -143,6 +140,12 @@ class ToIR(Transformer):
     def subscript(self, meta, children):
         tok, args = children
         return ir.Subscript(str(tok), tuple(args), pos=_pos_of(meta))
+
+    def call_subscript(self, meta, children):
+        func, *rest = children
+        args, indices = (rest[0], rest[1]) if len(rest) == 2 else ([], rest[0])
+        call = ir.Call(str(func), tuple(args), pos=_pos_of(meta), func_pos=_pos_of(func))
+        return ir.CallSubscript(call, tuple(indices), pos=_pos_of(meta))
 
     def arguments(self, meta, children):
         return list(children)

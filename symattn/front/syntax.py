@@ -21,6 +21,7 @@ __all__ = [
     "Call",
     "Keyword",
     "Subscript",
+    "CallSubscript",
     "BinOp",
     "UnaryOp",
     "Transpose",
@@ -88,6 +89,15 @@ class Subscript(Expr):
     """`X[i, k]`: one entry of a tensor, in index notation."""
 
     name: str
+    indices: tuple[Expr, ...]
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class CallSubscript(Expr):
+    """`grad(S)[i, j]`: one entry of a call's result, in index notation (only `grad` has entries)."""
+
+    call: Call
     indices: tuple[Expr, ...]
     pos: Pos = _pos()
 

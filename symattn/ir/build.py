@@ -3,7 +3,15 @@
 Contract: each function returns a typed node with its shape inferred by the
 rules of `symattn.ir.shapes`, after the local simplifications a person would
 make without thinking (`-(-A) = A`, `(A.T).T = A`, `1 * A = A`, a scalar
-divisor moved out of a matrix product: `(A / c) @ B = (A @ B) / c`). Each
+divisor moved out of a matrix product: `(A / c) @ B = (A @ B) / c`, the
+numbers of a product combined, `50 * A / 50 = A`, a `ones(...)` factor that
+broadcasts nothing dropped, like terms of a sum collected, `A * B + B * A =
+2 * A * B`). Every rule holds for every value, NaN and infinities included,
+up to rounding (which is not modelled): a product or quotient chain is
+reordered and its finite nonzero numbers combined, but no other factor is
+ever cancelled and a factor 0 is never folded (`0 * A` is NaN where A is
+infinite); like terms are collected only when their coefficients have the
+same sign (`2 * A - A` is NaN where A is infinite, `A` is not). Each
 simplification that fires is reported as a `Simplification(rule, before,
 after)` to the `Recorder` the caller passed (`rec`), so that documents replay
 exactly what was done; without one, nothing is recorded anywhere (there is no
@@ -13,6 +21,7 @@ shape return it unchanged: that is no simplification, nothing was written.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import sympy
@@ -130,8 +139,9 @@ def add(a: t.Node | None, b: t.Node | None, rec: Recorder | None = None) -> t.No
     if is_zero(b):
         return _note(rec, "A + 0 = A", _binary("add", a, b), a)
     if _is_neg(b):
-        return _note(rec, "A + (-B) = A - B", _binary("add", a, b), _binary("sub", a, b.x))
-    return _binary("add", a, b)
+        written = _note(rec, "A + (-B) = A - B", _binary("add", a, b), _binary("sub", a, b.x))
+        return _collect(written, rec)
+    return _collect(_binary("add", a, b), rec)
 
 
 def sub(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
@@ -144,7 +154,7 @@ def sub(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
     if is_zero(a):
         _note(rec, "0 - A = -A", _binary("sub", a, b), t.Unary("neg", b, b.shape))
         return neg(b, rec)
-    return _binary("sub", a, b)
+    return _collect(_binary("sub", a, b), rec)
 
 
 def mul(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
@@ -156,7 +166,7 @@ def mul(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
         return _minus_out("(-A) * B = -(A * B)", _binary("mul", a, b), mul(a.x, b, rec), rec)
     if _is_neg(b):
         return _minus_out("A * (-B) = -(A * B)", _binary("mul", a, b), mul(a, b.x, rec), rec)
-    return _binary("mul", a, b)
+    return _simplify_chain(_binary("mul", a, b), rec)
 
 
 def div(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
@@ -164,7 +174,7 @@ def div(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
         return _note(rec, "A / 1 = A", _binary("div", a, b), a)
     if _is_neg(a):
         return _minus_out("(-A) / B = -(A / B)", _binary("div", a, b), div(a.x, b, rec), rec)
-    return _binary("div", a, b)
+    return _simplify_chain(_binary("div", a, b), rec)
 
 
 def power(a: t.Node, b: t.Node, rec: Recorder | None = None) -> t.Node:
@@ -246,3 +256,164 @@ def expand_to(x: t.Node, shape, rec: Recorder | None = None) -> t.Node:
         return x
     return mul(x, ones(shape), rec)
 
+
+
+# --- products and quotients: one chain of factors ------------------------------------
+
+
+@dataclass(frozen=True)
+class _Factor:
+    """One factor of a product/quotient chain: the chain multiplies by `node`, or divides by it."""
+
+    node: t.Node
+    divides: bool = False
+
+
+def _factors(node: t.Node, divides: bool = False) -> list[_Factor]:
+    """`A * B / (C * D)` as [A, B, /C, /D]. Reordering these is exact in IEEE arithmetic up to
+    rounding and overflow, infinities and NaN included: the product is NaN when a factor is
+    NaN or one is 0 and another infinite (a divisor 0 counting as an infinite factor), whatever
+    the order, and `x / y` is `x * (1 / y)` at every extended real."""
+    if isinstance(node, t.Binary) and node.op == "mul":
+        return _factors(node.a, divides) + _factors(node.b, divides)
+    if isinstance(node, t.Binary) and node.op == "div":
+        return _factors(node.a, divides) + _factors(node.b, not divides)
+    return [_Factor(node, divides)]
+
+
+def _number(node: t.Node) -> sympy.Expr | None:
+    """The value of a finite, nonzero number: the only factors the chain rules combine."""
+    if isinstance(node, t.Scalar):
+        value = sympy.sympify(node.value)
+        if value.is_Number and value.is_finite and not value.is_zero:
+            return value
+    return None
+
+
+def _chain(factors: list[_Factor]) -> t.Node:
+    """The factors multiplied and divided left to right (a leading divisor as `1 / X`)."""
+    out: t.Node | None = None
+    for f in factors:
+        if out is None:
+            out = _binary("div", scalar(1), f.node) if f.divides else f.node
+        else:
+            out = _binary("div" if f.divides else "mul", out, f.node)
+    return scalar(1) if out is None else out
+
+
+def _coefficient(factors: list[_Factor]) -> sympy.Expr:
+    value = sympy.Integer(1)
+    for f in factors:
+        number = _number(f.node)
+        if number is not None:
+            value = value / number if f.divides else value * number
+    return value
+
+
+def _scaled(coeff: sympy.Expr, rest: list[_Factor]) -> t.Node:
+    """`p * rest / q` for a positive coefficient p / q (a float coefficient written in front)."""
+    if not rest:
+        return scalar(coeff)
+    if (coeff - 1).is_zero:  # also 1.0, which SymPy does not count == 1
+        return _chain(rest)
+    if coeff.is_Rational:
+        p, q = sympy.fraction(coeff)
+        front = [_Factor(scalar(p))] if p != 1 else []
+        back = [_Factor(scalar(q), divides=True)] if q != 1 else []
+        return _chain(front + rest + back)
+    return _chain([_Factor(scalar(coeff))] + rest)
+
+
+def _same_shape(x, y) -> bool:
+    return len(x) == len(y) and all(a == b or sympy.expand(a - b) == 0 for a, b in zip(x, y))
+
+
+def _simplify_chain(node: t.Binary, rec: Recorder | None) -> t.Node:
+    """The chain rules, each recorded: `ones(...)` factors that broadcast nothing dropped, then
+    the finite nonzero numbers combined (`50 * A * B / 50 = A * B`)."""
+    factors = _factors(node)
+    kept = list(factors)
+    for f in factors:
+        if isinstance(f.node, t.Constant) and f.node.kind == "ones":
+            others = [g.node.shape for g in kept if g is not f]
+            if others and _same_shape(broadcast(*others), node.shape):
+                kept.remove(f)  # x * 1 and x / 1 are x for every x, -inf and NaN included
+    current: t.Node = node
+    if len(kept) < len(factors):
+        current = _note(rec, "A * ones(shape) = A where the product has that shape anyway", current, _chain(kept))
+    numbers = [f for f in kept if _number(f.node) is not None]
+    if len(numbers) < 2:
+        return current
+    rest = [f for f in kept if _number(f.node) is None]
+    coeff = _coefficient(kept)
+    rule = "numbers of a product combined: c1 * A / c2 = (c1 / c2) * A"
+    if coeff < 0:
+        positive = _scaled(-coeff, rest)
+        _note(rec, rule, current, t.Unary("neg", positive, positive.shape))
+        return neg(positive, rec)
+    after = _scaled(coeff, rest)
+    return current if after == current else _note(rec, rule, current, after)
+
+
+# --- sums: like terms collected -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Term:
+    """One term of a sum: `sign * node`, with its chain split into a number and the other factors."""
+
+    node: t.Node
+    sign: int
+
+    @property
+    def coefficient(self) -> sympy.Expr:
+        return self.sign * _coefficient(_factors(self.node))
+
+    @property
+    def rest(self) -> list[_Factor]:
+        return [f for f in _factors(self.node) if _number(f.node) is None]
+
+    @property
+    def key(self) -> tuple | None:
+        """What makes two terms like terms: the same other factors, whatever their order, and
+        coefficients of the same sign. None: a bare number, never collected."""
+        rest = self.rest
+        if not rest:
+            return None
+        return frozenset(Counter(rest).items()), self.coefficient > 0
+
+
+def _terms(node: t.Node, sign: int = 1) -> list[_Term]:
+    if isinstance(node, t.Binary) and node.op in ("add", "sub"):
+        return _terms(node.a, sign) + _terms(node.b, sign if node.op == "add" else -sign)
+    if _is_neg(node):
+        return _terms(node.x, -sign)
+    return [_Term(node, sign)]
+
+
+def _collect(node: t.Binary, rec: Recorder | None) -> t.Node:
+    """Like terms of a sum collected: `c1 * T + c2 * T = (c1 + c2) * T` when c1 and c2 have
+    the same sign. Exact up to rounding for every T, infinities and NaN included; with
+    opposite signs it is not (`2 * T - T` is NaN where T is infinite), and `T - T` is never 0."""
+    if node.op not in ("add", "sub"):
+        return node
+    terms = _terms(node)
+    groups: dict[tuple, list[_Term]] = {}
+    for term in terms:
+        key = term.key
+        groups.setdefault(key if key is not None else (id(term),), []).append(term)
+    if all(len(group) == 1 for group in groups.values()):
+        return node
+    out: t.Node | None = None
+    for group in groups.values():
+        if len(group) == 1:
+            term, sign = group[0].node, group[0].sign
+        else:
+            total = sum((g.coefficient for g in group), sympy.Integer(0))
+            sign = 1 if total > 0 else -1
+            term = _scaled(abs(total), group[0].rest)
+        if out is None:
+            out = term if sign > 0 else t.Unary("neg", term, term.shape)
+        else:
+            out = _binary("add" if sign > 0 else "sub", out, term)
+    return _note(rec, "like terms collected: c1 * A + c2 * A = (c1 + c2) * A for c1, c2 of one sign", node, out)

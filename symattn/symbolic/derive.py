@@ -36,6 +36,7 @@ from ..ir.functions import table
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
 from .index_adjoint import Part, index_adjoint
+from .gradient_text import GradientText, gradient_texts
 from ..ir.printing import to_spec
 
 __all__ = ["Step", "Gradient", "Derivation", "Formula", "derive", "UNARY_RULES"]
@@ -65,7 +66,8 @@ class Gradient:
 class Formula:
     """One derived gradient, in every form symattn writes it.
 
-    `name` is `grad(T)`; `text` the line `derive --gradients` prints; `node` the
+    `name` is `grad(T)`; `text` what `derive --gradients` prints for it (the check-only
+    definitions of its index-notation parts, then `grad(T) = ...`); `node` the
     typed-IR right-hand side (None when L does not depend on T); `latex` and
     `mathml` the equation as the documents typeset it (no `$` around the LaTeX;
     drawn by the docs stage, see `symattn.present`); `sympy` the right-hand side
@@ -163,8 +165,20 @@ class Derivation(Mapping):
     def _repr_latex_(self) -> str | None:
         return render("latex", self)
 
+    @cached_property
+    def texts(self) -> dict[str, GradientText]:
+        """Every gradient as spec text, its fresh names chosen once for the whole derivation
+        (`symattn.symbolic.gradient_text`)."""
+        return gradient_texts(self.spec, {name: g.expr for name, g in self.gradients.items()})
+
     def formula(self, name: str) -> str:
-        """`grad(T) = ...` in spec syntax."""
+        """`grad(T) = ...` in spec syntax, after the check-only definitions it names, if any
+        (`dX_1[l:N, m:d] = ...` for an index-notation part); `# grad(O): ...` for an output."""
+        return str(self.texts[name])
+
+    def one_line(self, name: str) -> str:
+        """The gradient on one line, an index-notation part written in place as `[l, m] -> ...`:
+        a caption (the comments of generated code), not spec text; `formula` is spec text."""
         expr = self.gradients[name].expr
         dims = list(self.spec.dims)
         if expr is None:
