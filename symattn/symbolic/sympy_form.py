@@ -19,6 +19,10 @@ expressions so that it can be manipulated, substituted and evaluated:
   (sums keep the axis, as in the language), `softmax(S, axis=-1)` is
   `E ∘ (E @ OneMatrix(n, n))^∘-1` with `E = exp(S)` (the mathematical softmax:
   a fully masked row is 0/0 here, where generated code gives zeros);
+  `cumsum` along rows is `L @ X` with `L` the lower-triangular 0/1
+  `FunctionMatrix` (along columns `X @ L.T`; reversed, the transposes);
+  `max` and `min` are `Max` / `Min` of the entries of a line, which needs
+  the reduced axis's size as a number;
 - index notation, `where`, comparisons, `causal_mask` and `sinusoidal` are
   `FunctionMatrix(rows, cols, Lambda((i, j), entry))`, the entry written with
   `Sum`, `Piecewise` and the entries `X[i, k]` of the matrix symbols (indices

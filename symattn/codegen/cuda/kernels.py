@@ -22,7 +22,8 @@ from typing import Sequence
 from .names import CNames
 from .syntax import dim_c, numel_c, offset_c
 
-__all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel", "matmul_kernel", "batch_sum_kernel",
+__all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel", "matmul_kernel",
+           "batch_sum_kernel",
            "unravel", "PRELUDE", "HELPERS", "helpers_for",
            "column_reduction"]
 

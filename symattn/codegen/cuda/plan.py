@@ -46,7 +46,8 @@ from ..program import build_program
 from ..program_ir import Program, Stmt
 from . import flash
 from .core import AttentionCore, find_cores, substitute
-from .kernels import Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel, reduce_kernel, scan_kernel, softmax_kernel
+from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
+                      reduce_kernel, scan_kernel, softmax_kernel)
 from .names import CNames, c_identifier
 from .syntax import CPrinter, CudaCodegenError, align, dim_c, offset_c
 

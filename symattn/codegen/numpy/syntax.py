@@ -17,7 +17,8 @@ from ...ir.printer import ATOM, PRECEDENCE, Printed
 from ..program import CodegenError
 from .runtime import HELPERS
 
-__all__ = ["Code", "einsum_letters", "UNARY", "SCALAR_UNARY", "BINARY", "INPLACE", "REDUCE", "SCAN", "CONSTANT", "RESERVED",
+__all__ = ["Code", "einsum_letters", "UNARY", "SCALAR_UNARY", "BINARY", "INPLACE", "REDUCE", "SCAN", "CONSTANT",
+           "RESERVED",
            "PYTHON_PRECEDENCE"]
 
 # Python binds attribute access and subscripts (`x.swapaxes(-1, -2)`, `x[..., 0:n]`) like names.
