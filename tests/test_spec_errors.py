@@ -190,7 +190,7 @@ def test_cases_cover_every_error_class():
     pytest.param(BASE + "Z = X + Y\noutput Z\n", r"for a matrix product use @", id="broadcast"),
     pytest.param(BASE + "Z = X\n", r"add a line `output NAME`", id="no_output"),
     pytest.param("dim N = 4\nZ[i] = i\noutput Z\n", r"give it explicitly, as i:N", id="index_range"),
-    pytest.param(BASE + "Z = max(X)\noutput Z\n", r"^the builtins are abs, causal_mask, .*softmax", id="no_near_builtin"),
+    pytest.param(BASE + "Z = argmax(X)\noutput Z\n", r"^the builtins are abs, causal_mask, .*softmax", id="no_near_builtin"),
     pytest.param(BASE + "Z = X.t\noutput Z\n", r"the only postfix is \.T", id="method_call"),
 ])
 def test_hint(text, hint):

@@ -163,7 +163,8 @@ class _Builder:
             return node.fn
         names = {t.MatMul: "product", t.Softmax: "weights", SoftmaxGrad: "dscores", t.Reduce: "total",
                  t.Binary: "term", t.SumTo: "total", t.Transpose: "transposed", t.Constant: "constant",
-                 t.Where: "choice", t.MergeHeads: "merged", t.SplitHeads: "heads", t.Concat: "joined"}
+                 t.Where: "choice", t.MergeHeads: "merged", t.SplitHeads: "heads", t.Concat: "joined",
+                 t.Scan: "running"}
         return names.get(type(node), "value")
 
     # --- lowering -----------------------------------------------------------------------

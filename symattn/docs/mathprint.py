@@ -208,6 +208,10 @@ class MatrixTypesetter(BoxPrinter):
     def _print_Softmax(self, node: t.Softmax) -> Printed:
         return self.call(_axis_word("softmax", node.axis, len(node.x.shape)), self.box(node.x))
 
+    def _print_Scan(self, node: t.Scan) -> Printed:
+        kind = "revcumsum" if node.reverse else "cumsum"
+        return self.call(_axis_word(kind, node.axis, len(node.x.shape)), self.box(node.x))
+
     def _print_Compare(self, node: t.Compare) -> Printed:
         return self.compare(node.op, self.doprint(node.a), self.doprint(node.b))
 
@@ -372,6 +376,16 @@ class EntryTypesetter(BoxPrinter):
         if node.kind == "mean":
             return Printed(Frac(body.text, dim_box(node.x.shape[node.axis])), self.prec("div"))
         return body
+
+    def _print_Scan(self, node: t.Scan, idx) -> Printed:
+        """`sum_{k <= i} X_{k, j}` (reversed: k >= i)."""
+        if idx[node.axis] is None:
+            return self._print_Node(node, idx)
+        k = self.nm.fresh(node.x.shape[node.axis])
+        inner = tuple(k if a == node.axis else i for a, i in enumerate(idx))
+        bound = self.compare(">=" if node.reverse else "<=", Printed(ident(k), ATOM),
+                             Printed(ident(idx[node.axis]), ATOM)).text
+        return self.summed(bound, self.doprint(node.x, inner))
 
     def _print_Compare(self, node: t.Compare, idx) -> Printed:
         return self.compare(node.op, self.operand(node.a, idx), self.operand(node.b, idx))

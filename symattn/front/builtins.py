@@ -103,6 +103,21 @@ def _reduction(v, call, scope):
     return t.Reduce(call.func, x, axis, shape, pos=call.pos)
 
 
+def _cumsum(v, call, scope):
+    _matrix_only(v, call, scope)
+    args = _Args(call, ("x", "axis", "reverse"), 2)
+    x = v.expr(args.get("x"), scope)
+    if x.shape == ():
+        raise _err(SpecShapeError, "cumsum() of a scalar; it needs a tensor with an axis", call.pos)
+    axis = _axis(v, args, x, None)
+    flag = args.get("reverse")
+    reverse = 0 if flag is None else v.int_literal(flag, "reverse")
+    if reverse not in (0, 1):
+        raise _err(SpecShapeError, f"reverse must be 0 (a prefix sum) or 1 (a suffix sum), got {reverse}",
+                   flag.pos)
+    return t.Scan(x, axis, bool(reverse), x.shape, pos=call.pos)
+
+
 def _index_sum(v, call, scope):
     args = [a for a in call.args]
     if len(args) != 2 or not isinstance(args[0], ir.Name) or isinstance(args[1], ir.Keyword):
@@ -254,6 +269,7 @@ def _symmetry(v, call, scope):
 
 RULES: dict[str, Callable] = {
     **{name: _reduction for name in t.REDUCTIONS},
+    "cumsum": _cumsum,
     "softmax": _softmax,
     "where": _where,
     "merge_heads": _merge_heads,

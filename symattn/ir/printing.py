@@ -109,6 +109,10 @@ class SpecPrinter(Printer):
     def _print_Reduce(self, node: t.Reduce) -> Printed:
         return self.call(node.kind, self.text(node.x) + _axis_text(node.axis, len(node.x.shape)))
 
+    def _print_Scan(self, node: t.Scan) -> Printed:
+        flag = ", reverse=1" if node.reverse else ""
+        return self.call("cumsum", self.text(node.x) + _axis_text(node.axis, len(node.x.shape)) + flag)
+
     def _print_Softmax(self, node: t.Softmax) -> Printed:
         return self.call("softmax", self.text(node.x) + _axis_text(node.axis, len(node.x.shape)))
 

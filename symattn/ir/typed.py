@@ -30,6 +30,7 @@ __all__ = [
     "MatMul",
     "Transpose",
     "Reduce",
+    "Scan",
     "Softmax",
     "Compare",
     "Where",
@@ -59,7 +60,7 @@ __all__ = [
 
 Shape = tuple  # tuple[sympy.Expr, ...]
 
-REDUCTIONS = ("sum", "mean", "logsumexp")
+REDUCTIONS = ("sum", "mean", "logsumexp", "max", "min")
 CONSTANTS = ("sinusoidal", "causal_mask", "eye", "ones")
 
 
@@ -161,11 +162,33 @@ class Transpose(Node):
 
 @dataclass(frozen=True, slots=True)
 class Reduce(Node):
-    """`sum`, `mean` or `logsumexp` over `axis` (None: every axis), keeping it."""
+    """`sum`, `mean`, `logsumexp`, `max` or `min` over `axis` (None: every axis), keeping it.
+
+    The gradient of `max` and `min` is shared equally among tied entries (torch.amax's convention).
+    """
 
     kind: str
     x: Node
     axis: int | None
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Scan(Node):
+    """`cumsum(x, axis)`: the inclusive prefix sum along `axis`, same shape as `x`.
+
+    `reverse` sums from the end instead (entry i holds the sum of entries i, i + 1, ...):
+    the adjoint of the forward scan, written `cumsum(x, axis=0, reverse=1)`.
+    """
+
+    x: Node
+    axis: int
+    reverse: bool
     shape: Shape
     pos: Pos = _pos()
 

@@ -62,8 +62,10 @@ LEMMAS = {
     "elementwise": Lemma("elementwise", "an elementwise function commutes with a permutation: "
                                          "f(Pi A, Pi B) = Pi f(A, B), broadcasting included"),
     "softmax": Lemma("softmax", "softmax(Pi S Sigma^T) = Pi softmax(S) Sigma^T along either axis"),
-    "reduce": Lemma("reduce", "a sum (mean, logsumexp) over a permuted axis is unchanged: "
+    "reduce": Lemma("reduce", "a sum (mean, logsumexp, max, min) over a permuted axis is unchanged: "
                               "sum(A Pi^T, axis=-1) = sum(A, axis=-1)"),
+    "scan": Lemma("scan", "cumsum along an axis that is not permuted commutes with permuting the others: "
+                          "cumsum(Pi A, axis=-1) = Pi cumsum(A, axis=-1)"),
     "heads": Lemma("heads", "merge_heads and split_heads move whole rows: they commute with permuting N"),
     "concat": Lemma("concat", "concat(Pi A, Pi B) = Pi concat(A, B) along an axis that is not permuted"),
     "constant": Lemma("constant", "ones(...) is unchanged by any permutation; Pi eye Pi^T = eye"),
@@ -242,6 +244,14 @@ def _reduced(patterns, axes: set[int]) -> frozenset[Pattern]:
 def _(node: t.Reduce, ty):
     axes = set(range(len(node.x.shape))) if node.axis is None else {node.axis}
     return _reduced(_rule(node.x, ty)[0], axes), "reduce"
+
+
+@_rule.register
+def _(node: t.Scan, ty):
+    patterns = frozenset(p for p in _rule(node.x, ty)[0] if not p[node.axis])
+    if not patterns:
+        raise _Broken(f"{ty.text(node)}: the scanned axis is permuted, and a prefix sum depends on the order")
+    return patterns, "scan"
 
 
 @_rule.register

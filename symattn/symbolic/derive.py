@@ -304,11 +304,31 @@ def _(node: t.Reduce, g, cx):
         count = t.DimValue(sympy.Mul(*[x.shape[k] for k in axes]))
         return [Part(x, "C = mean(A): every entry gets G / n", lambda r: b.expand_to(b.div(g, count, r), x.shape, r))]
 
+    if node.kind in ("max", "min"):
+        return [Part(x, f"C = {node.kind}(A): grad(A) = G / (the number of ties) where A == C, 0 elsewhere "
+                        "(torch.amax's convention)", lambda r: _tie_share(x, cx.ref(node), g, node.axis))]
+
     def weights(r):
         if node.axis is None:
             return b.unary("exp", b.sub(x, cx.ref(node), r))
         return b.softmax(x, node.axis)
     return [Part(x, "C = logsumexp(A): grad(A) = G * softmax(A)", lambda r: b.mul(g, cx.ref(weights(r)), r))]
+
+
+def _tie_share(x: t.Node, extreme: t.Node, g: t.Node, axis: int | None) -> t.Node:
+    """where(A == C, G / sum(where(A == C, 1, 0)), 0): the gradient of C = max(A) or min(A),
+    shared equally among the entries that attain it."""
+    hit = b.compare("==", x, extreme)
+    ties = b.reduce_sum(b.where(hit, b.scalar(1), b.scalar(0)), axis)
+    return b.where(hit, b.div(g, ties), b.scalar(0))
+
+
+@_adjoint.register
+def _(node: t.Scan, g, cx):
+    name = "reverse cumsum" if not node.reverse else "cumsum"
+    back = t.Scan(g, node.axis, not node.reverse, g.shape)
+    return [Part(node.x, f"C = {'cumsum' if not node.reverse else 'reverse cumsum'}(A): grad(A) = "
+                         f"{name}(G), the scan the other way", lambda r: back)]
 
 
 @_adjoint.register

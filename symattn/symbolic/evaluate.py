@@ -31,7 +31,7 @@ from ..ir.functions import FUNCTIONS, table
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
 
-__all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves"]
+__all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves", "reduce_lines"]
 
 
 def sinusoidal_value(i: int, column: int, width: int, exact: bool):
@@ -42,6 +42,19 @@ def sinusoidal_value(i: int, column: int, width: int, exact: bool):
         return sympy.sin(angle) if column % 2 == 0 else sympy.cos(angle)
     angle = i / 10000.0 ** (2 * c / width)
     return math.sin(angle) if column % 2 == 0 else math.cos(angle)
+
+
+def reduce_lines(x, axis, line) -> np.ndarray:
+    """`line(entries)` of every line of the object array `x` along `axis` (an int or a tuple of
+    them), keeping the reduced axes with size 1: max and min of exact or guarded entries."""
+    x = np.asarray(x, dtype=object)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    moved = np.moveaxis(x, axes, tuple(range(-len(axes), 0)))
+    flat = moved.reshape(*moved.shape[:moved.ndim - len(axes)], -1)
+    out = np.empty(flat.shape[:-1], dtype=object)
+    for index in np.ndindex(*out.shape):
+        out[index] = line(list(flat[index]))
+    return np.expand_dims(out, tuple(a % x.ndim for a in axes))
 
 
 class _Backend:
@@ -90,6 +103,11 @@ class _Numeric(_Backend):
         top = np.where(np.isfinite(top), top, 0.0)
         with np.errstate(divide="ignore"):
             return np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+
+    def extreme(self, kind: str, x, axis):
+        """max or min along `axis`, keeping it; NaN anywhere in a row gives NaN, as np.max says."""
+        x = np.asarray(x, dtype=np.float64)
+        return (np.max if kind == "max" else np.min)(x, axis=axis, keepdims=True)
 
     def array(self, values):
         return np.asarray(values, dtype=np.float64)
@@ -173,6 +191,16 @@ class _Symbolic(_Backend):
 
     def logsumexp(self, x, axis):
         return self.unary("log", np.sum(self.unary("exp", x), axis=axis, keepdims=True))
+
+    def extreme(self, kind: str, x, axis):
+        """sympy.Max or sympy.Min of each line along `axis`, keeping it; a NaN entry makes the line NaN."""
+        fn = sympy.Max if kind == "max" else sympy.Min
+
+        def line(values):
+            values = [sympy.sympify(v) for v in values]
+            return sympy.nan if any(v is sympy.nan for v in values) else fn(*values)
+
+        return reduce_lines(x, axis, line)
 
     def array(self, values):
         return np.asarray(values, dtype=object)
@@ -299,6 +327,8 @@ class Evaluator:
         axis = tuple(range(-rank, 0)) if node.axis is None else node.axis - rank
         if node.kind == "logsumexp":
             return self.backend.logsumexp(x, axis)
+        if node.kind in ("max", "min"):
+            return self.backend.extreme(node.kind, x, axis)
         with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf is NaN, as float64 says
             total = np.sum(x, axis=axis, keepdims=True)
         if node.kind == "mean":
@@ -307,6 +337,14 @@ class Evaluator:
                 count *= self.size(node.x.shape[k])
             return total / (sympy.Integer(count) if self.backend.exact else count)
         return total
+
+    @_eval.register
+    def _(self, node: t.Scan):
+        x = np.asarray(self._eval(node.x))
+        axis = self._neg(node.axis, node.x)
+        if node.reverse:
+            return np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis)
+        return np.cumsum(x, axis=axis)  # object arrays add their SymPy entries exactly
 
     @_eval.register
     def _(self, node: t.Softmax):

@@ -218,13 +218,13 @@ class Finiteness:
         if isinstance(n, t.MatMul):
             return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY
         if isinstance(n, t.Reduce):
-            x = self.node(n.x)  # sums of finite and -inf values are finite or -inf
+            x = self.node(n.x)  # sums, maxima and minima of finite and -inf values are finite or -inf
             return x
         if isinstance(n, t.Softmax):
             return FINITE if self.node(n.x) <= MINUS_INF else ANY
         if isinstance(n, t.Where):
             return max(self.node(n.a), self.node(n.b))
-        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum)):
+        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum, t.Scan)):
             return self.node(n.children[0])
         if isinstance(n, t.Concat):
             return max(self.node(p) for p in n.parts)

@@ -48,7 +48,7 @@ from ..budget import checkpoint
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
 from .element import symbol_name
-from .evaluate import Evaluator
+from .evaluate import Evaluator, reduce_lines
 from .exact import settled, zero_test
 from .relations import root_atom
 from .signs import nonnegative, positive, zero_events
@@ -239,6 +239,20 @@ class _Guarded:
         e = self.unary("exp", x)
         total = np.sum(np.asarray(e, dtype=object), axis=axis, keepdims=True)
         return self._map(self._log_of_total, total)
+
+    def extreme(self, kind, x, axis):
+        """max or min of a line of finite values; a line with an infinity or NaN is not modelled."""
+        fn = sympy.Max if kind == "max" else sympy.Min
+
+        def line(values):
+            values = [_wrap(v) for v in values]
+            deps = frozenset().union(*(v.deps for v in values))
+            if all(v.kind == FINITE for v in values):
+                return Value(FINITE, fn(*(v.expr for v in values)), deps)
+            self._problem(f"{kind} of a line with an entry that may be infinite or NaN")
+            return Value(UNKNOWN, deps=deps)
+
+        return reduce_lines(x, axis, line)
 
     @staticmethod
     def _map(func, x):

@@ -46,13 +46,14 @@ from ..program import build_program
 from ..program_ir import Program, Stmt
 from . import flash
 from .core import AttentionCore, find_cores, substitute
-from .kernels import Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel, reduce_kernel, softmax_kernel
+from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
+                      reduce_kernel, scan_kernel, softmax_kernel)
 from .names import CNames, c_identifier
 from .syntax import CPrinter, CudaCodegenError, align, dim_c, offset_c
 
 __all__ = ["KernelPlan", "Stored", "Unfusable", "lower", "plan"]
 
-_HEAVY = (t.MatMul, t.Reduce, t.Softmax, t.SumTo, t.IndexDef)
+_HEAVY = (t.MatMul, t.Reduce, t.Softmax, t.SumTo, t.IndexDef, t.Scan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +238,9 @@ class _Planner:
         if isinstance(expr, (t.Reduce, t.SumTo)):
             self._prepare(expr.x)
             return self._reduce(out, expr, comment)
+        if isinstance(expr, t.Scan):
+            self._prepare(expr.x)
+            return self._scan(out, expr, comment)
         accumulators = _accumulators(expr)
         if accumulators:
             self._prepare(expr, skip=accumulators)
@@ -297,7 +301,9 @@ class _Planner:
         self._emit(reduce_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, out_coords, red_coords,
                                  red_shape, value, kind, self.names, self.batch, self.phase))
 
-    def _softmax(self, out, expr: t.Softmax, comment):
+    def _line_kernel(self, make, out, expr, comment, *extra):
+        """A kernel that walks whole lines of `expr.x` along `expr.axis` (softmax, cumsum): `make` gets
+        the line's coordinates, the axis coordinate, its length, the entry and the output offset."""
         x, axis = expr.x, expr.axis
         coords = _coords("i", x.shape)
         coords[axis] = f"i{axis}_"
@@ -305,12 +311,18 @@ class _Planner:
         printer = CPrinter(self.names, scope)
         value = printer.entry(x, coords)
         _no_statements(printer)
-        row_coords = [c for k, c in enumerate(coords) if k != axis]
-        row_shape = [d for k, d in enumerate(x.shape) if k != axis]
-        self._emit(softmax_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, row_coords,
-                                  coords[axis], dim_c(x.shape[axis], self.names), value,
-                                  offset_c(coords, out.shape, self.names), self.names, self.batch, self.phase,
-                                  row_shape))
+        line_coords = [c for k, c in enumerate(coords) if k != axis]
+        line_shape = [d for k, d in enumerate(x.shape) if k != axis]
+        self._emit(make(self._kernel_name(out), comment, out, scope.reads, self.dims, line_coords,
+                        coords[axis], dim_c(x.shape[axis], self.names), value,
+                        offset_c(coords, out.shape, self.names), self.names, self.batch, self.phase,
+                        line_shape, *extra))
+
+    def _softmax(self, out, expr: t.Softmax, comment):
+        self._line_kernel(softmax_kernel, out, expr, comment)
+
+    def _scan(self, out, expr: t.Scan, comment):
+        self._line_kernel(scan_kernel, out, expr, comment, expr.reverse)
 
     def _matmul(self, out, expr, accumulators, comment):
         for node in accumulators:

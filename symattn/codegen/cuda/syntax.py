@@ -244,7 +244,7 @@ class CPrinter(Printer):
         return Printed(text, ATOM)
 
     _print_Tensor = _print_Grad = _print_MatMul = _print_Reduce = _print_Softmax = _print_SumTo = \
-        _print_IndexDef = _memory
+        _print_IndexDef = _print_Scan = _memory
 
     def _print_Scalar(self, node: t.Scalar, coords) -> Printed:
         text = float_literal(node.value)

@@ -23,7 +23,7 @@ from ...ir import typed as t
 from ...ir.printer import ADD, ATOM, MUL, NEG, POW
 from ..index import IndexArray, LEntry, LScalarTensor, LVar
 from .index_printer import IndexNotationPrinter
-from .syntax import BINARY, CONSTANT, INPLACE, REDUCE, RESERVED, SCALAR_UNARY, UNARY, Code
+from .syntax import BINARY, CONSTANT, INPLACE, REDUCE, RESERVED, SCALAR_UNARY, SCAN, UNARY, Code
 from ..program_ir import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, walk_labelled
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
@@ -235,6 +235,12 @@ class NumPyPrinter(IndexNotationPrinter):
         if node.kind == "logsumexp":
             self.helpers.add("_logsumexp")
         return Code(REDUCE[node.kind].format(x=x.text, axis=self._axis(node.axis, rank)), ATOM, True, x.carrying)
+
+    def _print_Scan(self, node: t.Scan) -> Code:
+        x = self.doprint(node.x)
+        if node.reverse:
+            self.helpers.add("_reverse_cumsum")
+        return Code(SCAN[node.reverse].format(x=x.text, axis=node.axis - len(node.x.shape)), ATOM, True, x.carrying)
 
     def _print_Softmax(self, node: t.Softmax) -> Code:
         axis = node.axis - len(node.x.shape)

@@ -17,7 +17,8 @@ from ...ir.printer import ATOM, PRECEDENCE, Printed
 from ..program import CodegenError
 from .runtime import HELPERS
 
-__all__ = ["Code", "einsum_letters", "UNARY", "SCALAR_UNARY", "BINARY", "INPLACE", "REDUCE", "CONSTANT", "RESERVED",
+__all__ = ["Code", "einsum_letters", "UNARY", "SCALAR_UNARY", "BINARY", "INPLACE", "REDUCE", "SCAN", "CONSTANT",
+           "RESERVED",
            "PYTHON_PRECEDENCE"]
 
 # Python binds attribute access and subscripts (`x.swapaxes(-1, -2)`, `x[..., 0:n]`) like names.
@@ -29,7 +30,10 @@ SCALAR_UNARY = {"sqrt": "{x} ** 0.5", "neg": "-{x}"}  # on Python numbers; other
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
 INPLACE = {"add": "+=", "sub": "-=", "mul": "*=", "div": "/="}
 REDUCE = {"sum": "np.sum({x}, axis={axis}, keepdims=True)", "mean": "np.mean({x}, axis={axis}, keepdims=True)",
-          "logsumexp": "_logsumexp({x}, axis={axis})"}
+          "logsumexp": "_logsumexp({x}, axis={axis})", "max": "np.max({x}, axis={axis}, keepdims=True)",
+          "min": "np.min({x}, axis={axis}, keepdims=True)"}
+# cumsum forward and reversed (the suffix sum, cumsum's adjoint)
+SCAN = {False: "np.cumsum({x}, axis={axis})", True: "_reverse_cumsum({x}, axis={axis})"}
 CONSTANT = {
     "sinusoidal": ("_sinusoidal({args}, dtype)", "_sinusoidal"),
     "causal_mask": ("_causal_mask({args}, dtype)", "_causal_mask"),
