@@ -30,6 +30,7 @@ from . import syntax as ir
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
+from .claim_forms import symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
 from .parse import KEYWORDS
 from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
@@ -349,63 +350,9 @@ class _Validator:
                            f"{self.shape_text(rhs.shape)}", claim.op_pos)
             return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, "equal", stmt.pos, lhs=lhs, rhs=rhs)
         if isinstance(claim, ir.Call) and claim.func in ("equivariant", "invariant"):
-            return self.symmetry_check(stmt, claim)
+            return symmetry_check(self, stmt, claim)
         raise _err(SpecCheckError, "a check is `A == B`, `equivariant(O, X)` or `invariant(O, Y)`", claim.pos,
                    "prefix with `not` to claim that a counterexample exists")
-
-    def symmetry_check(self, stmt: ir.Check, claim: ir.Call) -> t.CheckInfo:
-        args = claim.args
-        usage = (f"{claim.func} takes (OUTPUT, TENSOR) or (OUTPUT, TENSOR, DIM), all names; TENSOR may be a "
-                 f"group of given tensors permuted together, as in {claim.func}(O, (X, keep))")
-        if not 2 <= len(args) <= 3 or not isinstance(args[0], ir.Name) \
-                or not isinstance(args[1], (ir.Name, ir.Group)) \
-                or (len(args) == 3 and not isinstance(args[2], ir.Name)):
-            raise _err(SpecCheckError, usage, claim.pos)
-        out = args[0]
-        group = args[1].items if isinstance(args[1], ir.Group) else (args[1],)
-        if out.id not in self.tensors:
-            raise self.unknown(out.id, out.pos)
-        seen: dict[str, ir.Pos] = {}
-        for item in group:
-            if not isinstance(item, ir.Name):
-                raise _err(SpecCheckError, f"a group lists tensor names, as in {claim.func}(O, (X, keep))", item.pos)
-            if item.id not in self.tensors:
-                raise self.unknown(item.id, item.pos)
-            if self.tensors[item.id].kind not in ("input", "param", "buffer"):
-                raise _err(SpecCheckError, f"'{item.id}' is computed, not declared; permute an input, param or "
-                           "buffer", item.pos)
-            if item.id in seen:
-                first = seen[item.id]
-                raise _err(SpecCheckError, f"'{item.id}' is named twice in the group (first at "
-                           f"{first.line}:{first.column})", item.pos)
-            seen[item.id] = item.pos
-        first_item = group[0]
-        first_shape = self.tensors[first_item.id].shape
-        if len(args) == 3:
-            dim_name = args[2]
-            if dim_name.id not in self.dims:
-                raise _err(SpecCheckError, f"'{dim_name.id}' is not a dim", dim_name.pos)
-            chosen = dim_name.id
-            where = dim_name.pos
-        else:
-            if not first_shape:
-                raise _err(SpecCheckError, f"'{first_item.id}' is a scalar; there is nothing to permute",
-                           first_item.pos)
-            first = first_shape[0]
-            if not first.is_Symbol:
-                shown = first_item.id if len(group) == 1 else "(" + ", ".join(i.id for i in group) + ")"
-                raise _err(SpecCheckError, f"the first axis of {first_item.id} is {first}, not a single dim",
-                           first_item.pos, f"name the dim to permute: {claim.func}({out.id}, {shown}, DIM)")
-            chosen = str(first)
-            where = None
-        dim = self.dims[chosen].symbol
-        for item in group:
-            shape = self.tensors[item.id].shape
-            if not any(same_dim(dim, d) for d in shape):
-                raise _err(SpecCheckError, f"{item.id} {self.shape_text(shape)} has no axis of dim {chosen}",
-                           where if where is not None and len(group) == 1 else item.pos)
-        return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, claim.func, stmt.pos,
-                           output=out.id, sources=tuple(i.id for i in group), dim=chosen)
 
     # --- index notation ----------------------------------------------------------------
 
