@@ -24,6 +24,8 @@ code from `symattn.codegen.torch.printer`, the helpers from its runtime.
 from __future__ import annotations
 
 import hashlib
+import sys
+import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from ..program import Program, Stmt
     from .printer import TorchPrinter
 
-__all__ = ["torch_source", "load_module", "SoftmaxRecompute", "recompute_plan"]
+__all__ = ["torch_source", "load_torch_module", "SoftmaxRecompute", "recompute_plan"]
 
 
 @dataclass(frozen=True)
@@ -424,6 +426,18 @@ def _autograd(spec: t.TypedSpec, layout: _Layout, op_name: str) -> list[str]:
         "", "",
     ]
     return lines
+
+
+def load_torch_module(source: str, name: str = "symattn_generated_torch") -> types.ModuleType:
+    """Generated torch source as a module, registered in `sys.modules` (torch.compile looks a traced
+    function's module up by name); a name taken already gets a numbered suffix."""
+    base, k = name, 1
+    while name in sys.modules:
+        k += 1
+        name = f"{base}_{k}"
+    module = load_module(source, name)
+    sys.modules[name] = module
+    return module
 
 
 def _helper_sources(used: set[str]) -> list[str]:
