@@ -89,6 +89,7 @@ class Spec:
         self._sessions: dict = {}
         self._verdicts: dict = {}
         self._gradient_checks: dict = {}
+        self._torch_generated = None  # the generated torch module, loaded once for spec.torch()
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -228,19 +229,41 @@ class Spec:
 
         return load_module(self.emit("numpy"), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
 
+    def torch(self, backend: str = "auto"):
+        """The spec as a `torch.nn.Module`: its params are `nn.Parameter`s of the spec's shapes, its inputs and
+        buffers keywords, `module(X=x)` returns the outputs as a dict, differentiable through the derived
+        backward (`symattn.codegen.torch.module`). backend: "eager" (the generated torch code), "triton"
+        (the Triton kernels), or "auto" (Triton for CUDA tensors, eager elsewhere)."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UsageError("spec.torch() needs PyTorch: pip install 'symattn[torch]'") from None
+        from .codegen.torch.emit import load_torch_module
+        from .codegen.torch.module import AttentionModule
+
+        if self._torch_generated is None:
+            name = f"symattn_torch_{self.name}" if self.name.isidentifier() else "symattn_torch_spec"
+            self._torch_generated = load_torch_module(self.emit("torch"), name)
+        return AttentionModule(self.typed, self._torch_generated, backend)
+
     def emit(self, target: str = "numpy"):
-        """The generated code: the NumPy module's text for "numpy"; for "cuda" a `symattn.codegen.cuda.CudaCode`
+        """The generated code: the NumPy module's text for "numpy", the PyTorch module's for "torch"; for "cuda"
+        a `symattn.codegen.cuda.CudaCode`
         whose `files` maps each file name (.cu, .h, cuda_host.h, README.md) to its text and whose
         `write(directory)` writes them."""
         if target == "numpy":
             from .codegen.numpy.emit import numpy_source
 
             return numpy_source(self.typed, derivation=self.derive())
+        if target == "torch":
+            from .codegen.torch.emit import torch_source
+
+            return torch_source(self.typed, derivation=self.derive())
         if target == "cuda":
             from .codegen.cuda import emit_cuda
 
             return emit_cuda(self.typed)
-        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy' or 'cuda'")
+        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy', 'torch' or 'cuda'")
 
     def document(self, fmt: str = "md", force: bool = False) -> str:
         """The derivation document as Markdown, HTML or LaTeX text (figures: `document_with_figures`)."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .printer import NumPyPrinter
     from ..program import Program, Stmt
 
-__all__ = ["numpy_source", "load_module", "size_keywords"]
+__all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines"]
 
 
 def size_keywords(spec: t.TypedSpec) -> list[str]:
@@ -80,7 +80,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     body: list[str] = []
     body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream"})
-    body += _bind_dims(spec, program, printer)
+    body += bind_dims(spec, program, printer)
     body.append("")
     body.append("# forward pass")
     named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
@@ -93,7 +93,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         return [f"del {', '.join(dead)}"] if dead else []
 
     for k, stmt in enumerate(program.forward):
-        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
+        body += comment_lines(stmt, printer.statement(k, stmt), consumed()) + release(k)
     outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
     body.append(f"outputs = {{{outputs}}}")
     body.append(f"if {keywords[0]} is None:")
@@ -106,7 +106,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
     for k, stmt in enumerate(program.backward, start=program.forward_count):
-        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
+        body += comment_lines(stmt, printer.statement(k, stmt), consumed()) + release(k)
     grads = []
     for leaf in spec.differentiable:
         var = program.leaf_grads[leaf]
@@ -132,7 +132,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
+def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
     """The formula a statement computes, where its code does not read as that formula already."""
     from ..index import IndexArray
 
@@ -147,7 +147,7 @@ def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
     return out + lines
 
 
-def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
+def bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
     """Read each dim's size from the first array that has it alone on an axis; check every array against them."""
     order = list(spec.dims)
     bound: set[sympy.Symbol] = set()
