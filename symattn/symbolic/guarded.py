@@ -178,7 +178,6 @@ def _mul(a: Value, b: Value) -> Value:
 
 
 # The limits at -inf of the functions that absorb it (a mask through exp is a weight of 0).
-_AT_MINUS_INF = {"exp": 0, "tanh": -1, "sigmoid": 0, "relu": 0}
 _NAN_AT_INFINITY = {"sin", "cos"}  # sin(+-inf) is NaN
 _RELATIONS = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
 
@@ -279,8 +278,8 @@ class _Guarded:
         function = FUNCTIONS.get(fn)
         if v.kind == FINITE and function is not None and function.total:
             return Value(FINITE, function.exact(v.expr), v.deps)
-        if v.kind == NEG_INF and fn in _AT_MINUS_INF:
-            return _finite(_AT_MINUS_INF[fn], v.deps)
+        if v.kind == NEG_INF and function is not None and function.absorbs_minus_inf:  # exp(-inf) = 0, ...
+            return _finite(function.exact(-sympy.oo), v.deps)
         if v.kind in _INFINITE and fn in _NAN_AT_INFINITY:
             return Value(NAN, deps=v.deps)
         if v.kind in _INFINITE and fn == "abs":
