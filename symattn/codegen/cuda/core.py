@@ -30,7 +30,7 @@ from ...symbolic.derive import UNARY_RULES
 from ...front.syntax import NOWHERE
 from ...ir.shapes import same_dim
 
-__all__ = ["AttentionCore", "find_cores", "score_grad", "substitute"]
+__all__ = ["AttentionCore", "find_cores", "score_grad", "score_derivative", "substitute"]
 
 _ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Scalar, t.DimValue, t.Constant)
 
@@ -279,6 +279,11 @@ def score_grad(core: AttentionCore) -> t.Node:
     """d score / d s for s = (Q @ K.T)[i, j], as an entry expression (may contain the product node)."""
     d = _forward(core.score, core.product)
     return d if d is not None else b.scalar(0)
+
+
+def score_derivative(core: AttentionCore, wrt: t.Node) -> t.Node | None:
+    """d score / d `wrt` (a tensor the score reads), as an entry expression; None where it does not depend on it."""
+    return _forward(core.score, wrt)
 
 
 def _forward(node: t.Node, wrt: t.Node) -> t.Node | None:
