@@ -65,7 +65,7 @@ def _binds(core: AttentionCore, spec: t.TypedSpec) -> dict[str, tuple[int, int]]
 
 
 _LAUNCHERS = '''\
-_{prefix} = _Core(({prefix}_fwd, {prefix}_delta, {prefix}_dkdv, {prefix}_dq), lead={lead},
+{prefix}_core = _Core(({prefix}_fwd, {prefix}_delta, {prefix}_dkdv, {prefix}_dq), lead={lead},
                   reads={reads!r},
                   dims={dims!r},
                   binds={binds!r},
@@ -74,12 +74,12 @@ _{prefix} = _Core(({prefix}_fwd, {prefix}_delta, {prefix}_dkdv, {prefix}_dq), le
 
 def {name}_forward(q, k, v, {ops}**dims):
     """{output} = {formula}: returns (o, lse)."""
-    return _{prefix}.forward(q, k, v, ({ops_tuple}), dims)
+    return {prefix}_core.forward(q, k, v, ({ops_tuple}), dims)
 
 
 def {name}_backward(q, k, v, o, lse, do, {ops}**dims):
     """Gradients (dq, dk, dv{d_ops}) of {output} = {formula}, given do = grad({output})."""
-    return _{prefix}.backward(q, k, v, o, lse, do, ({ops_tuple}), dims)
+    return {prefix}_core.backward(q, k, v, o, lse, do, ({ops_tuple}), dims)
 
 
 class {cls}(torch.autograd.Function):
@@ -87,7 +87,7 @@ class {cls}(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, dims, *operands):
-        o, lse = _{prefix}.forward(q, k, v, operands, dims)
+        o, lse = {prefix}_core.forward(q, k, v, operands, dims)
         ctx.save_for_backward(q, k, v, o, lse, *operands)
         ctx.dims = dims
         return o
@@ -95,7 +95,7 @@ class {cls}(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, *operands = ctx.saved_tensors
-        grads = _{prefix}.backward(q, k, v, o, lse, do.contiguous(), tuple(operands), ctx.dims)
+        grads = {prefix}_core.backward(q, k, v, o, lse, do.contiguous(), tuple(operands), ctx.dims)
         return (*grads[:3], None, *grads[3:])
 
 

@@ -24,6 +24,8 @@ gradients, the dims the kernels take). The kernels:
 - `<prefix>_dq`: one program per BLOCK_M queries; dQ += dS K.
 
 Head dims are padded to powers of two (`BLOCK_DQK`, `BLOCK_DV`) and masked.
+`UPCAST` (set by the launcher only under the interpreter, whose `tl.dot` gets
+bfloat16 wrong) feeds the products float32 copies of the loaded tiles.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def ${prefix}_fwd(Q, K, V, O, LSE, ${operands}
         sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, so_b, so_h, so_n, so_d,
         n_q_, n_k_, d_qk_, d_v_, H_, ${lead_params}${dims}
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     start_m_ = tl.program_id(0)
 ${head}
     offs_m = start_m_ * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -79,7 +81,8 @@ ${head}
     Q += b_ * sq_b + h_ * sq_h
     K += b_ * sk_b + h_ * sk_h
     V += b_ * sv_b + h_ * sv_h
-    q = tl.load(Q + i_ * sq_n + offs_dqk[None, :] * sq_d, mask=(i_ < n_q_) & (offs_dqk[None, :] < d_qk_), other=0.0)
+    q = _mma(tl.load(Q + i_ * sq_n + offs_dqk[None, :] * sq_d, mask=(i_ < n_q_) & (offs_dqk[None, :] < d_qk_),
+                     other=0.0), UPCAST)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the row's scores
     l_i = tl.zeros([BLOCK_M], tl.float32)                # running sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -89,8 +92,8 @@ ${key_range}
     for start_n in range(lo_, hi_, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         j_ = offs_n[None, :]
-        k = tl.load(K + offs_n[:, None] * sk_n + offs_dqk[None, :] * sk_d,
-                    mask=(offs_n[:, None] < n_k_) & (offs_dqk[None, :] < d_qk_), other=0.0)
+        k = _mma(tl.load(K + offs_n[:, None] * sk_n + offs_dqk[None, :] * sk_d,
+                         mask=(offs_n[:, None] < n_k_) & (offs_dqk[None, :] < d_qk_), other=0.0), UPCAST)
         s_ = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         score = ${prefix}_score(${score_args})
         score = tl.where(j_ < n_k_, score, float("-inf"))
@@ -99,8 +102,8 @@ ${key_range}
         alpha = tl.exp(m_i - m_use)
         p = tl.exp(score - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + offs_n[:, None] * sv_n + offs_dv[None, :] * sv_d,
-                    mask=(offs_n[:, None] < n_k_) & (offs_dv[None, :] < d_v_), other=0.0)
+        v = _mma(tl.load(V + offs_n[:, None] * sv_n + offs_dv[None, :] * sv_d,
+                         mask=(offs_n[:, None] < n_k_) & (offs_dv[None, :] < d_v_), other=0.0), UPCAST)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     l_use = tl.where(l_i == 0.0, 1.0, l_i)  # a fully masked row: O = 0, lse = -inf
@@ -147,13 +150,16 @@ _ROWS = '''\
         delta = tl.load(DELTA + bh_ * n_q_ + offs_m, mask=offs_m < n_q_, other=0.0)'''
 
 _LOADS_Q = '''\
-        q = tl.load(Q + i_ * sq_n + offs_dqk[None, :] * sq_d, mask=(i_ < n_q_) & (offs_dqk[None, :] < d_qk_), other=0.0)
-        do = tl.load(DO + i_ * sdo_n + offs_dv[None, :] * sdo_d, mask=(i_ < n_q_) & (offs_dv[None, :] < d_v_),
-                     other=0.0)'''
+        q = _mma(tl.load(Q + i_ * sq_n + offs_dqk[None, :] * sq_d, mask=(i_ < n_q_) & (offs_dqk[None, :] < d_qk_),
+                         other=0.0), UPCAST)
+        do = _mma(tl.load(DO + i_ * sdo_n + offs_dv[None, :] * sdo_d, mask=(i_ < n_q_) & (offs_dv[None, :] < d_v_),
+                          other=0.0), UPCAST)'''
 
 _LOADS_K = '''\
-        k = tl.load(K + j_T * sk_n + offs_dqk[None, :] * sk_d, mask=(j_T < n_k_) & (offs_dqk[None, :] < d_qk_), other=0.0)
-        v = tl.load(V + j_T * sv_n + offs_dv[None, :] * sv_d, mask=(j_T < n_k_) & (offs_dv[None, :] < d_v_), other=0.0)'''
+        k = _mma(tl.load(K + j_T * sk_n + offs_dqk[None, :] * sk_d, mask=(j_T < n_k_) & (offs_dqk[None, :] < d_qk_),
+                         other=0.0), UPCAST)
+        v = _mma(tl.load(V + j_T * sv_n + offs_dv[None, :] * sv_d, mask=(j_T < n_k_) & (offs_dv[None, :] < d_v_),
+                         other=0.0), UPCAST)'''
 
 _BWD_PARAMS = '''Q, K, V, DO, LSE, DELTA, ${operands}
         sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sdo_b, sdo_h, sdo_n, sdo_d,
@@ -172,7 +178,7 @@ _DKDV = Template('''\
 def ${prefix}_dkdv(DK, DV, ${grads}''' + _BWD_PARAMS + '''
         sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     start_n_ = tl.program_id(0)
 ${head}
 ''' + _BWD_OFFSETS + '''
@@ -207,7 +213,7 @@ _DQ = Template('''\
 def ${prefix}_dq(DQ, ''' + _BWD_PARAMS + '''
         sdq_b, sdq_h, sdq_n, sdq_d,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     start_m_ = tl.program_id(0)
 ${head}
 ''' + _BWD_OFFSETS + '''

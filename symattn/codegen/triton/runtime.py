@@ -52,6 +52,14 @@ else:
     @triton.jit
     def _pow(a, b):
         return libdevice.pow(a, b)
+
+
+@triton.jit
+def _mma(x, UPCAST: tl.constexpr):
+    """A tile loaded for tl.dot: as loaded, or as float32 where the interpreter needs it (bfloat16)."""
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
 '''
 
 RUNTIME = '''\
@@ -148,7 +156,8 @@ class _Core:
         operands = [a for x, bs in loads for a in (x, bs, *x.stride()[1:])]
         sizes = [n_q, n_k, d_qk, d_v, H, *lead_shape, *(dims[d] for d in self.dims)]
         precision = "tf32" if q4.dtype == torch.float32 and not INTERPRET else "ieee"
-        meta = dict(BLOCK_DQK=_pow2(d_qk), BLOCK_DV=_pow2(d_v), PRECISION=precision, **_fixed())
+        upcast = INTERPRET and q4.dtype == torch.bfloat16
+        meta = dict(BLOCK_DQK=_pow2(d_qk), BLOCK_DV=_pow2(d_v), PRECISION=precision, UPCAST=upcast, **_fixed())
         return operands, sizes, meta
 
     def forward(self, q, k, v, operands, sizes):
