@@ -1,8 +1,9 @@
 """Check the emitted Triton kernels: run them (under the interpreter without a GPU) against the reference.
 
 Contract:
-- `load_module(text, interpret=None)` executes a generated Triton module and
-  returns it; with `interpret` (default: when torch sees no CUDA device) its
+- `load_module(text, interpret=None)` writes a generated Triton module to a
+  file named by its hash in the temporary directory (triton.jit reads source
+  through inspect), imports it and returns it; with `interpret` (default: when torch sees no CUDA device) its
   kernels run on CPU tensors under `TRITON_INTERPRET=1`. Triton fixes that
   mode when it is first imported, so the variable is set then (and left set);
   asking for the other mode after the import is an error saying so.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,9 +63,21 @@ def load_module(text: str, interpret: bool | None = None, name: str = "symattn_t
     if interpret != interpreting():
         raise RuntimeError("triton was imported with TRITON_INTERPRET=" + ("1" if interpreting() else "0")
                            + "; set it " + ("to 1" if interpret else "to 0") + " before triton is first imported")
-    module = types.ModuleType(name)
-    module.__file__ = f"<{name}>"
-    exec(compile(text, module.__file__, "exec"), module.__dict__)
+    # triton.jit reads its functions' source through inspect: the module must be a file
+    import hashlib
+    import importlib.util
+    import tempfile
+
+    directory = Path(tempfile.gettempdir()) / "symattn-triton"
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
+    if not path.exists():
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 

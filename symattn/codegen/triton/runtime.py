@@ -9,7 +9,7 @@ argument's shape) are Python source copied into the module verbatim. Under
 the interpreter the kernels run with one fixed small config (16 x 16 tiles,
 so that small tests cross tile borders); on a GPU they are autotuned over
 `FWD_CONFIGS`, `DKDV_CONFIGS`, `DQ_CONFIGS` (keyed on the sizes, pruned
-by the shared memory a config needs at the head dim).
+by the shared memory and accumulator registers a config needs at the head dim).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ __all__ = ["PRELUDE", "RUNTIME", "CONFIGS"]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, best first; the compile gate builds the first
 # one that the head dim keeps.
 CONFIGS = {
-    "fwd": [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)],
-    "dkdv": [(32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (16, 64, 4, 1)],
-    "dq": [(128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (64, 16, 4, 1)],
+    "fwd": [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2), (64, 32, 8, 2)],
+    "dkdv": [(32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 8, 2), (16, 32, 8, 1)],
+    "dq": [(128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 8, 2), (32, 32, 8, 1)],
 }
 
 PRELUDE = '''\
@@ -67,24 +67,36 @@ CONFIGS = %(configs)r
 SHARED_BUDGET = 160 * 1024  # bytes of shared memory a config may plan for (H100/H200: 227 KiB)
 
 
-def _fits(config, head_dim):
+# fp32 accumulator entries per thread a config may hold (more spills at 255 registers)
+ACCUMULATORS = {"fwd": 64, "dkdv": 64, "dq": 32}
+
+
+def _fits(which, config, head_dim):
+    """Whether a config's tiles fit the shared memory budget and its accumulators the registers."""
     block_m, block_n, warps, stages = config
-    return (block_m * head_dim + stages * 2 * block_n * head_dim) * 2 <= SHARED_BUDGET
+    rows = {"fwd": block_m, "dkdv": 2 * block_n, "dq": block_m}[which]
+    return ((block_m * head_dim + stages * 2 * block_n * head_dim) * 2 <= SHARED_BUDGET
+            and rows * head_dim <= ACCUMULATORS[which] * warps * 32)
 
 
-def _prune(configs, named_args, **kwargs):
-    head_dim = max(kwargs.get("BLOCK_DQK", 16), kwargs.get("BLOCK_DV", 16))
-    kept = [c for c in configs if _fits((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages),
-                                        head_dim)]
-    return kept or configs[-1:]
+def _config(which, head_dim):
+    """The first config of `which` that fits the head dim (the last one if none does)."""
+    return next((c for c in CONFIGS[which] if _fits(which, c, head_dim)), CONFIGS[which][-1])
 
 
 def _tuned(kernel, which, reset=()):
     if INTERPRET:
         return kernel
+
+    def prune(configs, named_args, **kwargs):
+        head_dim = max(kwargs.get("BLOCK_DQK", 16), kwargs.get("BLOCK_DV", 16))
+        kept = [c for c in configs if _fits(which, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                                    c.num_stages), head_dim)]
+        return kept or configs[-1:]
+
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in CONFIGS[which]]
     return triton.autotune(configs, key=["n_q_", "n_k_", "d_qk_", "d_v_"], reset_to_zero=list(reset) or None,
-                           prune_configs_by={"early_config_prune": _prune})(kernel)
+                           prune_configs_by={"early_config_prune": prune})(kernel)
 
 
 def _fixed():
