@@ -254,7 +254,7 @@ def test_compile_gate_sm90_tensor_cores_no_spills():
     specs = [str(SPECS[n]) for n in ("self_attention", "causal", "alibi", "key_padding", "softcap", "sliding_window")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-m", "symattn.check.triton_gate", *specs], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_gate.py"), *specs], capture_output=True, text=True,
                           env=env, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "_O_" in line]

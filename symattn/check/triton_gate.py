@@ -10,15 +10,14 @@ wheel's `ptxas -v` on the kernel's PTX), stack, the shared
 memory (`metadata.shared`, Triton's dynamic allocation, plus the static part
 `cuobjdump -res-usage` reports), registers from the same, and whether `cuobjdump -sass`
 of the cubin shows tensor-core instructions (HGMMA or HMMA). `main` prints
-them as a Markdown table (`python -m symattn.check.triton_gate SPEC...`).
+`table(specs)` runs it over typed specs at head dims 64 and 128 and returns
+(Markdown table, ok); `benchmarks/triton_gate.py SPEC...` prints it.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 from ..codegen.triton import TritonCode, emit_triton
 from .cuda import parse_ptxas
 
-__all__ = ["KernelStats", "compile_gate", "main"]
+__all__ = ["KernelStats", "compile_gate", "table"]
 
 
 @dataclass
@@ -119,24 +118,16 @@ def _stats(compiled, name: str, config: str) -> KernelStats:
                        bool(mma), "/".join(mma) or "none")
 
 
-def main(argv: list[str]) -> int:
-    import symattn
-
-    head_dims = [64, 128]
-    print("| spec | kernel | head dim | config | registers | shared memory (bytes) | spills (bytes) | tensor cores |")
-    print("|---|---|---|---|---|---|---|---|")
-    failed = False
-    for path in argv:
-        spec = symattn.load(path)
-        code = emit_triton(spec.typed)
+def table(specs, head_dims=(64, 128)) -> tuple[str, bool]:
+    """The gate over typed specs as a Markdown table, and whether every kernel passed."""
+    lines = ["| spec | kernel | head dim | config | registers | shared memory (bytes) | spills (bytes) | tensor cores |",
+             "|---|---|---|---|---|---|---|---|"]
+    ok = True
+    for spec in specs:
+        code = emit_triton(spec)
         for head_dim in head_dims:
             for s in compile_gate(code, head_dim):
-                failed |= s.spills != 0 or (not s.tensor_cores and not s.name.endswith("_delta"))
-                print(f"| {spec.name} | {s.name} | {head_dim} | {s.config} | {s.registers} | {s.shared_bytes} | "
-                      f"{s.spills} | {s.mma} |")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    os.environ.pop("TRITON_INTERPRET", None)
-    sys.exit(main(sys.argv[1:]))
+                ok &= s.spills == 0 and (s.tensor_cores or s.name.endswith("_delta"))
+                lines.append(f"| {spec.name} | {s.name} | {head_dim} | {s.config} | {s.registers} | {s.shared_bytes} | "
+                             f"{s.spills} | {s.mma} |")
+    return "\n".join(lines), ok
