@@ -250,7 +250,8 @@ class Spec:
         """The generated code: the NumPy module's text for "numpy", the PyTorch module's for "torch"; for "cuda"
         a `symattn.codegen.cuda.CudaCode`
         whose `files` maps each file name (.cu, .h, cuda_host.h, README.md) to its text and whose
-        `write(directory)` writes them."""
+        `write(directory)` writes them; for "triton" a `symattn.codegen.triton.TritonCode` whose `text` is the
+        module of the fused attention kernels."""
         if target == "numpy":
             from .codegen.numpy.emit import numpy_source
 
@@ -263,7 +264,11 @@ class Spec:
             from .codegen.cuda import emit_cuda
 
             return emit_cuda(self.typed)
-        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy', 'torch' or 'cuda'")
+        if target == "triton":
+            from .codegen.triton import emit_triton
+
+            return emit_triton(self.typed)
+        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy', 'torch', 'cuda' or 'triton'")
 
     def document(self, fmt: str = "md", force: bool = False) -> str:
         """The derivation document as Markdown, HTML or LaTeX text (figures: `document_with_figures`)."""

@@ -173,6 +173,8 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _emit_cuda(spec, args)
+    if args.target == "triton":
+        return _emit_triton(spec, args)
     progress.step(f"deriving and generating the {'PyTorch' if args.target == 'torch' else 'NumPy'} module")
     source = spec.emit(args.target)
     if args.output == "-":
@@ -206,12 +208,46 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     return 0
 
 
+def _emit_triton(spec: Spec, args: argparse.Namespace) -> int:
+    """`symattn emit triton SPEC -o FILE.py`: the fused attention cores' Triton kernels and launchers."""
+    code = spec.emit("triton")
+    if args.output == "-":
+        print(code.text, end="")
+        return 0
+    path = Path(args.output)
+    if path.is_dir() or not path.parent.exists():
+        raise UsageError(f"{path}: name a .py file in an existing directory")
+    path.write_text(code.text, encoding="utf-8")
+    print(f"wrote {path}: " + ", ".join(f"{name}_forward/_backward ({core.output})"
+                                        for name, core in zip(code.names, code.cores)))
+    return 0
+
+
+def _verify_triton(spec: Spec, args: argparse.Namespace) -> int:
+    """`symattn verify SPEC --target triton`: the kernels (interpreted on the CPU without a GPU) against the reference."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+    if missing:  # (not imported here: triton fixes its interpreter mode at import)
+        print(f"verify --target triton needs torch and triton ({', '.join(missing)} missing); install symattn[torch]")
+        return 1
+    from .check.triton import verify_triton
+
+    report = verify_triton(spec.typed, seed=args.seed)
+    print(f"verify {spec.name} ({spec.filename}), Triton kernels of the fused attention cores against the "
+          "float64 reference evaluator (forward) and central finite differences of it (backward)")
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _verify_cuda(spec, args)
     if args.target == "torch":
         return _verify_torch(spec, args)
+    if args.target == "triton":
+        return _verify_triton(spec, args)
     from .check.numpy import verify_numpy
 
     report = verify_numpy(spec.typed, seed=args.seed)
@@ -306,16 +342,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--budget", type=_seconds, default=DEFAULT_SECONDS, metavar="SECONDS",
                        help=f"time allowed per claim; a claim over it is unknown (default {DEFAULT_SECONDS:g}; "
                             "0 means no limit)")
-    emit = sub.add_parser("emit", parents=[common], help="Generate NumPy, PyTorch or CUDA code from the spec.",
-                          description="Generate NumPy, PyTorch or CUDA code from the spec.")
-    emit.add_argument("target", choices=("numpy", "torch", "cuda"), help="what to generate")
+    emit = sub.add_parser("emit", parents=[common], help="Generate NumPy, PyTorch, CUDA or Triton code from the spec.",
+                          description="Generate NumPy, PyTorch, CUDA or Triton code from the spec.")
+    emit.add_argument("target", choices=("numpy", "torch", "cuda", "triton"), help="what to generate")
     emit.add_argument("spec", metavar="SPEC", help="the .attn file")
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
-                      help="FILE.py for numpy and torch ('-': standard output), a directory for cuda")
+                      help="FILE.py for numpy, torch and triton ('-': standard output), a directory for cuda")
     emit.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
                       help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
     verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
-    verify.add_argument("--target", choices=("numpy", "torch", "cuda"), default="numpy")
+    verify.add_argument("--target", choices=("numpy", "torch", "cuda", "triton"), default="numpy")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     verify.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
                         help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")

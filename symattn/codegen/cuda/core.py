@@ -5,7 +5,10 @@ matrix product `softmax(score) @ V` whose softmax runs over the last axis and
 whose `score` is a per-entry function of one product `Q @ K.T`, of the entry's
 indices and of constants: a scale, a `where` mask, `causal_mask(N)`, a tensor
 defined in index notation from its indices alone (FlexAttention's score_mod
-and mask_mod). Intermediates on the way (`S = Q @ K.T / sqrt(d_k)`,
+and mask_mod). With `operands=True` (the Triton target) the score may also read
+given tensors (inputs, params, buffers: ALiBi slopes, a learned bias, a
+key-padding mask), which the kernel loads by index; `AttentionCore.reads`
+names them. Intermediates on the way (`S = Q @ K.T / sqrt(d_k)`,
 `P = softmax(S)`) belong to the core when nothing else reads them; they are
 never stored. Q, K and V share their leading (head) axes. `spec'` is `spec`
 with a name given to every core operand and core result that had none, so the
@@ -27,7 +30,7 @@ from ...symbolic.derive import UNARY_RULES
 from ...front.syntax import NOWHERE
 from ...ir.shapes import same_dim
 
-__all__ = ["AttentionCore", "find_cores", "score_grad", "substitute"]
+__all__ = ["AttentionCore", "find_cores", "score_grad", "score_derivative", "substitute"]
 
 _ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Scalar, t.DimValue, t.Constant)
 
@@ -49,6 +52,7 @@ class AttentionCore:
     n_k: object
     d_qk: object
     d_v: object
+    reads: tuple[str, ...] = ()      # given tensors the score loads (only with operands=True)
 
 
 def substitute(node: t.Node, mapping: dict[t.Node, t.Node]) -> t.Node:
@@ -74,8 +78,10 @@ class _NotFusable(Exception):
 
 
 class _Matcher:
-    def __init__(self, spec: t.TypedSpec) -> None:
+    def __init__(self, spec: t.TypedSpec, operands: bool = False) -> None:
         self.spec = spec
+        self.operands = operands
+        self.reads: list[str] = []
 
     def pure(self, node: t.Node) -> bool:
         """A value of constants and indices only: it can be recomputed inside the kernel."""
@@ -117,6 +123,10 @@ class _Matcher:
             if self.pure(node):
                 pure[node.name] = self.spec.tensors[node.name].expr
                 return node
+            if self.operands and self.spec.tensors[node.name].expr is None:
+                if node.name not in self.reads:
+                    self.reads.append(node.name)  # a given tensor the kernel loads
+                return node
             inner = self.follow(node, chain)
             if inner is node:
                 raise _NotFusable(f"the score reads {node.name}, which is not a constant of the indices")
@@ -139,6 +149,7 @@ class _Matcher:
 
     def match(self, owner: str, node: t.MatMul) -> tuple[dict, str | None]:
         chain: list[str] = []
+        self.reads = []
         probs = self.follow(node.a, chain)
         if not isinstance(probs, t.Softmax) or probs.axis != len(probs.shape) - 1:
             raise _NotFusable("")
@@ -160,7 +171,7 @@ class _Matcher:
         _forward(score, product)  # the score must be differentiable in s (raises otherwise)
         return dict(product=product, score=score, chain=tuple(chain), pure=tuple(pure.items()), lead=lead,
                     n_q=q.shape[-2], n_k=k.shape[-2], d_qk=q.shape[-1], d_v=v.shape[-1],
-                    operands=(q, k, v)), None
+                    operands=(q, k, v), reads=tuple(self.reads)), None
 
 
 def _count(node: t.Node, name: str) -> int:
@@ -195,13 +206,13 @@ def _insert(tensors: dict, before: str, new: dict) -> dict:
     return out
 
 
-def find_cores(spec: t.TypedSpec) -> tuple[t.TypedSpec, list[AttentionCore], list[str]]:
+def find_cores(spec: t.TypedSpec, operands: bool = False) -> tuple[t.TypedSpec, list[AttentionCore], list[str]]:
     cores: list[AttentionCore] = []
     notes: list[str] = []
     done: set[str] = set()
     taken: set[str] = set()
     while True:
-        matcher = _Matcher(spec)
+        matcher = _Matcher(spec, operands)
         found = None
         for owner, info in spec.tensors.items():
             if info.expr is None or owner in done:
@@ -261,13 +272,18 @@ def _name_core(spec, owner, node, parts, taken) -> tuple[t.TypedSpec, AttentionC
     spec = dataclasses.replace(spec, tensors=tensors)
     return spec, AttentionCore(output, *names, product=product, score=score, chain=chain, pure=parts["pure"],
                                lead=parts["lead"], n_q=parts["n_q"], n_k=parts["n_k"], d_qk=parts["d_qk"],
-                               d_v=parts["d_v"])
+                               d_v=parts["d_v"], reads=parts["reads"])
 
 
 def score_grad(core: AttentionCore) -> t.Node:
     """d score / d s for s = (Q @ K.T)[i, j], as an entry expression (may contain the product node)."""
     d = _forward(core.score, core.product)
     return d if d is not None else b.scalar(0)
+
+
+def score_derivative(core: AttentionCore, wrt: t.Node) -> t.Node | None:
+    """d score / d `wrt` (a tensor the score reads), as an entry expression; None where it does not depend on it."""
+    return _forward(core.score, wrt)
 
 
 def _forward(node: t.Node, wrt: t.Node) -> t.Node | None:

@@ -1,0 +1,164 @@
+"""Check the emitted Triton kernels: run them (under the interpreter without a GPU) against the reference.
+
+Contract:
+- `load_module(text, interpret=None)` writes a generated Triton module to a
+  file named by its hash in the temporary directory (triton.jit reads source
+  through inspect), imports it and returns it; with `interpret` (default: when torch sees no CUDA device) its
+  kernels run on CPU tensors under `TRITON_INTERPRET=1`. Triton fixes that
+  mode when it is first imported, so the variable is set then (and left set);
+  asking for the other mode after the import is an error saying so.
+- `verify_triton(spec)` emits the spec's Triton module and, for each fused
+  core, runs forward and backward on random float32 inputs at the spec's sizes
+  with a batch axis of 2 (tiles of 16 under the interpreter: partial tiles),
+  and compares O, dQ, dK, dV and the gradient of each learned score tensor
+  with the float64 reference evaluator run on the core alone (O =
+  softmax(score) @ V, forward op by op, gradients by central differences),
+  equal meaning `relative_error`'s within `TOLERANCE`. Returns a `Report`.
+- `compile_sm90(code)` compiles every kernel for sm_90 ahead of time
+  (`triton.compile`, bf16, the first autotune config the head dim keeps) and
+  returns per-kernel `KernelStats` (registers, shared memory, spills, whether
+  the SASS has tensor-core instructions), read from the compiled metadata and
+  `cuobjdump -sass` shipped with triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from pathlib import Path
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import typed as t
+from ..codegen.triton import TritonCode, emit_triton
+from .numpy import finite_difference_gradients, reference_forward, relative_error
+
+__all__ = ["TOLERANCE", "Report", "load_module", "core_spec", "verify_triton"]
+
+TOLERANCE = 1e-4
+
+
+def interpreting() -> bool:
+    """Whether triton was imported (or will be) with TRITON_INTERPRET=1: the mode is fixed at import."""
+    import sys
+
+    if "triton.language.standard" not in sys.modules:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(sys.modules["triton.language.standard"].cdiv, InterpretedFunction)
+
+
+def load_module(text: str, interpret: bool | None = None, name: str = "symattn_triton") -> types.ModuleType:
+    import sys
+
+    if interpret is None:
+        import torch
+
+        interpret = not torch.cuda.is_available()
+    if interpret and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"  # triton's library is compiled or interpreted from its import on
+    if interpret != interpreting():
+        raise RuntimeError("triton was imported with TRITON_INTERPRET=" + ("1" if interpreting() else "0")
+                           + "; set it " + ("to 1" if interpret else "to 0") + " before triton is first imported")
+    # triton.jit reads its functions' source through inspect: the module must be a file
+    import hashlib
+    import importlib.util
+    import tempfile
+
+    directory = Path(tempfile.gettempdir()) / "symattn-triton"
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
+    if not path.exists():
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Row:
+    what: str
+    error: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= TOLERANCE
+
+
+@dataclass
+class Report:
+    spec: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
+
+    def lines(self) -> list[str]:
+        out = [*self.notes]
+        out += [f"  {'ok  ' if r.ok else 'FAIL'} {r.what}: relative error {r.error:.2e}" for r in self.rows]
+        failed = sum(not r.ok for r in self.rows)
+        out.append(f"{self.spec}: {len(self.rows) - failed} of {len(self.rows)} tensors within tolerance"
+                   + ("" if not failed else f", {failed} failed"))
+        return out
+
+
+def core_spec(spec: t.TypedSpec, core) -> t.TypedSpec:
+    """The spec of the core alone: Q, K, V as inputs, the score's tensors, O = softmax(score) @ V."""
+    tensors = {}
+    for role in (core.q, core.k, core.v):
+        tensors[role] = t.TensorInfo(role, "input", spec.tensors[role].shape, spec.tensors[role].pos)
+    for name in core.reads:
+        tensors[name] = dataclasses.replace(spec.tensors[name], is_output=False)
+    for name, definition in core.pure:
+        tensors[name] = dataclasses.replace(spec.tensors[name], is_output=False)
+    v = t.Tensor(core.v, spec.tensors[core.v].shape)
+    probs = t.Softmax(core.score, len(core.score.shape) - 1, core.score.shape)
+    out = t.MatMul(probs, v, spec.tensors[core.output].shape)
+    tensors[core.output] = t.TensorInfo(core.output, "intermediate", out.shape, spec.tensors[core.output].pos, out,
+                                        is_output=True)
+    return dataclasses.replace(spec, tensors=tensors, outputs=(core.output,), checks=())
+
+
+def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = None) -> Report:
+    import torch
+
+    code = code or emit_triton(spec)
+    interpret = not torch.cuda.is_available()
+    module = load_module(code.text, interpret)
+    device = "cpu" if interpret else "cuda"
+    report = Report(spec.name)
+    report.notes.append("running the kernels under TRITON_INTERPRET=1 on the CPU" if interpret
+                        else f"running the kernels on {torch.cuda.get_device_name()}")
+    rng = np.random.default_rng(seed)
+    sizes = dict(spec.sizes)
+    for name, core in zip(code.names, code.cores):
+        small = core_spec(spec, core)
+        leaves = {}
+        for leaf in small.given:
+            shape = small.concrete_shape(small.tensors[leaf].shape)
+            batched = small.tensors[leaf].kind != "param"
+            leaves[leaf] = rng.standard_normal(((2,) if batched else ()) + shape)
+        want = reference_forward(small, leaves, sizes)[core.output]
+        upstream = {core.output: rng.standard_normal(want.shape)}
+        grads = finite_difference_gradients(small, leaves, upstream, sizes)
+        tensor = {n: torch.tensor(a, dtype=torch.float32, device=device) for n, a in leaves.items()}
+        operands = [tensor[n] for n in core.reads]
+        o, lse = getattr(module, f"{name}_forward")(tensor[core.q], tensor[core.k], tensor[core.v], *operands)
+        report.rows.append(Row(f"{core.output} (forward)", relative_error(o.cpu().double().numpy(), want)))
+        back = getattr(module, f"{name}_backward")(tensor[core.q], tensor[core.k], tensor[core.v], o, lse,
+                                                   torch.tensor(upstream[core.output], dtype=torch.float32,
+                                                                device=device), *operands)
+        for role, got in zip((core.q, core.k, core.v, *core.reads), back):
+            if got is None:
+                continue
+            report.rows.append(Row(f"grad({role}) through {core.output}",
+                                   relative_error(got.cpu().double().numpy(), grads[role])))
+    return report

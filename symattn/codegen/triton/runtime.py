@@ -1,0 +1,227 @@
+"""The static part of every generated Triton module: helpers, tile configs and the launcher class.
+
+Contract: `PRELUDE` (imports, `_tanh`/`_pow` helpers: libdevice on a GPU,
+plain arithmetic under `TRITON_INTERPRET=1`) and `RUNTIME` (the tile configs
+with their pruning by head dim, and `_Core`, whose `forward` and `backward`
+broadcast the batch axes, view Q, K, V as [B, H, N, d] with strides, launch
+the kernels on a (tiles, B * H) grid and sum gradients back to each
+argument's shape) are Python source copied into the module verbatim. Under
+the interpreter the kernels run with one fixed small config (16 x 16 tiles,
+so that small tests cross tile borders); on a GPU they are autotuned over
+`FWD_CONFIGS`, `DKDV_CONFIGS`, `DQ_CONFIGS` (keyed on the sizes, pruned
+by the shared memory and accumulator registers a config needs at the head dim).
+"""
+
+from __future__ import annotations
+
+__all__ = ["PRELUDE", "RUNTIME", "CONFIGS"]
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, best first; the compile gate builds the first
+# one that the head dim keeps.
+CONFIGS = {
+    "fwd": [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2), (64, 32, 8, 2)],
+    "dkdv": [(32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 8, 2), (16, 32, 8, 1)],
+    "dq": [(128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 8, 2), (32, 32, 8, 1)],
+}
+
+PRELUDE = '''\
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+if INTERPRET:
+    @triton.jit
+    def _tanh(x):
+        return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+    @triton.jit
+    def _pow(a, b):
+        return tl.exp(b * tl.log(a))
+else:
+    from triton.language.extra.cuda import libdevice
+
+    @triton.jit
+    def _tanh(x):
+        return libdevice.tanh(x)
+
+    @triton.jit
+    def _pow(a, b):
+        return libdevice.pow(a, b)
+
+
+@triton.jit
+def _mma(x, UPCAST: tl.constexpr):
+    """A tile loaded for tl.dot: as loaded, or as float32 where the interpreter needs it (bfloat16)."""
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+'''
+
+RUNTIME = '''\
+CONFIGS = %(configs)r
+SHARED_BUDGET = 160 * 1024  # bytes of shared memory a config may plan for (H100/H200: 227 KiB)
+
+
+# fp32 accumulator entries per thread a config may hold (more spills at 255 registers)
+ACCUMULATORS = {"fwd": 64, "dkdv": 64, "dq": 32}
+
+
+def _fits(which, config, head_dim):
+    """Whether a config's tiles fit the shared memory budget and its accumulators the registers."""
+    block_m, block_n, warps, stages = config
+    rows = {"fwd": block_m, "dkdv": 2 * block_n, "dq": block_m}[which]
+    return ((block_m * head_dim + stages * 2 * block_n * head_dim) * 2 <= SHARED_BUDGET
+            and rows * head_dim <= ACCUMULATORS[which] * warps * 32)
+
+
+def _config(which, head_dim):
+    """The first config of `which` that fits the head dim (the last one if none does)."""
+    return next((c for c in CONFIGS[which] if _fits(which, c, head_dim)), CONFIGS[which][-1])
+
+
+def _tuned(kernel, which, reset=()):
+    if INTERPRET:
+        return kernel
+
+    def prune(configs, named_args, **kwargs):
+        head_dim = max(kwargs.get("BLOCK_DQK", 16), kwargs.get("BLOCK_DV", 16))
+        kept = [c for c in configs if _fits(which, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                                    c.num_stages), head_dim)]
+        return kept or configs[-1:]
+
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in CONFIGS[which]]
+    return triton.autotune(configs, key=["n_q_", "n_k_", "d_qk_", "d_v_"], reset_to_zero=list(reset) or None,
+                           prune_configs_by={"early_config_prune": prune})(kernel)
+
+
+def _fixed():
+    return dict(BLOCK_M=16, BLOCK_N=16) if INTERPRET else {}
+
+
+def _pow2(n):
+    return max(16, triton.next_power_of_2(int(n)))
+
+
+def _sum_to(x, shape):
+    """`x` summed over the axes it was broadcast along to get from `shape`."""
+    lead = x.ndim - len(shape)
+    if lead:
+        x = x.sum(dim=tuple(range(lead)))
+    axes = tuple(k for k, n in enumerate(shape) if n == 1 and x.shape[k] != 1)
+    return x.sum(dim=axes, keepdim=True) if axes else x
+
+
+class _Core:
+    """Launches one attention core's kernels on torch tensors (CUDA, or CPU under the interpreter)."""
+
+    def __init__(self, kernels, lead, reads, dims, binds, defaults):
+        self.fwd, self.delta, self.dkdv, self.dq = kernels
+        self.lead = lead          # number of head axes
+        self.reads = reads        # (name, rank, learned) of each tensor the score loads
+        self.dims = dims          # the spec's dims, in kernel argument order
+        self.binds = binds        # dim -> (argument index: 0 q, 1 k, 2 v, 3+ reads; axis from the end)
+        self.defaults = defaults  # dim -> the spec's size, for dims no shape gives
+        learned = [name for name, rank, grad in reads if grad]
+        self.fwd_run = _tuned(self.fwd, "fwd")
+        self.dkdv_run = _tuned(self.dkdv, "dkdv", reset=["G_" + n for n in learned])
+        self.dq_run = _tuned(self.dq, "dq")
+
+    def _prepare(self, q, k, v, operands, sizes):
+        if len(operands) != len(self.reads):
+            raise TypeError(f"expected {len(self.reads)} score tensors ({', '.join(r[0] for r in self.reads)}), "
+                            f"got {len(operands)}")
+        core = 2 + self.lead
+        batch = torch.broadcast_shapes(*(x.shape[:x.ndim - core] for x in (q, k, v)),
+                                       *(x.shape[:x.ndim - rank] for x, (_, rank, _) in zip(operands, self.reads)))
+        lead_shape = tuple(q.shape[q.ndim - core:q.ndim - 2])
+        B, H = math.prod(batch), math.prod(lead_shape)
+
+        def view(x):
+            x = x.expand(*batch, *x.shape[x.ndim - core:])
+            return x.reshape(B, H, x.shape[-2], x.shape[-1])
+
+        dims = dict(self.defaults)
+        args = (q, k, v, *operands)
+        for name, (index, axis) in self.binds.items():
+            dims[name] = int(args[index].shape[axis])
+        dims.update(sizes)
+        loads = []
+        for x, (name, rank, _) in zip(operands, self.reads):
+            if not torch.is_tensor(x):
+                x = torch.as_tensor(x, device=q.device)
+            if x.ndim > rank:
+                x = x.expand(*batch, *x.shape[x.ndim - rank:]).reshape(B, *x.shape[x.ndim - rank:])
+                loads.append((x, x.stride(0)))
+            else:
+                x = x.reshape(1, *x.shape)
+                loads.append((x, 0))
+        return batch, lead_shape, view(q), view(k), view(v), loads, dims
+
+    def _common(self, q4, k4, v4, loads, dims, lead_shape):
+        B, H, n_q, d_qk = q4.shape
+        n_k, d_v = k4.shape[2], v4.shape[3]
+        operands = [a for x, bs in loads for a in (x, bs, *x.stride()[1:])]
+        sizes = [n_q, n_k, d_qk, d_v, H, *lead_shape, *(dims[d] for d in self.dims)]
+        precision = "tf32" if q4.dtype == torch.float32 and not INTERPRET else "ieee"
+        upcast = INTERPRET and q4.dtype == torch.bfloat16
+        meta = dict(BLOCK_DQK=_pow2(d_qk), BLOCK_DV=_pow2(d_v), PRECISION=precision, UPCAST=upcast, **_fixed())
+        return operands, sizes, meta
+
+    def forward(self, q, k, v, operands, sizes):
+        batch, lead_shape, q4, k4, v4, loads, dims = self._prepare(q, k, v, operands, sizes)
+        B, H, n_q, _ = q4.shape
+        d_v = v4.shape[3]
+        o4 = torch.empty(B, H, n_q, d_v, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B * H, n_q, dtype=torch.float32, device=q.device)
+        args, sizes_, meta = self._common(q4, k4, v4, loads, dims, lead_shape)
+        grid = lambda m: (triton.cdiv(n_q, m["BLOCK_M"]), B * H)
+        self.fwd_run[grid](q4, k4, v4, o4, lse, *args, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+                           *sizes_, **meta)
+        o = o4.reshape(*batch, *lead_shape, n_q, d_v)
+        return o, lse.reshape(*batch, *lead_shape, n_q)
+
+    def backward(self, q, k, v, o, lse, do, operands, sizes):
+        batch, lead_shape, q4, k4, v4, loads, dims = self._prepare(q, k, v, operands, sizes)
+        B, H, n_q, d_qk = q4.shape
+        n_k, d_v = k4.shape[2], v4.shape[3]
+        core = 2 + self.lead
+        o4 = o.expand(*batch, *o.shape[o.ndim - core:]).reshape(B, H, n_q, d_v)
+        do4 = do.expand(*batch, *do.shape[do.ndim - core:]).reshape(B, H, n_q, d_v)
+        lse = lse.expand(*batch, *lse.shape[lse.ndim - core + 1:]).reshape(B * H, n_q).float().contiguous()
+        args, sizes_, meta = self._common(q4, k4, v4, loads, dims, lead_shape)
+        delta = torch.empty(B * H, n_q, dtype=torch.float32, device=q.device)
+        block = 16 if INTERPRET else 64
+        self.delta[(triton.cdiv(n_q, block), B * H)](o4, do4, delta, *o4.stride(), *do4.stride(), n_q, d_v, H,
+                                                     BLOCK_M=block, BLOCK_DV=meta["BLOCK_DV"])
+        grads, gargs = [], []
+        for (x, bs), (name, rank, learned) in zip(loads, self.reads):
+            if learned:
+                g = torch.zeros(x.shape, dtype=torch.float32, device=q.device)
+                grads.append(g)
+                gargs += [g, g.stride(0) if bs else 0, *g.stride()[1:]]
+        dq4 = torch.empty(B, H, n_q, d_qk, dtype=q.dtype, device=q.device)
+        dk4 = torch.empty(B, H, n_k, d_qk, dtype=k.dtype, device=q.device)
+        dv4 = torch.empty(B, H, n_k, d_v, dtype=v.dtype, device=q.device)
+        strides = [*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride()]
+        grid_k = lambda m: (triton.cdiv(n_k, m["BLOCK_N"]), B * H)
+        self.dkdv_run[grid_k](dk4, dv4, *gargs, q4, k4, v4, do4, lse, delta, *args, *strides, *sizes_,
+                              *dk4.stride(), *dv4.stride(), **meta)
+        grid_q = lambda m: (triton.cdiv(n_q, m["BLOCK_M"]), B * H)
+        self.dq_run[grid_q](dq4, q4, k4, v4, do4, lse, delta, *args, *strides, *sizes_, *dq4.stride(), **meta)
+        out = [_sum_to(g4.reshape(*batch, *lead_shape, *g4.shape[2:]), x.shape)
+               for g4, x in ((dq4, q), (dk4, k), (dv4, v))]
+        learned = iter(grads)
+        for x, (name, rank, grad) in zip(operands, self.reads):
+            if not grad:
+                out.append(None)
+                continue
+            g = next(learned)
+            g = g.reshape(*batch, *g.shape[1:]) if x.ndim > rank else g[0]
+            out.append(_sum_to(g, tuple(x.shape)).to(x.dtype))
+        return tuple(out)
+''' % {"configs": CONFIGS}

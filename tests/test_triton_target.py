@@ -1,0 +1,266 @@
+"""The Triton target: fused attention kernels run under TRITON_INTERPRET=1 on CPU tensors.
+
+References are plain torch float64 math written here (softmax of the score written out, autograd of
+it for the gradients), never the generated code. Sizes are not tile multiples (tiles are 16 under the
+interpreter): N = 37, d = 24, with a batch axis.
+
+Triton fixes its interpreter mode when it is first imported, so the variable is set before that
+import (each pytest-xdist worker is its own process; nothing else in the suite imports triton).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch", reason="the Triton target needs torch (pip install symattn[torch])")
+pytest.importorskip("triton", reason="the Triton target needs triton (pip install symattn[torch])")
+
+import symattn  # noqa: E402
+from symattn.check.triton import interpreting, load_module, verify_triton  # noqa: E402
+from symattn.codegen.triton import TritonCodegenError, emit_triton  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+SPECS = {
+    "self_attention": ROOT / "derivations" / "self_attention.attn",
+    "causal": ROOT / "derivations" / "causal.attn",
+    "key_padding": ROOT / "derivations" / "key_padding.attn",
+    "multi_head": ROOT / "derivations" / "multi_head.attn",
+    "alibi": DATA / "alibi.attn",
+    "softcap": DATA / "softcap.attn",
+    "sliding_window": DATA / "sliding_window.attn",
+}
+B, N, D = 2, 37, 24
+
+if not interpreting():
+    pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process", allow_module_level=True)
+
+_MODULES: dict[str, object] = {}
+
+
+def module(name: str):
+    if name not in _MODULES:
+        _MODULES[name] = load_module(emit_triton(symattn.load(SPECS[name]).typed).text, interpret=True)
+    return _MODULES[name]
+
+
+def _rows_cols():
+    return torch.arange(N)[:, None], torch.arange(N)[None, :]
+
+
+def _causal():
+    i, j = _rows_cols()
+    return torch.where(j <= i, 0.0, -math.inf).double()
+
+
+# spec -> (heads, score tensors (name -> maker), score(s, tensors) in float64)
+def _score_self(s, t):
+    return s / math.sqrt(D)
+
+
+def _score_causal(s, t):
+    return s / math.sqrt(D) + _causal()
+
+
+def _score_alibi(s, t):
+    i, j = _rows_cols()
+    return s / math.sqrt(D) + t["m"] * (j - i).double() + _causal()
+
+
+def _score_softcap(s, t):
+    return 50 * torch.tanh(s / math.sqrt(D) / 50)
+
+
+def _score_window(s, t):
+    i, j = _rows_cols()
+    return s / math.sqrt(D) + torch.where((j <= i) & (i - j < 2), 0.0, -math.inf).double()
+
+
+def _score_padding(s, t):
+    return s / math.sqrt(D) + torch.where(t["keep"] > 0, 0.0, -math.inf)[..., None, None, :].squeeze(-3)
+
+
+def _keep():
+    keep = torch.ones(B, N, dtype=torch.float64)
+    keep[0, 5:9] = -1.0
+    keep[1, 30:] = 0.0
+    return keep
+
+
+CASES = {
+    "self_attention": ((), {}, _score_self),
+    "causal": ((), {}, _score_causal),
+    "multi_head": ((3,), {}, _score_self),
+    "alibi": ((3,), {"m": lambda: torch.randn(3, 1, 1, dtype=torch.float64)}, _score_alibi),
+    "softcap": ((), {}, _score_softcap),
+    "sliding_window": ((), {}, _score_window),
+    "key_padding": ((), {"keep": _keep}, _score_padding),
+}
+
+
+def reference(score, q, k, v, tensors):
+    s = score(q @ k.transpose(-1, -2), tensors)
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def _inputs(heads, scale=1.0, seed=0):
+    torch.manual_seed(seed)
+    shape = (B, *heads, N, D)
+    q, k, v, do = (torch.randn(shape, dtype=torch.float64) for _ in range(4))
+    return q * scale, k, v, do
+
+
+def _compare(got, want, tol):
+    got = got.double()
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite)
+    assert torch.equal(got[~finite], want[~finite])
+    scale = max(want[finite].abs().max().item(), 1e-3) if finite.any() else 1.0
+    assert (got[finite] - want[finite]).abs().max().item() <= tol * scale
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_backward_match_float64_reference(name):
+    heads, makers, score = CASES[name]
+    mod = module(name)
+    q, k, v, do = _inputs(heads)
+    tensors = {n: make() for n, make in makers.items()}
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    learned = {n: x.clone().requires_grad_() for n, x in tensors.items() if n != "keep"}
+    o_ref, lse_ref = reference(score, *leaves, {**tensors, **learned})
+    o_ref.backward(do)
+
+    operands = [tensors[n].float() for n in makers]
+    o, lse = mod.attention_forward(q.float(), k.float(), v.float(), *operands)
+    _compare(o, o_ref.detach(), 2e-5)
+    _compare(lse, lse_ref.detach(), 2e-5)
+    grads = mod.attention_backward(q.float(), k.float(), v.float(), o, lse, do.float(), *operands)
+    for got, leaf in zip(grads[:3], leaves):
+        _compare(got, leaf.grad, 5e-5)
+    for got, n in zip(grads[3:], makers):
+        if n in learned:
+            _compare(got, learned[n].grad, 5e-5)
+        else:
+            assert got is None  # a buffer has no gradient
+
+
+def test_fully_masked_rows_give_zero_not_nan():
+    mod = module("key_padding")
+    q, k, v, do = _inputs(())
+    keep = _keep()
+    keep[1] = -1.0  # every key of batch entry 1 is padding: all its rows are fully masked
+    o, lse = mod.attention_forward(q.float(), k.float(), v.float(), keep.float())
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+    assert torch.isneginf(lse[1]).all() and torch.isfinite(lse[0]).all()
+    dq, dk, dv, dkeep = mod.attention_backward(q.float(), k.float(), v.float(), o, lse, do.float(), keep.float())
+    for g in (dq, dk, dv):
+        assert torch.isfinite(g).all() and torch.equal(g[1], torch.zeros_like(g[1]))
+
+
+def test_large_logits_do_not_overflow():
+    mod = module("causal")
+    q, k, v, do = _inputs((), scale=1.0)
+    q = q / q.norm(dim=-1, keepdim=True) * 1e2
+    k = k / k.norm(dim=-1, keepdim=True) * 1e2 * math.sqrt(D) / 1e0  # logits up to 1e4
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_ref, lse_ref = reference(_score_causal, *leaves, {})
+    assert lse_ref.max().item() > 5e3
+    o, lse = mod.attention_forward(q.float(), k.float(), v.float())
+    assert torch.isfinite(o).all()
+    _compare(o, o_ref.detach(), 1e-4)
+    _compare(lse, lse_ref.detach(), 1e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 3e-2), (torch.float16, 5e-3)])
+def test_half_precision_inputs_accumulate_in_float32(dtype, tol):
+    mod = module("alibi")
+    q, k, v, do = _inputs((3,))
+    m = torch.rand(3, 1, 1, dtype=torch.float64) * 0.1
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_ref, lse_ref = reference(_score_alibi, *leaves, {"m": m})
+    o_ref.backward(do)
+    o, lse = mod.attention_forward(q.to(dtype), k.to(dtype), v.to(dtype), m.float())
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    _compare(o.float(), o_ref.detach(), tol)
+    grads = mod.attention_backward(q.to(dtype), k.to(dtype), v.to(dtype), o, lse, do.to(dtype), m.float())
+    for got, leaf in zip(grads[:3], leaves):
+        assert got.dtype == dtype
+        _compare(got.float(), leaf.grad, 4 * tol)
+
+
+def test_autograd_function_gives_the_fused_gradients():
+    mod = module("alibi")
+    q, k, v, do = _inputs((3,))
+    m = torch.randn(3, 1, 1)
+    args = [x.float().requires_grad_() for x in (q, k, v)] + [m.clone().requires_grad_()]
+    mod.attention(*args).backward(do.float())
+    qs, ks, vs, ms = (x.double().detach().requires_grad_() for x in args)
+    reference(_score_alibi, qs, ks, vs, {"m": ms})[0].backward(do)
+    for got, want in zip(args, (qs, ks, vs, ms)):
+        _compare(got.grad, want.grad, 5e-5)
+
+
+def test_unbatched_inputs_and_window_keyword():
+    mod = module("sliding_window")
+    q, k, v, do = _inputs(())
+    o, lse = mod.attention_forward(q[0].float(), k[0].float(), v[0].float(), w=5)
+    i, j = _rows_cols()
+    s = q[0] @ k[0].T / math.sqrt(D) + torch.where((j <= i) & (i - j < 5), 0.0, -math.inf).double()
+    _compare(o, torch.softmax(s, -1) @ v[0], 2e-5)
+
+
+def test_tile_skipping_bounds_in_the_kernels():
+    text = emit_triton(symattn.load(SPECS["sliding_window"]).typed).text
+    assert "lo_ = tl.maximum(lo_, -D_w + I0_ + 1)" in text and "hi_ = tl.minimum(hi_, I1_ + 1)" in text
+    assert "hi_ = tl.minimum(hi_, D_w + J1_)" in text
+    padding = emit_triton(symattn.load(SPECS["key_padding"]).typed).text
+    assert "tl.maximum(lo_" not in padding  # a data-dependent mask skips no tile
+
+
+def test_spec_without_a_core_is_a_clear_error():
+    with pytest.raises(TritonCodegenError, match="no attention core"):
+        emit_triton(symattn.load(ROOT / "derivations" / "additive.attn").typed)
+
+
+@pytest.mark.parametrize("name", ["alibi", "key_padding"])
+def test_verify_against_reference_evaluator(name):
+    report = verify_triton(symattn.load(SPECS[name]).typed)
+    assert report.ok, "\n".join(report.lines())
+
+
+def test_cli_emit_and_verify(tmp_path):
+    out = tmp_path / "alibi_triton.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "symattn", "emit", "triton", str(SPECS["alibi"]), "-o", str(out)],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "def attention_backward(q, k, v, o, lse, do, m, **dims)" in out.read_text()
+    done = subprocess.run([sys.executable, "-m", "symattn", "verify", str(SPECS["causal"]), "--target", "triton"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 of 4 tensors within tolerance" in done.stdout
+
+
+@pytest.mark.slow
+def test_compile_gate_sm90_tensor_cores_no_spills():
+    """Every kernel compiled ahead of time for sm_90 in bf16 (a subprocess: this one interprets)."""
+    specs = [str(SPECS[n]) for n in ("self_attention", "causal", "alibi", "key_padding", "softcap", "sliding_window")]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_gate.py"), *specs], capture_output=True, text=True,
+                          env=env, timeout=1800)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "_O_" in line]
+    assert len(rows) == 6 * 4 * 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[6] == "0", row  # no spills
+        if not cells[1].endswith("_delta"):
+            assert "HGMMA" in cells[7] or "HMMA" in cells[7], row
