@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'symattn[torch]')")
 
 import symattn  # noqa: E402
+from symattn.codegen.numpy.emit import size_keywords  # noqa: E402
 from conftest import REPO, run_cli  # noqa: E402
 from symattn.check.numpy import relative_error  # noqa: E402
 from symattn.codegen.torch import load_torch_module as load_module  # noqa: E402
@@ -74,9 +75,12 @@ def test_gradcheck_float64(name, modules):
     spec, tm, _ = modules[name]
     leaves, _ = _leaves(spec, seed=1, batch=())
     tensors = [torch.tensor(leaves[n], requires_grad=n in spec.typed.differentiable) for n in spec.typed.given]
-    assert torch.autograd.gradcheck(lambda *a: tuple(tm.op(*a)[: len(spec.outputs)]), tensors, eps=1e-6,
+    # dims that no tensor's shape gives (a window width) follow the tensors, at the spec's sizes
+    sizes = [spec.typed.dims[n].default for n in size_keywords(spec.typed)]
+    assert torch.autograd.gradcheck(lambda *a: tuple(tm.op(*a, *sizes)[: len(spec.outputs)]), tensors, eps=1e-6,
                                     atol=1e-7, rtol=1e-5)
-    assert torch.autograd.gradcheck(tm.Function.apply, tensors, eps=1e-6, atol=1e-7, rtol=1e-5)
+    assert torch.autograd.gradcheck(lambda *a: tm.Function.apply(*a, *sizes), tensors, eps=1e-6, atol=1e-7,
+                                    rtol=1e-5)
 
 
 def test_self_attention_against_plain_torch_autograd(modules):

@@ -26,7 +26,7 @@ from ..numpy.syntax import RESERVED as NUMPY_RESERVED, SCALAR_UNARY, Code, einsu
 from ..program_ir import Arange, CodegenError, Program, Stmt
 from .runtime import HELPERS
 
-__all__ = ["TorchPrinter", "UNARY", "REDUCE", "CONSTANT", "RESERVED"]
+__all__ = ["TorchPrinter", "UNARY", "REDUCE", "SCAN", "CONSTANT", "RESERVED"]
 
 # fn -> torch template over the operand, where reading `np.` as `torch.` in the NumPy spelling is wrong
 TORCH_UNARY = {"neg": "-{x}", "relu": "torch.relu({x})", "sigmoid": "torch.sigmoid({x})"}
@@ -56,7 +56,9 @@ class _TorchUnary(Mapping):
 
 UNARY: Mapping[str, str] = _TorchUnary()
 REDUCE = {"sum": "torch.sum({x}, dim={axis}, keepdim=True)", "mean": "torch.mean({x}, dim={axis}, keepdim=True)",
-          "logsumexp": "torch.logsumexp({x}, dim={axis}, keepdim=True)"}
+          "logsumexp": "torch.logsumexp({x}, dim={axis}, keepdim=True)",
+          "max": "torch.amax({x}, dim={axis}, keepdim=True)", "min": "torch.amin({x}, dim={axis}, keepdim=True)"}
+SCAN = {False: "torch.cumsum({x}, dim={axis})", True: "_reverse_cumsum({x}, dim={axis})"}
 CONSTANT = {
     "sinusoidal": ("_sinusoidal({args}, dtype, device)", "_sinusoidal"),
     "causal_mask": ("_causal_mask({args}, dtype, device)", "_causal_mask"),
@@ -116,6 +118,12 @@ class TorchPrinter(NumPyPrinter):
             raise CodegenError(f"the torch target has no rule for the reduction {node.kind}")
         x = self.doprint(inner)
         return Code(REDUCE[node.kind].format(x=x.text, axis=self._axis(node.axis, rank)), ATOM, True, x.carrying)
+
+    def _print_Scan(self, node: t.Scan) -> Code:
+        x = self.doprint(node.x)
+        if node.reverse:
+            self.helpers.add("_reverse_cumsum")
+        return Code(SCAN[node.reverse].format(x=x.text, axis=node.axis - len(node.x.shape)), ATOM, True, x.carrying)
 
     def _print_Constant(self, node: t.Constant) -> Code:
         template, helper = CONSTANT[node.kind]

@@ -182,6 +182,11 @@ def _logsumexp(x, axis):
     return torch.logsumexp(x, dim=axis, keepdim=True)
 
 
+def _reverse_cumsum(x, dim):
+    """The suffix sum along `dim`: entry i holds x[i] + x[i + 1] + ... (the adjoint of torch.cumsum)."""
+    return torch.flip(torch.cumsum(torch.flip(x, (dim,)), dim=dim), (dim,))
+
+
 def _merge_heads(x):
     """[..., h, N, k] -> [..., N, h * k], head-major."""
     x = x.transpose(-3, -2)
@@ -235,7 +240,7 @@ def _own(values, inputs):
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
-    "_softmax_backward", "_rowdot", "_logsumexp", "_merge_heads", "_split_heads", "_concat", "_expand",
+    "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat", "_expand",
     "_sinusoidal", "_causal_mask", "_own",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}
