@@ -66,12 +66,15 @@ _TERMINAL_WORDS = {
 
 
 def grammar_text() -> str:
-    """The grammar, from the installed package or, failing that, the checkout."""
-    try:
-        return resources.files("symattn.grammar").joinpath("attention.lark").read_text("utf-8")
-    except (ModuleNotFoundError, FileNotFoundError, OSError):
-        checkout = Path(__file__).resolve().parents[2] / "grammar" / "attention.lark"
+    """The grammar of the checkout this module is in, or else the installed package's.
+
+    The checkout comes first: an editable install maps `symattn.grammar` to the
+    checkout it was installed from, which need not be the one imported (a second
+    worktree on PYTHONPATH)."""
+    checkout = Path(__file__).resolve().parents[2] / "grammar" / "attention.lark"
+    if checkout.is_file():
         return checkout.read_text("utf-8")
+    return resources.files("symattn.grammar").joinpath("attention.lark").read_text("utf-8")
 
 
 class _BracketLines:
@@ -135,8 +138,25 @@ class ToIR(Transformer):
         return ir.Call(str(func), args, pos=_pos_of(meta), func_pos=_pos_of(func))
 
     def subscript(self, meta, children):
-        tok, args = children
-        return ir.Subscript(str(tok), tuple(args), pos=_pos_of(meta))
+        base, args = children
+        if isinstance(base, ir.Name):
+            return ir.Subscript(base.id, tuple(args), pos=_pos_of(meta))
+        return ir.Sliced(base, tuple(args), pos=_pos_of(meta))
+
+    def slice(self, meta, children):
+        start, stop = children
+        return ir.SliceItem(start, stop, pos=_pos_of(meta))
+
+    def slice_to(self, meta, children):
+        (stop,) = children
+        return ir.SliceItem(None, stop, pos=_pos_of(meta))
+
+    def slice_from(self, meta, children):
+        (start,) = children
+        return ir.SliceItem(start, None, pos=_pos_of(meta))
+
+    def slice_all(self, meta, children):
+        return ir.SliceItem(None, None, pos=_pos_of(meta))
 
     def arguments(self, meta, children):
         return list(children)

@@ -15,6 +15,8 @@ from typing import Sequence
 import sympy
 
 from . import typed as t
+from .affine import Affine, text as subscript_text
+from .gather import gather_form
 from .shapes import format_dim
 
 __all__ = ["to_spec"]
@@ -177,6 +179,18 @@ def _(node: t.Slice, dims):
 
 
 @_print.register
+def _(node: t.Pad, dims):
+    at = f"{format_dim(node.start, dims)}:{format_dim(node.start + node.x.shape[node.axis], dims)}"
+    size = format_dim(node.shape[node.axis], dims)
+    return f"pad({to_spec(node.x, dims)}, axis={node.axis - len(node.shape)}, at={at}, size={size})", ATOM
+
+
+@_print.register
+def _(node: t.Scatter, dims):
+    return _print(gather_form(node), dims)
+
+
+@_print.register
 def _(node: t.IndexDef, dims):
     indices = ", ".join(i.name for i in node.indices)
     return f"[{indices}] -> {to_spec(node.body, dims)}", COMPARE
@@ -185,7 +199,7 @@ def _(node: t.IndexDef, dims):
 @_print.register
 def _(node: t.Entry, dims):
     name = f"grad({node.tensor})" if node.grad else node.tensor
-    return f"{name}[{', '.join(node.indices)}]", ATOM
+    return f"{name}[{', '.join(subscript_text(i, dims) for i in node.indices)}]", ATOM
 
 
 @_print.register
@@ -195,4 +209,13 @@ def _(node: t.IndexVar, dims):
 
 @_print.register
 def _(node: t.IndexSum, dims):
-    return f"sum({node.index.name}, {to_spec(node.body, dims)})", ATOM
+    return f"sum({_summed(node, dims)}, {to_spec(node.body, dims)})", ATOM
+
+
+def _summed(node: t.IndexSum, dims) -> str:
+    """`k`, or `c:h` when the body reads c only in computed subscripts (its range cannot be inferred)."""
+    name = node.index.name
+    entries = [n for n in t.walk(node.body) if isinstance(n, t.Entry)]
+    plain = any(name in n.indices for n in entries)
+    computed = any(isinstance(s, Affine) and name in s.indices for n in entries for s in n.indices)
+    return f"{name}:{format_dim(node.index.range, dims)}" if computed and not plain else name

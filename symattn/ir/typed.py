@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Mapping
 
 import sympy
 
+from .affine import Affine, names as subscript_names, renamed as renamed_subscript
 from .position import NOWHERE, Pos
 
 __all__ = [
@@ -40,6 +41,9 @@ __all__ = [
     "Grad",
     "SumTo",
     "Slice",
+    "Pad",
+    "Scatter",
+    "Affine",
     "Index",
     "IndexDef",
     "Entry",
@@ -55,6 +59,7 @@ __all__ = [
     "tensors_read",
     "depends_on",
     "scope_sum_indices",
+    "entry_names",
 ]
 
 Shape = tuple  # tuple[sympy.Expr, ...]
@@ -298,12 +303,28 @@ class SumTo(Node):
 
 @dataclass(frozen=True, slots=True)
 class Slice(Node):
-    """`x` restricted to `start <= index < stop` along `axis`; made by the backward of concat."""
+    """`x` restricted to `start <= index < stop` along `axis`: `X[:, 0:h]`, and the backward of concat."""
 
     x: Node
     axis: int
     start: sympy.Expr
     stop: sympy.Expr
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Pad(Node):
+    """Zeros of `shape` with `x` at `start <= index < start + x.shape[axis]` along `axis`:
+    the gradient of a slice, scattered back (made by the backward pass)."""
+
+    x: Node
+    axis: int
+    start: sympy.Expr
     shape: Shape
     pos: Pos = _pos()
 
@@ -339,10 +360,11 @@ class IndexDef(Node):
 
 @dataclass(frozen=True, slots=True)
 class Entry(Node):
-    """`X[i, k]`: one entry of a tensor at index variables."""
+    """`X[i, k]`: one entry of a tensor. A subscript is an index name (`str`, the common case)
+    or a computed one, affine in the indices (`Affine`: `b[j - i + N - 1]`, `Q[i, 2 * c + 1]`)."""
 
     tensor: str
-    indices: tuple[str, ...]
+    indices: tuple[str | Affine, ...]
     shape: Shape = ()
     grad: bool = False  # an entry of grad(tensor), made by the backward pass
     pos: Pos = _pos()
@@ -369,6 +391,28 @@ class IndexSum(Node):
     @property
     def children(self):
         return (self.body,)
+
+
+@dataclass(frozen=True, slots=True)
+class Scatter(Node):
+    """Zeros of `shape`, to which each entry of `x` over its index box is added at `targets`
+    (one subscript per axis, in `x`'s index names): `out[targets(i, j)] += x[i, j]`. The
+    gradient of a read at computed subscripts (`b[j - i + N - 1]`), made by the backward pass;
+    entries that no box point reaches stay 0."""
+
+    x: IndexDef
+    targets: tuple[str | Affine, ...]
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+def entry_names(node: Entry) -> list[str]:
+    """The index names an entry's subscripts read, each once, in order."""
+    return list(dict.fromkeys(n for s in node.indices for n in subscript_names(s)))
 
 
 def walk(node: Node) -> Iterator[Node]:
@@ -405,7 +449,7 @@ def scope_sum_indices(node: IndexDef) -> IndexDef:
     taken = {i.name for i in node.indices}
     used = taken | {n.index.name if isinstance(n, IndexSum) else n.name for n in walk(node.body)
                     if isinstance(n, (IndexSum, IndexVar))}
-    used |= {i for n in walk(node.body) if isinstance(n, Entry) for i in n.indices}
+    used |= {i for n in walk(node.body) if isinstance(n, Entry) for i in entry_names(n)}
 
     def fresh(name: str) -> str:
         k = 1
@@ -423,7 +467,7 @@ def scope_sum_indices(node: IndexDef) -> IndexDef:
         if isinstance(n, IndexVar):
             return replace(n, name=names.get(n.name, n.name))
         if isinstance(n, Entry):
-            return replace(n, indices=tuple(names.get(i, i) for i in n.indices))
+            return replace(n, indices=tuple(renamed_subscript(i, names) for i in n.indices))
         changes = {}
         for f in fields(n):
             value = getattr(n, f.name)

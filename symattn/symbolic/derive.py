@@ -28,6 +28,7 @@ import sympy
 from ..ir import build as b
 from ..ir import typed as t
 from ..ir.functions import table
+from ..ir.gather import gather_form
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
 from .index_adjoint import index_adjoint
@@ -166,6 +167,8 @@ class Derivation(Mapping):
             return f"grad({name}) = 0    (L does not depend on {name})"
         if isinstance(expr, t.Grad) and name in self.spec.outputs:
             return f"grad({name})        (the upstream gradient of output {name})"
+        if isinstance(expr, t.Scatter):  # written entry by entry, as a sum over what reaches each
+            expr = gather_form(expr)
         if isinstance(expr, t.IndexDef):
             idx = ", ".join(i.name for i in expr.indices)
             head = f"grad({name})[{idx}]" if idx else f"grad({name})"
@@ -324,6 +327,12 @@ def _(node: t.Concat, g, cx):
         out.append((part, t.Slice(g, node.axis, start, stop, part.shape), "concat: each part gets its slice of G"))
         start = stop
     return out
+
+
+@_adjoint.register
+def _(node: t.Slice, g, cx):
+    return [(node.x, t.Pad(g, node.axis, node.start, node.x.shape), "C = A[start:stop]: grad(A) is grad(C) "
+             "in the slice, 0 elsewhere")]
 
 
 @_adjoint.register

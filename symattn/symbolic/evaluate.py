@@ -27,6 +27,7 @@ import numpy as np
 import sympy
 
 from ..ir import typed as t
+from ..ir.affine import value as subscript_value
 from ..ir.functions import FUNCTIONS, table
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
@@ -380,6 +381,42 @@ class Evaluator:
         index[axis] = slice(self.size(node.start), self.size(node.stop))
         return x[tuple(index)]
 
+    @_eval.register
+    def _(self, node: t.Pad):
+        x = np.asarray(self._eval(node.x))
+        axis = self._neg(node.axis, node)
+        shape = list(x.shape)
+        shape[axis] = self.size(node.shape[node.axis])
+        out = self._zeros(tuple(shape), x)
+        index = [slice(None)] * x.ndim
+        start = self.size(node.start)
+        index[axis] = slice(start, start + x.shape[axis])
+        out[tuple(index)] = x
+        return out
+
+    @_eval.register
+    def _(self, node: t.Scatter):
+        values = np.asarray(self._eval(node.x))
+        box = [i.name for i in node.x.indices]
+        ranges = [self.size(i.range) for i in node.x.indices]
+        grid = dict(zip(box, np.meshgrid(*[np.arange(r, dtype=np.int64) for r in ranges], indexing="ij")))
+        at = tuple(np.broadcast_to(subscript_value(s, grid, self._offset(s)), tuple(ranges)) for s in node.targets)
+        lead = values.shape[: values.ndim - len(box)]
+        out = self._zeros(lead + tuple(self.size(d) for d in node.shape), values)
+        np.add.at(out, (Ellipsis, *at), values)  # entries that several box points reach get their sum
+        return out
+
+    def _zeros(self, shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
+        if self.backend.exact:
+            out = np.empty(shape, dtype=object)
+            out.fill(sympy.Integer(0))
+            return out
+        return np.zeros(shape, dtype=np.result_type(like, np.float64))
+
+    def _offset(self, s) -> int | None:
+        """The offset of a computed subscript at these sizes (None for a plain index)."""
+        return None if isinstance(s, str) else self.size(s.offset)
+
     # --- index notation: each index owns one trailing axis of a grid -------------
 
     @_eval.register
@@ -427,7 +464,10 @@ class _Grid:
     def eval(self, node: t.Node):
         if isinstance(node, t.Entry):
             source = np.asarray(self.ev.grads[node.tensor] if node.grad else self.ev.values[node.tensor])
-            index = tuple(self.arange(i).astype(np.int64) for i in node.indices)
+            values = {n: self.arange(n).astype(np.int64) for n in t.entry_names(node)}
+            index = tuple(np.broadcast_to(subscript_value(s, values, self.ev._offset(s)), (1,) * self.rank)
+                          if isinstance(s, t.Affine) and not s.indices else
+                          subscript_value(s, values, self.ev._offset(s)) for s in node.indices)
             return source[(Ellipsis, *index)]
         if isinstance(node, t.IndexVar):
             values = self.arange(node.name)

@@ -223,7 +223,8 @@ class Finiteness:
             return FINITE if self.node(n.x) <= MINUS_INF else ANY
         if isinstance(n, t.Where):
             return max(self.node(n.a), self.node(n.b))
-        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum)):
+        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum, t.Pad,
+                          t.Scatter)):  # sums, moves and zeros: the class of what is moved or summed
             return self.node(n.children[0])
         if isinstance(n, t.Concat):
             return max(self.node(p) for p in n.parts)
