@@ -5,7 +5,10 @@ an `IndexArray`, a tree of *labelled* array operations: every value carries
 the index names of its trailing axes (its labels) in a fixed order, after any
 leading batch axes. No value ever loops over an index:
 
-- `X[i, k]` is the array X read with labels (i, k) (`LEntry`);
+- `X[i, k]` is the array X read with labels (i, k) (`LEntry`); a read at
+  computed subscripts, `b[j - i + N - 1]`, is a gather with integer index
+  arrays over the indices it reads (`LGather`: an [N, N] array of positions,
+  never a one-hot [N, N, 2N - 1] tensor);
 - an index used as a value is an `arange` over its range (`LVar`, hoisted);
 - elementwise operations broadcast their operands to the union of their
   labels (`LOp`); a label names one axis of one range, so sibling sums that
@@ -34,11 +37,13 @@ import sympy
 
 from ..ir import build as b
 from ..ir import typed as t
+from ..ir.affine import renamed as renamed_subscript
 from ..errors import SymbolicError
 
 __all__ = [
     "LNode",
     "LEntry",
+    "LGather",
     "LVar",
     "LConst",
     "LOp",
@@ -67,6 +72,14 @@ class LEntry(LNode):
 
     var: str
     indices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LGather(LEntry):
+    """Entries of `var` at computed subscripts: `indices` holds an index name or an `Affine` per
+    axis, `labels` the distinct index names they read, `ranges` the range of each label."""
+
+    ranges: tuple[sympy.Expr, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +145,7 @@ class IndexArray(t.Node):
 def _rename(node: t.Node, mapping: dict[str, str]) -> t.Node:
     """`node` with every index name (free and bound) replaced through `mapping`."""
     if isinstance(node, t.Entry):
-        return t.Entry(node.tensor, tuple(mapping.get(i, i) for i in node.indices), grad=node.grad)
+        return t.Entry(node.tensor, tuple(renamed_subscript(i, mapping) for i in node.indices), grad=node.grad)
     if isinstance(node, t.IndexVar):
         return t.IndexVar(mapping.get(node.name, node.name))
     if isinstance(node, t.IndexSum):
@@ -149,7 +162,7 @@ def _rename(node: t.Node, mapping: dict[str, str]) -> t.Node:
 
 def _walk_names(node: t.Node, bound: set[str], free: list[str], binders: list[str]) -> None:
     if isinstance(node, t.Entry):
-        free.extend(i for i in node.indices if i not in bound and i not in free)
+        free.extend(i for i in t.entry_names(node) if i not in bound and i not in free)
     elif isinstance(node, t.IndexVar):
         if node.name not in bound and node.name not in free:
             free.append(node.name)
@@ -300,6 +313,9 @@ class IndexLowering:
             var = self.host.entry_var(node.tensor, node.grad)
             if not node.indices:
                 return LScalarTensor((), var)
+            if not all(isinstance(i, str) for i in node.indices):
+                labels = cx.sort(t.entry_names(node))
+                return LGather(labels, var, node.indices, tuple(cx.ranges[n] for n in labels))
             return LEntry(tuple(dict.fromkeys(node.indices)), var, node.indices)
         if isinstance(node, (t.Tensor, t.Grad)):
             if node.shape:

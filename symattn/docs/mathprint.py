@@ -21,6 +21,7 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
+from ..ir.gather import gather_form, gather_forms
 from .mathbox import Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row
 
 __all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names", "equation", "definition_box",
@@ -239,6 +240,19 @@ def _(node: t.Slice):
 
 
 @_m.register
+def _(node: t.Pad):
+    # concat with zero blocks on either side, as the text form writes it
+    after = sympy.expand(node.shape[node.axis] - node.start - node.x.shape[node.axis])
+    parts = ([Num("0")] if node.start != 0 else []) + [_m(node.x)[0]] + ([Num("0")] if after != 0 else [])
+    return Func("concat", tuple(parts)), ATOM
+
+
+@_m.register
+def _(node: t.Scatter):
+    return _m(gather_form(node))
+
+
+@_m.register
 def _(node: t.IndexDef):
     return _m(node.body)
 
@@ -304,7 +318,23 @@ def _commas(items: Sequence[Box]) -> Box:
     return row(*[x for item in items for x in (item, Op(",", ","))][:-1])
 
 
-def _index(name: str) -> Box:
+def _index(name) -> Box:
+    """A subscript: an index name, or index arithmetic (`j − i + N − 1`)."""
+    if isinstance(name, t.Affine):
+        pieces: list[tuple[bool, Box]] = []
+        for index, c in zip(name.indices, name.coefficients):
+            pieces.append((c < 0, ident(index) if abs(c) == 1 else row(Num(str(abs(c))), ident(index))))
+        for term in sorted(sympy.Add.make_args(name.offset), key=lambda x: (x.is_Number, str(x))):
+            if term != 0:
+                coeff, rest = term.as_coeff_Mul()
+                pieces.append((coeff < 0, dim_box(abs(coeff) * rest)[0]))
+        if not pieces:
+            return Num("0")
+        items: list[Box] = [Op("−", "-")] if pieces[0][0] else []
+        items.append(pieces[0][1])
+        for negative, box in pieces[1:]:
+            items += [Op("−", "-") if negative else Op("+", "+"), box]
+        return row(*items)
     return Num(name) if name.isdigit() else ident(name)
 
 
@@ -361,6 +391,8 @@ def _e(node, idx, nm: Names) -> tuple[Box, int]:
         return row(_wrap(a, ADD), Op(glyph, latex), _wrap(b, ADD)), COMPARE
     if isinstance(node, t.Where):
         return Func("where", tuple(_e(p, _align(p.shape, idx), nm)[0] for p in (node.cond, node.a, node.b))), ATOM
+    if isinstance(node, t.Scatter):
+        return _e(gather_form(node), idx, nm)
     if isinstance(node, t.IndexDef):
         from ..symbolic.index_adjoint import rename_indices
 
@@ -396,6 +428,7 @@ def definition_box(name: str, info: t.TensorInfo, dims: Sequence[str] = ()) -> B
 
 def gradient_box(name: str, expr: t.Node, spec: t.TypedSpec) -> Box:
     """`dT = ...` for a derived gradient; entry by entry when the result uses index notation."""
+    expr = gather_forms(expr)  # a scatter is written entry by entry, as what reaches each entry
     index_part = next((n for n in t.walk(expr) if isinstance(n, t.IndexDef)), None)
     if index_part is None:
         return equation(grad_box(name), matrix_box(expr, list(spec.dims)))

@@ -168,6 +168,8 @@ def constraints(spec: t.TypedSpec) -> list[Constraint]:
         elif isinstance(node, t.Slice):
             add(node.start, 0, "the start of a slice")
             add(node.stop, 1, "the end of a slice")
+        elif isinstance(node, t.Pad):
+            add(node.start, 0, "the start of a padded slice")
         elif isinstance(node, t.SplitHeads):
             add(node.heads, 1, "the head count of split_heads")
         elif isinstance(node, t.Constant):
@@ -337,7 +339,14 @@ def fit_sizes(spec: t.TypedSpec, budget: int, sizes: Mapping[str, int] | None = 
 def reads_sizes(spec: t.TypedSpec, nodes: Iterable[t.Node]) -> bool:
     """Whether values computed from `nodes` depend on the sizes themselves, not only on which
     entries exist: a dim used as a value, a mean, an index value, a sinusoidal table, in the
-    nodes or any definition they read (every definition, when they read a gradient). Work on
-    such values at sizes `fit_sizes` picked answers another question than at the spec's."""
+    nodes or any definition they read (every definition, when they read a gradient), a subscript
+    with a dim term (which entry `b[j - i + N - 1]` reads moves with N). Work on such values at
+    sizes `fit_sizes` picked answers another question than at the spec's."""
     return any(isinstance(n, (t.DimValue, t.IndexVar)) or (isinstance(n, t.Reduce) and n.kind == "mean")
-               or (isinstance(n, t.Constant) and n.kind == "sinusoidal") for n in t.depends_on(spec, nodes))
+               or (isinstance(n, t.Constant) and n.kind == "sinusoidal") or _sized_subscripts(n)
+               for n in t.depends_on(spec, nodes))
+
+
+def _sized_subscripts(node: t.Node) -> bool:
+    subscripts = node.indices if isinstance(node, t.Entry) else node.targets if isinstance(node, t.Scatter) else ()
+    return any(isinstance(s, t.Affine) and s.offset.free_symbols for s in subscripts)

@@ -59,6 +59,8 @@ LEMMAS = {
                               "sum(A Pi^T, axis=-1) = sum(A, axis=-1)"),
     "heads": Lemma("heads", "merge_heads and split_heads move whole rows: they commute with permuting N"),
     "concat": Lemma("concat", "concat(Pi A, Pi B) = Pi concat(A, B) along an axis that is not permuted"),
+    "slice": Lemma("slice", "a slice along an axis that is not permuted commutes with the permutation: "
+                            "(Pi A)[:, a:b] = Pi (A[:, a:b])"),
     "constant": Lemma("constant", "ones(...) is unchanged by any permutation; Pi eye Pi^T = eye"),
     "index": Lemma("index", "index notation commutes with relabeling a permuted index "
                             "when the entry formula does not use the index values themselves"),
@@ -285,6 +287,14 @@ def _(node: t.Concat, ty):
 
 
 @_rule.register
+def _(node: t.Slice, ty):
+    out = frozenset(p for p in _rule(node.x, ty)[0] if not p[node.axis])
+    if not out:
+        raise _Broken(f"{ty.text(node)}: the sliced axis is permuted")
+    return out, "slice"
+
+
+@_rule.register
 def _(node: t.IndexDef, ty):
     return _index_rule(node, ty), "index"
 
@@ -292,7 +302,10 @@ def _(node: t.IndexDef, ty):
 def _index_uses(node: t.Node):
     """(entries, names whose values are used) in an index-notation body."""
     nodes = list(t.walk(node))
-    return [n for n in nodes if isinstance(n, t.Entry)], {n.name for n in nodes if isinstance(n, t.IndexVar)}
+    values = {n.name for n in nodes if isinstance(n, t.IndexVar)}
+    values |= {i for n in nodes if isinstance(n, t.Entry) for s in n.indices if isinstance(s, t.Affine)
+               for i in s.indices}  # a computed subscript uses its indices' values
+    return [n for n in nodes if isinstance(n, t.Entry)], values
 
 
 def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
@@ -309,6 +322,11 @@ def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
         for entry in entries:
             for axis, index in enumerate(entry.indices):
                 flag = chosen[entry.tensor][axis]
+                if isinstance(index, t.Affine):
+                    if flag:
+                        ok = False
+                        reason = f"axis {axis} of {entry.tensor} is permuted but read at the position {index}"
+                    continue
                 if flags.setdefault(index, flag) != flag:
                     ok = False
                     reason = (f"index {index} is used along a permuted axis of {entry.tensor} in one place "

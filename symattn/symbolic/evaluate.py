@@ -213,6 +213,9 @@ class Evaluator:
         self.subs = {spec.dims[n].symbol: s for n, s in self.sizes.items()}
         self.values: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
+        # Applied to each tensor `run` computes: the digits mode of claims rounds every entry to a
+        # number there, so exact constants (cos(1/100)) do not grow into huge expressions downstream.
+        self.settle = None
 
     def size(self, dim) -> int:
         """A dim expression at these sizes; division is exact, so `(N + 1) / 2` at an even N is an error."""
@@ -237,7 +240,8 @@ class Evaluator:
         self.grads = dict(grads or {})
         for name, info in self.spec.tensors.items():
             if info.expr is not None:
-                self.values[name] = self.evaluate(info.expr)
+                value = self.evaluate(info.expr)
+                self.values[name] = value if self.settle is None else self.settle(value)
         return self.values
 
     def evaluate(self, node: t.Node):

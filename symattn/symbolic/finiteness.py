@@ -213,6 +213,9 @@ class Finiteness:
                 exponent = const_value(n.b)
                 if exponent is not None and exponent.is_Integer and exponent >= 0 and a == FINITE:
                     return FINITE
+                base = const_value(n.a)  # a positive number to a finite power: 10000^(-c / h)
+                if base is not None and finite_real(base) and base.is_positive and b == FINITE:
+                    return FINITE
                 return ANY
         if isinstance(n, t.MatMul):
             return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY

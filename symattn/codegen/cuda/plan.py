@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ...ir import build as b
 from ...ir import typed as t
+from ...ir.gather import gather_forms
 from ...symbolic.derive import derive
 from ...ir.printing import to_spec
 from . import flash
@@ -374,8 +375,8 @@ class _Planner:
                 continue
             total = None
             for owner, part in gradient.paths:
-                if owner not in self.core_of:
-                    total = b.add(total, part)
+                if owner not in self.core_of:  # a scatter is computed in its gather form, one entry a thread
+                    total = b.add(total, gather_forms(part, solve=True))
             for core in self.cores.values():
                 if any(owner in self.core_of and self.core_of[owner] is core for owner, _ in gradient.paths):
                     for role in "qkv":

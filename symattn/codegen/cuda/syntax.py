@@ -292,6 +292,17 @@ class CPrinter:
         return self._print(node.x, tuple(moved))
 
     @_print.register
+    def _(self, node: t.Pad, coords):
+        # zeros outside start <= c < start + width along the axis; x shifted back inside
+        c = coords[node.axis]
+        moved = list(coords)
+        moved[node.axis] = f"({c} - {self._dim(node.start)})" if node.start != 0 else c
+        inside = f"{c} < {self._dim(node.start + node.x.shape[node.axis])}"
+        if node.start != 0:
+            inside = f"{c} >= {self._dim(node.start)} && {inside}"
+        return f"({inside} ? {self._wrap(node.x, tuple(moved), TERNARY + 1)} : 0.0f)", ATOM
+
+    @_print.register
     def _(self, node: t.Concat, coords):
         axis = node.axis
         start = sympy.Integer(0)
@@ -319,13 +330,25 @@ class CPrinter:
     def _(self, node: t.IndexVar, coords):
         return f"(float){self.indices[node.name]}", UNARY_PREC
 
+    def subscript(self, s) -> str:
+        """A subscript (index name or Affine) as C int arithmetic on the index variables."""
+        if isinstance(s, str):
+            return self.indices[s]
+        text = ""
+        for n, c in zip(s.indices, s.coefficients):
+            magnitude = self.indices[n] if abs(c) == 1 else f"{abs(c)} * {self.indices[n]}"
+            text += (" - " if c < 0 else " + ") + magnitude if text else ("-" if c < 0 else "") + magnitude
+        if s.offset != 0 or not text:
+            text += (" + " if text else "") + self._dim(s.offset)
+        return f"({text})"
+
     @_print.register
     def _(self, node: t.Entry, coords):
-        at = tuple(self.indices[i] for i in node.indices)
+        at = tuple(self.subscript(i) for i in node.indices)
         target = t.Grad(node.tensor, ()) if node.grad else t.Tensor(node.tensor, ())
         text = self.source.read(target, at)
         if text is None:
-            raise CudaCodegenError(f"cannot read {node.tensor}[{', '.join(node.indices)}]")
+            raise CudaCodegenError(f"cannot read {node.tensor}[{', '.join(map(str, node.indices))}]")
         return text, ATOM
 
     @_print.register

@@ -10,7 +10,9 @@ order, `label_aligned` aligns it to a target order, and a contraction becomes
 
 from __future__ import annotations
 
-from ..index import LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
+import sympy
+
+from ..index import LConst, LContract, LEntry, LGather, LNode, LOp, LScalarTensor, LSum, LVar
 from ..program import CodegenError
 from .syntax import ADD, ATOM, BINARY, CMP, MUL, POW, UNARY, SCALAR_UNARY, UNARY_PREC, Code, einsum_letters, wrap
 
@@ -21,6 +23,10 @@ class IndexNotationPrinter:
 
     def label(self, node: LNode) -> Code:
         """A labelled node printed with its own labels, in their order."""
+        if isinstance(node, LGather):  # integer index arrays over the labels: a gather, O(entries read)
+            at = [self.index_array(s, node.labels, node.ranges) for s in node.indices]
+            dots = ["..."] if self.batched(node) else []
+            return Code(f"{node.var}[{', '.join(dots + at)}]", ATOM, False)
         if isinstance(node, LEntry):
             if len(set(node.indices)) == len(node.indices):
                 return Code(node.var, ATOM, False)
@@ -42,6 +48,29 @@ class IndexNotationPrinter:
             axis = node.x.labels.index(node.index) - len(node.x.labels)
             return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
         raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
+
+    def index_array(self, s, labels: tuple[str, ...], ranges) -> str:
+        """A subscript (index name or Affine) as integer arithmetic on `np.arange`s, one axis per label:
+        `np.arange(N)[None, :] - np.arange(N)[:, None] + N - 1`."""
+        terms = [(s, 1)] if isinstance(s, str) else list(zip(s.indices, s.coefficients))
+        offset = sympy.Integer(0) if isinstance(s, str) else s.offset
+        pieces: list[tuple[bool, str]] = []
+        for name, c in terms:
+            k = labels.index(name)
+            arange = f"np.arange({self.dim(ranges[k]).text})"
+            if len(labels) > 1:
+                arange += "[" + ", ".join(":" if j == k else "None" for j in range(len(labels))) + "]"
+            pieces.append((c < 0, arange if abs(c) == 1 else f"{abs(c)} * {arange}"))
+        for term in sorted(sympy.Add.make_args(sympy.expand(offset)), key=lambda x: (x.is_Number, str(x))):
+            if term != 0:
+                coeff, rest = term.as_coeff_Mul()
+                pieces.append((coeff < 0, wrap(self.dim(abs(coeff) * rest), MUL)))
+        if not pieces:
+            return "0"
+        text = ("-" if pieces[0][0] else "") + pieces[0][1]
+        for negative, magnitude in pieces[1:]:
+            text += f" {'-' if negative else '+'} {magnitude}"
+        return text
 
     def label_aligned(self, node: LNode, target: tuple[str, ...], keep_missing: bool = False) -> Code:
         """`node` with its axes permuted and new axes inserted so that its labels line up with `target`."""
@@ -100,7 +129,7 @@ class IndexNotationPrinter:
     def _contract(self, node: LContract) -> Code:
         operands = []
         for f in node.factors:
-            if isinstance(f, LEntry):
+            if isinstance(f, LEntry) and not isinstance(f, LGather):
                 operands.append((Code(f.var, ATOM, False), f.indices, self.batched(f)))
             else:
                 operands.append((self.label(f), f.labels, self.batched(f)))
