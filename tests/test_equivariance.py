@@ -138,6 +138,9 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("cross_attention", "O", "Y", True, "proved", "O(Pi Y) = O(Y)"),
     ("causal", "O", "X", False, "refuted", None),
     ("positional", "O", "X", False, "refuted", None),
+    ("relative_bias", "O", "X", False, "refuted", None),
+    ("rope_interleaved", "O", "X", False, "refuted", None),
+    ("rope_half", "O", "X", False, "refuted", None),
 ]
 
 

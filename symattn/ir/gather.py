@@ -15,8 +15,10 @@ range: `sum(i, where(l + i - N + 1 >= 0, where(l + i - N + 1 < N, grad(B)[i,
 l + i - N + 1], 0), 0))`, one sum fewer. Its reads are in range only where
 the guards hold, so only a target that evaluates a `where` lazily (CUDA's
 `?:`) may use it. `gather_forms(node, solve)` replaces every `Scatter` in a
-tree; `substitute_indices` and `subscript_node` are the index arithmetic
-both need.
+tree; `entry_form(node)` writes a sum of such parts (`IndexDef`s and
+scatters) as one definition over shared output indices, or None when the
+node is not one. `substitute_indices` and `subscript_node` are the index
+arithmetic they need.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from . import typed as t
 from .affine import affine, names as subscript_names, substituted
 from .shapes import same_dim
 
-__all__ = ["gather_form", "gather_forms", "substitute_indices", "subscript_node"]
+__all__ = ["gather_form", "gather_forms", "entry_form", "substitute_indices", "subscript_node"]
 
 _OUTPUT_NAMES = ("l", "m", "n", "p", "q", "r", "s", "u", "v")
 
@@ -187,3 +189,32 @@ def gather_forms(node: t.Node, solve: bool = False) -> t.Node:
         elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
             changes[f.name] = tuple(gather_forms(v, solve) for v in value)
     return replace(node, **changes) if changes else node
+
+
+def _terms(node: t.Node, sign: int, out: list[tuple[int, t.Node]]) -> None:
+    if isinstance(node, t.Binary) and node.op in ("add", "sub"):
+        _terms(node.a, sign, out)
+        _terms(node.b, sign if node.op == "add" else -sign, out)
+    else:
+        out.append((sign, node))
+
+
+def entry_form(node: t.Node) -> t.IndexDef | None:
+    """`A + B - C` of index-notation parts (IndexDef, Scatter) as one IndexDef, or None."""
+    terms: list[tuple[int, t.Node]] = []
+    _terms(node, 1, terms)
+    defs = [gather_form(n) if isinstance(n, t.Scatter) else n for _, n in terms]
+    if not all(isinstance(d, t.IndexDef) and d.shape == node.shape for d in defs):
+        return None
+    outputs = [i.name for i in defs[0].indices]
+    bound = set().union(*(_used_names(d.body) - {i.name for i in d.indices} for d in defs))
+    if bound & set(outputs):  # the first part's names are bound inside another: fresh names for all
+        outputs = _fresh(len(outputs), set().union(*(_used_names(d) for d in defs)))
+    body = None
+    for (sign, _), d in zip(terms, defs):
+        part = substitute_indices(d.body, {i.name: out for i, out in zip(d.indices, outputs)})
+        if body is None:
+            body = part if sign > 0 else t.Unary("neg", part, ())
+        else:
+            body = t.Binary("add" if sign > 0 else "sub", body, part, ())
+    return t.IndexDef(tuple(t.Index(out, i.range) for out, i in zip(outputs, defs[0].indices)), body, node.shape)

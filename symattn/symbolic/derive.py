@@ -28,7 +28,7 @@ import sympy
 from ..ir import build as b
 from ..ir import typed as t
 from ..ir.functions import table
-from ..ir.gather import gather_form
+from ..ir.gather import entry_form
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
 from .index_adjoint import index_adjoint
@@ -167,8 +167,8 @@ class Derivation(Mapping):
             return f"grad({name}) = 0    (L does not depend on {name})"
         if isinstance(expr, t.Grad) and name in self.spec.outputs:
             return f"grad({name})        (the upstream gradient of output {name})"
-        if isinstance(expr, t.Scatter):  # written entry by entry, as a sum over what reaches each
-            expr = gather_form(expr)
+        if any(isinstance(n, t.Scatter) for n in t.walk(expr)):  # entry by entry: what reaches each entry
+            expr = entry_form(expr) or expr
         if isinstance(expr, t.IndexDef):
             idx = ", ".join(i.name for i in expr.indices)
             head = f"grad({name})[{idx}]" if idx else f"grad({name})"
