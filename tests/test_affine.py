@@ -297,6 +297,25 @@ def test_relative_bias_claims_are_proved_and_refuted_by_numpy_too():
     assert np.isclose(db[0], dS[-1, 0]) and np.isclose(db[3], np.trace(dS)) and np.isclose(db.sum(), dS.sum())
 
 
+def test_slice_gradients_are_proved_for_every_size():
+    """grad(Q) is the two halves' gradients padded back: the matrix level sees it at every size."""
+    text = (REPO / "derivations" / "rope_half.attn").read_text("utf-8").split("# The backward")[0]
+    spec = symattn.load(text + "check grad(Q)[:, h:2 * h] == grad(Q2)\ncheck grad(Q)[:, 0:h] == grad(Q2)\n")
+    second, wrong = spec.check()
+    assert second.verdict == "proved" and "for all sizes" in second.method
+    assert wrong.verdict == "refuted"
+    inputs = {k: np.asarray(v, dtype=np.float64) for k, v in wrong.counterexample.inputs.items()}
+    # plain NumPy: grad(Q)[:, 0:h] is grad(Q1), which is not grad(Q2) at the counterexample
+    X, W_q, W_k, W_v = inputs["X"], inputs["W_q"], inputs["W_k"], inputs["W_v"]
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    Qr, Kr = _rope_half(Q), _rope_half(K)
+    P = _softmax(Qr @ Kr.T / 2.0)
+    dP = inputs["grad(O)"] @ V.T
+    dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True)) / 2.0
+    dQ = _rope_half(dS @ Kr, sign=-1.0)
+    assert np.abs(dQ[:, :2] - dQ[:, 2:]).max() > 1e-3
+
+
 def test_reference_specs_check_green():
     for name in ("relative_bias", "rope_interleaved", "rope_half"):
         done = run_cli("check", f"derivations/{name}.attn", timeout=600)
