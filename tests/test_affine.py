@@ -335,9 +335,10 @@ def test_derived_gradients_are_exact_at_the_element_level():
 def test_relative_bias_cuda_reads_and_scatters_with_index_arithmetic():
     code = symattn.load(RELATIVE_BIAS).emit("cuda")
     source = code.files[code.source_name]
-    assert "B[e_] = b[((j - i + (-1 + N)))];" in source  # the gather: one read per entry
+    assert "B[e_] = b[((j - i + N - 1))];" in source  # the gather: one read per entry
     # the scatter in its gather form: each entry of grad(b) sums one diagonal, j = l + i - N + 1 solved
     assert re.search(r"for \(int i = 0; i < N; \+\+i\) \{\n\s+sum1_ \+= \(\(\(\(l \+ i\) - N\) \+ 1\) >= 0 \?", source)
+    assert "grad_B[(long long)i * N + ((l + i - N + 1))]" in source
 
 
 @pytest.mark.slow

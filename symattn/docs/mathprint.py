@@ -21,6 +21,7 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
+from ..ir.affine import pieces
 from ..ir.gather import gather_form, gather_forms
 from .mathbox import Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row
 
@@ -240,14 +241,6 @@ def _(node: t.Slice):
 
 
 @_m.register
-def _(node: t.Pad):
-    # concat with zero blocks on either side, as the text form writes it
-    after = sympy.expand(node.shape[node.axis] - node.start - node.x.shape[node.axis])
-    parts = ([Num("0")] if node.start != 0 else []) + [_m(node.x)[0]] + ([Num("0")] if after != 0 else [])
-    return Func("concat", tuple(parts)), ATOM
-
-
-@_m.register
 def _(node: t.Scatter):
     return _m(gather_form(node))
 
@@ -321,20 +314,15 @@ def _commas(items: Sequence[Box]) -> Box:
 def _index(name) -> Box:
     """A subscript: an index name, or index arithmetic (`j − i + N − 1`)."""
     if isinstance(name, t.Affine):
-        pieces: list[tuple[bool, Box]] = []
-        for index, c in zip(name.indices, name.coefficients):
-            pieces.append((c < 0, ident(index) if abs(c) == 1 else row(Num(str(abs(c))), ident(index))))
-        for term in sorted(sympy.Add.make_args(name.offset), key=lambda x: (x.is_Number, str(x))):
-            if term != 0:
-                coeff, rest = term.as_coeff_Mul()
-                pieces.append((coeff < 0, dim_box(abs(coeff) * rest)[0]))
-        if not pieces:
-            return Num("0")
-        items: list[Box] = [Op("−", "-")] if pieces[0][0] else []
-        items.append(pieces[0][1])
-        for negative, box in pieces[1:]:
-            items += [Op("−", "-") if negative else Op("+", "+"), box]
-        return row(*items)
+        items: list[Box] = []
+        for k, p in enumerate(pieces(name)):
+            if k or p.negative:
+                items.append(Op("−", "-") if p.negative else Op("+", "+"))
+            if p.index is None:
+                items.append(dim_box(p.dims)[0])
+            else:
+                items.append(ident(p.index) if p.coefficient == 1 else row(Num(str(p.coefficient)), ident(p.index)))
+        return row(*items) if items else Num("0")
     return Num(name) if name.isdigit() else ident(name)
 
 

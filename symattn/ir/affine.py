@@ -13,7 +13,9 @@ For every subscript (name or `Affine`): `names(s)` are the indices it reads,
 replaces them by subscripts (index -> name or `Affine`), `value(s, values,
 offset)` computes it from index values (arrays or numbers) and the offset at
 concrete sizes, `as_sympy(s, symbols)` writes it as a SymPy expression, and
-`text(s, order)` is spec text (`j - i + N - 1`).
+`text(s, order)` is spec text (`j - i + N - 1`); `pieces(s)` are its signed
+terms in printing order (indices first, then the offset's terms), which every
+printer (spec text, typesetting, NumPy, CUDA) spells in its own syntax.
 
 Range decisions, for all sizes of the dims (positive integers):
 `extremes(s, ranges)` is the least and the greatest value over the index box
@@ -34,8 +36,8 @@ import sympy
 
 from .shapes import format_dim
 
-__all__ = ["Affine", "affine", "names", "renamed", "substituted", "value", "as_sympy", "text",
-           "extremes", "corner", "SizeDecision", "nonnegative"]
+__all__ = ["Affine", "affine", "names", "renamed", "substituted", "value", "as_sympy", "Piece", "pieces", "text", "signed_sum",
+           "terms", "offset", "extremes", "corner", "SizeDecision", "nonnegative"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +69,15 @@ def affine(terms: Mapping[str, int] | Sequence[tuple[str, int]], offset=0) -> "s
     return Affine(tuple(kept), tuple(kept.values()), offset)
 
 
-def _terms(s) -> list[tuple[str, int]]:
+def terms(s) -> list[tuple[str, int]]:
+    """(index, coefficient) of each index a subscript reads."""
     return [(s, 1)] if isinstance(s, str) else list(zip(s.indices, s.coefficients))
 
 
-def _offset(s) -> sympy.Expr:
+def offset(s) -> sympy.Expr:
+    """The part of a subscript that reads no index (0 for a plain name)."""
     return sympy.Integer(0) if isinstance(s, str) else s.offset
+
 
 
 def names(s) -> tuple[str, ...]:
@@ -84,21 +89,21 @@ def renamed(s, mapping: Mapping[str, str]):
     """The subscript with its index names replaced through `mapping` (index -> index)."""
     if isinstance(s, str):
         return mapping.get(s, s)
-    return affine([(mapping.get(n, n), c) for n, c in _terms(s)], s.offset)
+    return affine([(mapping.get(n, n), c) for n, c in terms(s)], s.offset)
 
 
 def substituted(s, mapping: Mapping[str, "str | Affine"]):
     """The subscript with indices replaced by subscripts (index -> name or Affine)."""
-    terms: list[tuple[str, int]] = []
-    offset = _offset(s)
-    for name, c in _terms(s):
+    read: list[tuple[str, int]] = []
+    shift = offset(s)
+    for name, c in terms(s):
         if name in mapping:
             new = mapping[name]
-            terms += [(n, c * k) for n, k in _terms(new)]
-            offset = offset + c * _offset(new)
+            read += [(n, c * k) for n, k in terms(new)]
+            shift = shift + c * offset(new)
         else:
-            terms.append((name, c))
-    return affine(terms, offset)
+            read.append((name, c))
+    return affine(read, shift)
 
 
 def value(s, values: Mapping[str, object], offset_value=None):
@@ -107,41 +112,61 @@ def value(s, values: Mapping[str, object], offset_value=None):
     if isinstance(s, str):
         return values[s]
     total = offset_value if offset_value is not None else int(s.offset)
-    for name, c in _terms(s):
+    for name, c in terms(s):
         total = total + c * values[name]
     return total
 
 
 def as_sympy(s, symbols: Mapping[str, sympy.Expr]) -> sympy.Expr:
     """The subscript as a SymPy expression, indices replaced through `symbols`."""
-    return sympy.Add(_offset(s), *[c * symbols[n] for n, c in _terms(s)])
+    return sympy.Add(offset(s), *[c * symbols[n] for n, c in terms(s)])
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One signed term of a subscript: `coefficient * index` (a positive integer times an index
+    name) or, with `index` None, `dims`, a positive term of the offset (`N`, `2 * h`, `1`)."""
+
+    negative: bool
+    coefficient: int = 1
+    index: str | None = None
+    dims: sympy.Expr | None = None
+
+
+def pieces(s) -> list[Piece]:
+    """The signed terms of a subscript in printing order: its indices, then the offset's terms
+    (dims before numbers); empty for the subscript 0."""
+    out = [Piece(c < 0, abs(c), name) for name, c in terms(s)]
+    for term in sorted(sympy.Add.make_args(sympy.expand(offset(s))), key=lambda x: (x.is_Number, str(x))):
+        if term != 0:
+            coeff, rest = term.as_coeff_Mul()
+            out.append(Piece(coeff < 0, dims=abs(coeff) * rest))
+    return out
 
 
 def text(s, order: Sequence[str] = ()) -> str:
     """Spec text: `j - i + N - 1`, `2 * c + 1`, `-i + N - 1`."""
     if isinstance(s, str):
         return s
-    pieces: list[tuple[bool, str]] = []  # (negative, magnitude text)
-    for name, c in _terms(s):
-        pieces.append((c < 0, name if abs(c) == 1 else f"{abs(c)} * {name}"))
-    offset = sympy.expand(s.offset)
-    for term in sorted(sympy.Add.make_args(offset), key=lambda term: (term.is_Number, str(term))):
-        if term == 0:
-            continue
-        coeff, rest = term.as_coeff_Mul()
-        pieces.append((coeff < 0, format_dim(abs(coeff) * rest, order)))
-    if not pieces:
-        return "0"
-    out = ("-" if pieces[0][0] else "") + pieces[0][1]
-    for negative, magnitude in pieces[1:]:
+    parts = [(p.negative, format_dim(p.dims, order) if p.index is None else
+              p.index if p.coefficient == 1 else f"{p.coefficient} * {p.index}") for p in pieces(s)]
+    return signed_sum(parts) or "0"
+
+
+def signed_sum(parts: Sequence[tuple[bool, str]]) -> str:
+    """`a - b + c` from (negative, text) pairs; '' for none."""
+    if not parts:
+        return ""
+    out = ("-" if parts[0][0] else "") + parts[0][1]
+    for negative, magnitude in parts[1:]:
         out += f" {'-' if negative else '+'} {magnitude}"
     return out
 
 
 def extremes(s, ranges: Mapping[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
     """(least, greatest) value of the subscript with each index k in 0 .. ranges[k] - 1."""
-    low = high = _offset(s)
-    for name, c in _terms(s):
+    low = high = offset(s)
+    for name, c in terms(s):
         top = c * (ranges[name] - 1)
         if c < 0:
             low = low + top
@@ -152,7 +177,7 @@ def extremes(s, ranges: Mapping[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Exp
 
 def corner(s, ranges: Mapping[str, sympy.Expr], least: bool) -> dict[str, sympy.Expr]:
     """The index values at which the subscript takes its least (or greatest) value."""
-    return {name: (ranges[name] - 1 if (c < 0) == least else sympy.Integer(0)) for name, c in _terms(s)}
+    return {name: (ranges[name] - 1 if (c < 0) == least else sympy.Integer(0)) for name, c in terms(s)}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Mapping
 import sympy
 
 from . import typed as t
-from .affine import affine, names as subscript_names, substituted
+from .affine import affine, names as subscript_names, offset, pieces, substituted, terms
 from .shapes import same_dim
 
 __all__ = ["gather_form", "gather_forms", "entry_form", "substitute_indices", "subscript_node"]
@@ -41,25 +41,19 @@ def subscript_node(s) -> t.Node:
     """A subscript (index name or Affine) as an index-notation value: `j - i + N - 1`."""
     if isinstance(s, str):
         return t.IndexVar(s)
-    pieces: list[tuple[bool, t.Node]] = []  # (negative, magnitude)
-    for name, c in zip(s.indices, s.coefficients):
-        magnitude = t.IndexVar(name) if abs(c) == 1 else t.Binary("mul", t.Scalar(sympy.Integer(abs(c))),
-                                                                t.IndexVar(name), ())
-        pieces.append((c < 0, magnitude))
-    for term in sorted(sympy.Add.make_args(sympy.expand(s.offset)), key=lambda term: (term.is_Number, str(term))):
-        if term == 0:
-            continue
-        coeff, rest = term.as_coeff_Mul()
-        magnitude = t.Scalar(abs(coeff)) if rest == 1 else t.DimValue(abs(coeff) * rest)
-        pieces.append((coeff < 0, magnitude))
-    if not pieces:
-        return t.Scalar(sympy.Integer(0))
-    negative, out = pieces[0]
-    if negative:
-        out = t.Unary("neg", out, ())
-    for negative, magnitude in pieces[1:]:
-        out = t.Binary("sub" if negative else "add", out, magnitude, ())
-    return out
+    out = None
+    for p in pieces(s):
+        if p.index is None:
+            magnitude = t.Scalar(p.dims) if p.dims.is_Number else t.DimValue(p.dims)
+        elif p.coefficient == 1:
+            magnitude = t.IndexVar(p.index)
+        else:
+            magnitude = t.Binary("mul", t.Scalar(sympy.Integer(p.coefficient)), t.IndexVar(p.index), ())
+        if out is None:
+            out = t.Unary("neg", magnitude, ()) if p.negative else magnitude
+        else:
+            out = t.Binary("sub" if p.negative else "add", out, magnitude, ())
+    return out if out is not None else t.Scalar(sympy.Integer(0))
 
 
 def substitute_indices(node: t.Node, mapping: Mapping[str, object]) -> t.Node:
@@ -146,10 +140,9 @@ def gather_form(node: t.Scatter, solve: bool = False) -> t.IndexDef:
         if name is None:
             equal.append((target, out))
             continue
-        c = dict(zip(subscript_names(target), [1] if isinstance(target, str) else target.coefficients))[name]
+        c = dict(terms(target))[name]
         rest = substituted(target, {name: affine({})})  # target without the term of `name`
-        rest_terms = [(n, -k * c) for n, k in _pairs(rest)]
-        value = affine([(out, c)] + rest_terms, -c * _offset(rest))  # name = c * (out - rest)
+        value = affine([(out, c)] + [(n, -k * c) for n, k in terms(rest)], -c * offset(rest))  # c * (out - rest)
         fix(name, value)
         bounds.append((value, box[name]))
 
@@ -165,14 +158,6 @@ def gather_form(node: t.Scatter, solve: bool = False) -> t.IndexDef:
         body = t.IndexSum(t.Index(name, box[name]), body)
     indices = tuple(t.Index(out, size) for out, size in zip(outputs, node.shape))
     return t.IndexDef(indices, body, node.shape, pos=node.pos)
-
-
-def _pairs(s) -> list[tuple[str, int]]:
-    return [(s, 1)] if isinstance(s, str) else list(zip(s.indices, s.coefficients))
-
-
-def _offset(s) -> sympy.Expr:
-    return sympy.Integer(0) if isinstance(s, str) else s.offset
 
 
 def gather_forms(node: t.Node, solve: bool = False) -> t.Node:

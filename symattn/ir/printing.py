@@ -179,21 +179,6 @@ def _(node: t.Slice, dims):
 
 
 @_print.register
-def _(node: t.Pad, dims):
-    # concat with zeros on either side: `concat(grad(X1), 0 * ones(N, h), axis=-1)`
-    def zeros(size) -> str:
-        shape = [size if k == node.axis else d for k, d in enumerate(node.shape)]
-        return f"0 * ones({', '.join(format_dim(d, dims) for d in shape)})"
-
-    after = sympy.expand(node.shape[node.axis] - node.start - node.x.shape[node.axis])
-    parts = ([zeros(node.start)] if node.start != 0 else []) + [to_spec(node.x, dims)] + \
-        ([zeros(after)] if after != 0 else [])
-    if len(parts) == 1:
-        return _print(node.x, dims)
-    return f"concat({', '.join(parts)}, axis={node.axis - len(node.shape)})", ATOM
-
-
-@_print.register
 def _(node: t.Scatter, dims):
     return _print(gather_form(node), dims)
 

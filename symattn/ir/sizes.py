@@ -168,8 +168,6 @@ def constraints(spec: t.TypedSpec) -> list[Constraint]:
         elif isinstance(node, t.Slice):
             add(node.start, 0, "the start of a slice")
             add(node.stop, 1, "the end of a slice")
-        elif isinstance(node, t.Pad):
-            add(node.start, 0, "the start of a padded slice")
         elif isinstance(node, t.SplitHeads):
             add(node.heads, 1, "the head count of split_heads")
         elif isinstance(node, t.Constant):
@@ -349,8 +347,8 @@ def reads_sizes(spec: t.TypedSpec, nodes: Iterable[t.Node]) -> bool:
 
 
 def _sized_subscripts(node: t.Node) -> bool:
-    if isinstance(node, (t.Slice, t.Pad)):
-        return bool(sympy.sympify(node.start).free_symbols) or (
-            isinstance(node, t.Slice) and bool(sympy.sympify(node.stop - node.x.shape[node.axis]).free_symbols))
+    if isinstance(node, t.Slice):
+        return bool(sympy.sympify(node.start).free_symbols or sympy.sympify(node.stop - node.x.shape[node.axis])
+                    .free_symbols)
     subscripts = node.indices if isinstance(node, t.Entry) else node.targets if isinstance(node, t.Scatter) else ()
     return any(isinstance(s, t.Affine) and s.offset.free_symbols for s in subscripts)

@@ -41,7 +41,6 @@ __all__ = [
     "Grad",
     "SumTo",
     "Slice",
-    "Pad",
     "Scatter",
     "Affine",
     "Index",
@@ -309,22 +308,6 @@ class Slice(Node):
     axis: int
     start: sympy.Expr
     stop: sympy.Expr
-    shape: Shape
-    pos: Pos = _pos()
-
-    @property
-    def children(self):
-        return (self.x,)
-
-
-@dataclass(frozen=True, slots=True)
-class Pad(Node):
-    """Zeros of `shape` with `x` at `start <= index < start + x.shape[axis]` along `axis`:
-    the gradient of a slice, scattered back (made by the backward pass)."""
-
-    x: Node
-    axis: int
-    start: sympy.Expr
     shape: Shape
     pos: Pos = _pos()
 

@@ -5,7 +5,7 @@ returns the index form (see `symattn.prove.index_terms`) of a node at index
 tokens `idx`. `@` contracts an index, `.T` swaps two, reductions contract axes,
 `+ - *` distribute, a constant divisor goes into the coefficient, broadcasting
 drops an index, `ones` is 1, `eye` a Kronecker delta, `merge_heads`,
-`split_heads`, `concat`, slices and pads are index maps, and everything nonlinear is an
+`split_heads`, `concat` and slices are index maps, and everything nonlinear is an
 opaque factor keyed by the canonical forms of its arguments. A form that cannot
 be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
 zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
@@ -329,19 +329,6 @@ class Converter:
             out += [term.summed(sums) for term in form]
             offset = offset + width
         return out
-
-    def _Pad(self, node, idx, env):
-        """One part of a concat whose other parts are zero: `[m == c + start] x[c]` summed over c."""
-        x, axis = node.x, node.axis
-        if len(x.shape) != len(node.shape):
-            raise Unsupported("a pad of another rank")
-        c = self.fresh(x.shape[axis])
-        inner = list(_bcast(x.shape, node.shape, idx))
-        inner[axis] = c
-        embed = Term(ONE, (Embed(sympy.sympify(node.start), (idx[axis], c)),))
-        form = _mul_forms([embed], self.conv(x, tuple(inner), env))
-        sums = ((c, self.ranges[c]),) if c != ZERO_INDEX else ()
-        return [term.summed(sums) for term in form]
 
     def _Slice(self, node, idx, env):
         x, axis = node.x, node.axis

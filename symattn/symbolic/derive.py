@@ -331,8 +331,18 @@ def _(node: t.Concat, g, cx):
 
 @_adjoint.register
 def _(node: t.Slice, g, cx):
-    return [(node.x, t.Pad(g, node.axis, node.start, node.x.shape), "C = A[start:stop]: grad(A) is grad(C) "
-             "in the slice, 0 elsewhere")]
+    # grad(C) in the slice and zeros on either side, written as the spec language writes it:
+    # concat(0 * ones(...), grad(C), 0 * ones(...)), each zero block present where it has entries
+    x, axis = node.x, node.axis
+
+    def zeros(size) -> t.Node:
+        shape = tuple(size if k == axis else d for k, d in enumerate(x.shape))
+        return t.Binary("mul", b.scalar(0), t.Constant("ones", shape, shape), shape)
+
+    after = sympy.expand(x.shape[axis] - node.stop)
+    parts = ([zeros(node.start)] if node.start != 0 else []) + [g] + ([zeros(after)] if after != 0 else [])
+    grad = t.Concat(tuple(parts), axis, tuple(x.shape)) if len(parts) > 1 else g
+    return [(x, grad, "C = A[start:stop]: grad(A) is grad(C) in the slice, 0 elsewhere")]
 
 
 @_adjoint.register

@@ -386,19 +386,6 @@ class Evaluator:
         return x[tuple(index)]
 
     @_eval.register
-    def _(self, node: t.Pad):
-        x = np.asarray(self._eval(node.x))
-        axis = self._neg(node.axis, node)
-        shape = list(x.shape)
-        shape[axis] = self.size(node.shape[node.axis])
-        out = self._zeros(tuple(shape), x)
-        index = [slice(None)] * x.ndim
-        start = self.size(node.start)
-        index[axis] = slice(start, start + x.shape[axis])
-        out[tuple(index)] = x
-        return out
-
-    @_eval.register
     def _(self, node: t.Scatter):
         values = np.asarray(self._eval(node.x))
         box = [i.name for i in node.x.indices]

@@ -226,7 +226,7 @@ class Finiteness:
             return FINITE if self.node(n.x) <= MINUS_INF else ANY
         if isinstance(n, t.Where):
             return max(self.node(n.a), self.node(n.b))
-        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum, t.Pad,
+        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum,
                           t.Scatter)):  # sums, moves and zeros: the class of what is moved or summed
             return self.node(n.children[0])
         if isinstance(n, t.Concat):

@@ -280,21 +280,6 @@ def _(node: t.Slice, cv):
 
 
 @_matrix.register
-def _(node: t.Pad, cv):
-    x = cv.matrix(node.x)
-    rows_axis = node.axis + 2 - len(node.shape) == 0
-    width = node.x.shape[node.axis]
-
-    def make(i, j):
-        k = i if rows_axis else j
-        inside = sympy.And(k >= node.start, k < node.start + width)
-        value = x[i - node.start, j] if rows_axis else x[i, j - node.start]
-        return Piecewise((value, inside), (0, True))
-
-    return cv.elementwise(node, node.shape, make)
-
-
-@_matrix.register
 def _(node: t.Scatter, cv):
     return _matrix(gather_form(node), cv)  # each entry: the sum of what reaches it
 

@@ -22,6 +22,7 @@ import sympy
 
 from ...ir.functions import table
 from ...ir import typed as t
+from ...ir.affine import pieces, signed_sum
 from ...errors import SymAttnError
 from .names import CNames
 
@@ -292,17 +293,6 @@ class CPrinter:
         return self._print(node.x, tuple(moved))
 
     @_print.register
-    def _(self, node: t.Pad, coords):
-        # zeros outside start <= c < start + width along the axis; x shifted back inside
-        c = coords[node.axis]
-        moved = list(coords)
-        moved[node.axis] = f"({c} - {self._dim(node.start)})" if node.start != 0 else c
-        inside = f"{c} < {self._dim(node.start + node.x.shape[node.axis])}"
-        if node.start != 0:
-            inside = f"{c} >= {self._dim(node.start)} && {inside}"
-        return f"({inside} ? {self._wrap(node.x, tuple(moved), TERNARY + 1)} : 0.0f)", ATOM
-
-    @_print.register
     def _(self, node: t.Concat, coords):
         axis = node.axis
         start = sympy.Integer(0)
@@ -334,13 +324,9 @@ class CPrinter:
         """A subscript (index name or Affine) as C int arithmetic on the index variables."""
         if isinstance(s, str):
             return self.indices[s]
-        text = ""
-        for n, c in zip(s.indices, s.coefficients):
-            magnitude = self.indices[n] if abs(c) == 1 else f"{abs(c)} * {self.indices[n]}"
-            text += (" - " if c < 0 else " + ") + magnitude if text else ("-" if c < 0 else "") + magnitude
-        if s.offset != 0 or not text:
-            text += (" + " if text else "") + self._dim(s.offset)
-        return f"({text})"
+        parts = [(p.negative, self._dim(p.dims) if p.index is None else self.indices[p.index] if p.coefficient == 1
+                  else f"{p.coefficient} * {self.indices[p.index]}") for p in pieces(s)]
+        return f"({signed_sum(parts) or '0'})"
 
     @_print.register
     def _(self, node: t.Entry, coords):

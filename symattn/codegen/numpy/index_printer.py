@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sympy
 
+from ...ir.affine import Affine, pieces, signed_sum
 from ..index import LConst, LContract, LEntry, LGather, LNode, LOp, LScalarTensor, LSum, LVar
 from ..program import CodegenError
 from .syntax import ADD, ATOM, BINARY, CMP, MUL, POW, UNARY, SCALAR_UNARY, UNARY_PREC, Code, einsum_letters, wrap
@@ -52,25 +53,17 @@ class IndexNotationPrinter:
     def index_array(self, s, labels: tuple[str, ...], ranges) -> str:
         """A subscript (index name or Affine) as integer arithmetic on `np.arange`s, one axis per label:
         `np.arange(N)[None, :] - np.arange(N)[:, None] + N - 1`."""
-        terms = [(s, 1)] if isinstance(s, str) else list(zip(s.indices, s.coefficients))
-        offset = sympy.Integer(0) if isinstance(s, str) else s.offset
-        pieces: list[tuple[bool, str]] = []
-        for name, c in terms:
-            k = labels.index(name)
+        parts = []
+        for p in pieces(s if isinstance(s, Affine) else Affine((s,), (1,), sympy.Integer(0))):
+            if p.index is None:
+                parts.append((p.negative, wrap(self.dim(p.dims), MUL)))
+                continue
+            k = labels.index(p.index)
             arange = f"np.arange({self.dim(ranges[k]).text})"
             if len(labels) > 1:
                 arange += "[" + ", ".join(":" if j == k else "None" for j in range(len(labels))) + "]"
-            pieces.append((c < 0, arange if abs(c) == 1 else f"{abs(c)} * {arange}"))
-        for term in sorted(sympy.Add.make_args(sympy.expand(offset)), key=lambda x: (x.is_Number, str(x))):
-            if term != 0:
-                coeff, rest = term.as_coeff_Mul()
-                pieces.append((coeff < 0, wrap(self.dim(abs(coeff) * rest), MUL)))
-        if not pieces:
-            return "0"
-        text = ("-" if pieces[0][0] else "") + pieces[0][1]
-        for negative, magnitude in pieces[1:]:
-            text += f" {'-' if negative else '+'} {magnitude}"
-        return text
+            parts.append((p.negative, arange if p.coefficient == 1 else f"{p.coefficient} * {arange}"))
+        return signed_sum(parts) or "0"
 
     def label_aligned(self, node: LNode, target: tuple[str, ...], keep_missing: bool = False) -> Code:
         """`node` with its axes permuted and new axes inserted so that its labels line up with `target`."""

@@ -325,13 +325,6 @@ class NumPyPrinter(IndexNotationPrinter):
         return Code(f"{wrap(x, ATOM)}[{', '.join(['...', cut] + [':'] * after)}]", ATOM, False, x.carrying)
 
     @_print.register
-    def _(self, node: t.Pad) -> Code:
-        self.helpers.add("_pad")
-        x = self.print(node.x)
-        return Code(f"_pad({x.text}, {node.axis - len(node.shape)}, {self.dim(node.start).text}, "
-                    f"{self.dim(node.shape[node.axis]).text})", ATOM, True, x.carrying)
-
-    @_print.register
     def _(self, node: t.Scatter) -> Code:
         self.helpers.add("_scatter")
         values = self.print(node.x)

@@ -197,17 +197,6 @@ def _causal_mask(n, dtype):
     return np.triu(np.full((n, n), -np.inf, dtype=dtype), k=1)
 
 
-def _pad(x, axis, start, size):
-    """Zeros with `size` entries along `axis` (negative), `x` at start, start + 1, ...: a slice's gradient."""
-    shape = list(x.shape)
-    shape[axis] = size
-    out = np.zeros(shape, dtype=x.dtype)
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(start, start + x.shape[axis])
-    out[tuple(index)] = x
-    return out
-
-
 def _scatter(values, at, shape, rank):
     """Zeros of `shape` (after the leading batch axes of `values`) to which each entry of `values` over
     its last `rank` axes is added at the position the index arrays `at` give it (np.add.at: a position
@@ -222,7 +211,7 @@ def _scatter(values, at, shape, rank):
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid",
-    "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_pad", "_scatter",
+    "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}  # helper -> the helpers it calls
 
