@@ -79,7 +79,7 @@ def emit(directory: Path):
 
     code = emit_cuda(symattn.load(SPEC, filename="bench_attention.attn"))
     if code.path != "fused":
-        raise SystemExit(f"expected the fused path, got {code.path}: {code.program.notes}")
+        raise SystemExit(f"expected the fused path, got {code.path}: {code.plan.notes}")
     code.write(directory)
     return code
 

@@ -89,6 +89,7 @@ class Spec:
         self._sessions: dict = {}
         self._verdicts: dict = {}
         self._gradient_checks: dict = {}
+        self._torch_generated = None  # the generated torch module, loaded once for spec.torch()
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -175,23 +176,37 @@ class Spec:
                 self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
         return list(self._verdicts[key])
 
-    def equivariance(self, output: str, source: str, dim: str | None = None, invariant: bool = False,
-                     force: bool = False):
-        """Is `output` equivariant (or invariant) under permuting `source` along `dim`? A Verdict with steps."""
+    def equivariance(self, output: str, source: str | tuple[str, ...] | list[str], dim: str | None = None,
+                     invariant: bool = False, force: bool = False):
+        """Is `output` equivariant (or invariant) under permuting `source` along `dim`? A Verdict with steps.
+
+        `source` is a given tensor's name, or several (`("X", "keep")`) permuted together, each along
+        its first axis of `dim`; `dim` defaults to the dim of the first axis of the first of them."""
         from .prove.equivariance import check_symmetry
         from .ir.shapes import same_dim
 
         self._tensor(output)
-        shape = self._tensor(source).shape
+        sources = (source,) if isinstance(source, str) else tuple(source)
+        if not sources:
+            raise UsageError("name at least one tensor to permute")
+        for name in sources:
+            if self._tensor(name).expr is not None:
+                raise UsageError(f"{name} is computed, not declared; permute an input, param or buffer")
+        if len(set(sources)) != len(sources):
+            raise UsageError(f"a tensor is named twice in {sources}")
+        shape = self._tensor(sources[0]).shape
         if dim is None:
             if not shape or not shape[0].is_Symbol:
-                raise UsageError(f"name the dim to permute: the first axis of {source} is not a single dim")
+                raise UsageError(f"name the dim to permute: the first axis of {sources[0]} is not a single dim")
             dim = str(shape[0])
-        if dim not in self.typed.dims or not any(same_dim(d, self.typed.dims[dim].symbol) for d in shape):
-            raise UsageError(f"{source} has no axis of dim {dim!r}")
+        for name in sources:
+            shape = self._tensor(name).shape
+            if dim not in self.typed.dims or not any(same_dim(d, self.typed.dims[dim].symbol) for d in shape):
+                raise UsageError(f"{name} has no axis of dim {dim!r}")
         kind = "invariant" if invariant else "equivariant"
-        claim = t.CheckInfo(0, f"{kind}({output}, {source}, {dim})", False, kind, NOWHERE,
-                            output=output, input=source, dim=dim)
+        shown = sources[0] if len(sources) == 1 else "(" + ", ".join(sources) + ")"
+        claim = t.CheckInfo(0, f"{kind}({output}, {shown}, {dim})", False, kind, NOWHERE,
+                            output=output, sources=sources, dim=dim)
         return check_symmetry(self.typed, claim, force=force)
 
     def verify_gradients(self, force: bool = False):
@@ -214,19 +229,41 @@ class Spec:
 
         return load_module(self.emit("numpy"), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
 
+    def torch(self, backend: str = "auto"):
+        """The spec as a `torch.nn.Module`: its params are `nn.Parameter`s of the spec's shapes, its inputs and
+        buffers keywords, `module(X=x)` returns the outputs as a dict, differentiable through the derived
+        backward (`symattn.codegen.torch.module`). backend: "eager" (the generated torch code), "triton"
+        (the Triton kernels), or "auto" (Triton for CUDA tensors, eager elsewhere)."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UsageError("spec.torch() needs PyTorch: pip install 'symattn[torch]'") from None
+        from .codegen.torch.emit import load_torch_module
+        from .codegen.torch.module import AttentionModule
+
+        if self._torch_generated is None:
+            name = f"symattn_torch_{self.name}" if self.name.isidentifier() else "symattn_torch_spec"
+            self._torch_generated = load_torch_module(self.emit("torch"), name)
+        return AttentionModule(self.typed, self._torch_generated, backend)
+
     def emit(self, target: str = "numpy"):
-        """The generated code: the NumPy module's text for "numpy"; for "cuda" a `symattn.codegen.cuda.CudaCode`
+        """The generated code: the NumPy module's text for "numpy", the PyTorch module's for "torch"; for "cuda"
+        a `symattn.codegen.cuda.CudaCode`
         whose `files` maps each file name (.cu, .h, cuda_host.h, README.md) to its text and whose
         `write(directory)` writes them."""
         if target == "numpy":
             from .codegen.numpy.emit import numpy_source
 
             return numpy_source(self.typed, derivation=self.derive())
+        if target == "torch":
+            from .codegen.torch.emit import torch_source
+
+            return torch_source(self.typed, derivation=self.derive())
         if target == "cuda":
             from .codegen.cuda import emit_cuda
 
             return emit_cuda(self.typed)
-        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy' or 'cuda'")
+        raise UsageError(f"emit: unknown target {target!r}; expected 'numpy', 'torch' or 'cuda'")
 
     def document(self, fmt: str = "md", force: bool = False) -> str:
         """The derivation document as Markdown, HTML or LaTeX text (figures: `document_with_figures`)."""
@@ -298,7 +335,8 @@ def format_typed(spec: t.TypedSpec) -> str:
                 shapes = f"{format_shape(check.lhs.shape, order)} == {format_shape(check.rhs.shape, order)}"
                 lines.append(f"  line {check.line}: {neg}{check.text}    {shapes}")
             else:
-                lines.append(f"  line {check.line}: {neg}{check.kind}({check.output}, {check.input}) "
+                permuted = check.sources[0] if len(check.sources) == 1 else "(" + ", ".join(check.sources) + ")"
+                lines.append(f"  line {check.line}: {neg}{check.kind}({check.output}, {permuted}) "
                              f"permuting dim {check.dim}")
     return "\n".join(lines) + "\n"
 

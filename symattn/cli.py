@@ -111,7 +111,7 @@ def _summary(spec: Spec, force: bool = False) -> str:
     what = "the built-in example" if spec.filename == example_path() else spec.filename
     lines = [f"Derivation of {spec.name} ({what}), in short", "",
              f"Forward pass (dims symbolic; default sizes {sizes})"]
-    for role in ("input", "param"):
+    for role in ("input", "param", "buffer"):
         names = [n for n, i in typed.tensors.items() if i.role == role]
         if names:
             declared = ", ".join(n + (format_shape(typed.tensors[n].shape, order) if typed.tensors[n].shape else "")
@@ -120,7 +120,7 @@ def _summary(spec: Spec, force: bool = False) -> str:
     lines += [f"  {definition_text(typed, n)}" for n, i in typed.tensors.items() if i.expr is not None]
     lines += [f"  output {', '.join(typed.outputs)}", "", "Backward pass (matrix form, valid for all sizes)"]
     derivation = spec.derive()
-    lines += [f"  {derivation.formula(name)}" for name in derivation.gradients]
+    lines += [f"  {line}" for name in derivation.gradients for line in derivation.formula(name).splitlines()]
     verdicts = spec.check(force=force)
     if verdicts:
         counts = ", ".join(f"{sum(v.verdict == kind for v in verdicts)} {kind}"
@@ -173,8 +173,8 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _emit_cuda(spec, args)
-    progress.step("deriving and generating the NumPy module")
-    source = spec.emit("numpy")
+    progress.step(f"deriving and generating the {'PyTorch' if args.target == 'torch' else 'NumPy'} module")
+    source = spec.emit(args.target)
     if args.output == "-":
         print(source, end="")
         return 0
@@ -198,10 +198,10 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     progress.step("deriving and generating the kernels")
     code = emit_cuda(spec, fused=args.cuda_path != "generic")
     written = code.write(directory)
-    cores = ", ".join(c.output for c in code.program.cores)
+    cores = ", ".join(c.output for c in code.plan.cores)
     print(f"wrote {directory}: {', '.join(p.name for p in written)} ({code.path} path"
           + (f", fused attention core {cores}" if cores else "") + ")")
-    for note in code.program.notes:
+    for note in code.plan.notes:
         print(f"note: {note}")
     return 0
 
@@ -210,11 +210,28 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _verify_cuda(spec, args)
+    if args.target == "torch":
+        return _verify_torch(spec, args)
     from .check.numpy import verify_numpy
 
     report = verify_numpy(spec.typed, seed=args.seed)
     print(f"verify {spec.name} ({spec.filename}), generated NumPy code against the reference evaluator "
           "(forward) and central finite differences of it (backward), float64")
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+def _verify_torch(spec: Spec, args: argparse.Namespace) -> int:
+    """`symattn verify SPEC --target torch`: exit 0 when everything passes, 1 otherwise."""
+    from .check.torch import verify_torch
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("verify --target torch needs PyTorch: pip install 'symattn[torch]'") from None
+    report = verify_torch(spec.typed, seed=args.seed)
+    print(f"verify {spec.name} ({spec.filename}), generated PyTorch module (forward, and autograd through its "
+          "derived backward) against the reference evaluator and central finite differences of it, float64")
     print("\n".join(report.lines()))
     return 0 if report.ok else 1
 
@@ -289,16 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--budget", type=_seconds, default=DEFAULT_SECONDS, metavar="SECONDS",
                        help=f"time allowed per claim; a claim over it is unknown (default {DEFAULT_SECONDS:g}; "
                             "0 means no limit)")
-    emit = sub.add_parser("emit", parents=[common], help="Generate NumPy or CUDA code from the spec.",
-                          description="Generate NumPy or CUDA code from the spec.")
-    emit.add_argument("target", choices=("numpy", "cuda"), help="what to generate")
+    emit = sub.add_parser("emit", parents=[common], help="Generate NumPy, PyTorch or CUDA code from the spec.",
+                          description="Generate NumPy, PyTorch or CUDA code from the spec.")
+    emit.add_argument("target", choices=("numpy", "torch", "cuda"), help="what to generate")
     emit.add_argument("spec", metavar="SPEC", help="the .attn file")
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
-                      help="FILE.py for numpy ('-': standard output), a directory for cuda")
+                      help="FILE.py for numpy and torch ('-': standard output), a directory for cuda")
     emit.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
                       help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
     verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
-    verify.add_argument("--target", choices=("numpy", "cuda"), default="numpy")
+    verify.add_argument("--target", choices=("numpy", "torch", "cuda"), default="numpy")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     verify.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
                         help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")

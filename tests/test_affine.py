@@ -210,9 +210,10 @@ def test_rope_reference_specs_verify():
 
 def test_interleaved_rope_gradient_is_a_strided_scatter():
     derivation = symattn.load(ROPE_INTERLEAVED).derive()
-    text = derivation.formula("Q")
-    assert text.startswith("grad(Q)[l, m] = ")
+    text = derivation.formula("Q")  # spec text: each scatter a check-only definition in its gather form
+    assert text.endswith("\ngrad(Q) = dQ_1 + dQ_2")
     assert "where(2 * c == m" in text and "where(2 * c + 1 == m" in text
+    assert derivation.one_line("Q").startswith("grad(Q)[l, m] = ")  # the caption: one entry formula
     source = symattn.load(ROPE_INTERLEAVED).emit("numpy")
     assert "2 * np.arange(h)" in source and "_scatter(" in source
 

@@ -17,7 +17,7 @@ O = P @ X
 output O
 check grad(X) == grad(X)
 check grad(W) == X.T @ grad(O)
-check sin(S)^2 + cos(S)^2 == 1
+check sin(S / 2)^2 == (1 - cos(S)) / 2
 """
 
 

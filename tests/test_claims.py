@@ -210,9 +210,10 @@ def test_negating_a_false_claim_is_proved_and_a_true_one_refuted():
 
 
 def test_a_true_claim_beyond_rational_identities_is_unknown_never_proved():
-    """sin^2 + cos^2 = 1 holds, but not as a rational identity in independent sin and cos
-    atoms, so the exact rungs cannot settle it: agreement at points must stay `unknown`."""
-    claim = "sin(S)^2 + cos(S)^2 == 1"
+    """The half-angle identity holds, but sin(S / 2) and sin(S) are atoms of two unrelated
+    angles (only integer multiples are expanded), so the exact rungs cannot settle it:
+    agreement at points must stay `unknown`."""
+    claim = "sin(S / 2)^2 == (1 - cos(S)) / 2"
     verdict, negated = _verdicts(claim, f"not {claim}")
     assert verdict.verdict == "unknown", verdict.method
     assert "not a proof" in verdict.method

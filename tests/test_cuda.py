@@ -11,6 +11,7 @@ or g++ skips the tests that need it, with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import subprocess
@@ -23,6 +24,9 @@ import pytest
 import symattn
 from conftest import EXAMPLES, REPO, run_cli
 from symattn.codegen.cuda import emit_cuda
+from symattn.codegen.cuda.emit import render
+from symattn.codegen.cuda.plan import lower
+from symattn.codegen.program import CodegenError, Definition, build_program
 from symattn.check.cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
                                  parse_ptxas, reference, verify_cuda, verify_sizes)
 
@@ -87,29 +91,61 @@ def test_path_choice(emitted, stem):
     code = emitted.codes[stem]
     if stem in FUSED:
         assert code.path == "fused"
-        assert [c.output for c in code.program.cores] == [FUSED[stem]]
+        assert [c.output for c in code.plan.cores] == [FUSED[stem]]
         assert any("_attn_fwd_d64" in name for name in code.kernel_names())
     else:
-        assert code.path == "generic" and not code.program.cores
+        assert code.path == "generic" and not code.plan.cores
 
 
 def test_multi_head_heads_are_a_grid_axis(emitted):
     code = emitted.codes["multi_head"]
-    (core,) = code.program.cores
+    (core,) = code.plan.cores
     assert [str(d) for d in core.lead] == ["h"]
-    (forward,) = [k for k in code.program.forward if k.variants]
-    assert forward.grid[1] == "h" and forward.grid[2] == code.program.batch
+    (forward,) = [k for k in code.plan.forward if k.variants]
+    assert forward.grid[1] == "h" and forward.grid[2] == code.plan.batch
 
 
 def test_fused_path_never_stores_the_attention_matrix(emitted):
     for stem in FUSED:
-        program = emitted.codes[stem].program
-        n2 = [b for b in program.workspace if len(b.shape) >= 2 and b.shape[-1] == b.shape[-2]
+        plan = emitted.codes[stem].plan
+        n2 = [b for b in plan.workspace if len(b.shape) >= 2 and b.shape[-1] == b.shape[-2]
               and str(b.shape[-1]) in ("N", "M")]
         assert not n2, f"{stem}: {[b.name for b in n2]} are N x N buffers"
 
 
 # --- the compile gate -----------------------------------------------------------------------
+
+
+# --- a lowering of the program IR --------------------------------------------------------
+
+LOWERED = """
+dim N = 4, d = 3
+input X[N, d]
+param W[d, d]
+H = tanh(X @ W)
+O = H * X
+output O
+"""
+
+
+def test_kernels_lower_the_program_they_are_given():
+    """The kernels compute what the program's statements define (`Stmt.defines`), not the spec's text."""
+    spec = symattn.load(LOWERED, filename="lowered.attn").typed
+    program = build_program(spec)
+    (stmt,) = [s for s in program.stmts if s.defines == Definition("H", False, spec.tensors["H"].expr)]
+    before = render(lower(program))["lowered.cu"]
+    stmt.defines = Definition("H", False, dataclasses.replace(stmt.defines.expr, fn="sigmoid"))
+    after = render(lower(program))["lowered.cu"]
+    assert "tanhf(" in before and "tanhf(" not in after
+    assert "expf(" not in before and "expf(" in after  # sigmoid's CUDA spelling
+
+
+def test_a_tensor_named_like_an_upstream_keyword():
+    """backward(grad_O=...) is the NumPy module's keyword: only the NumPy target refuses a tensor grad_O."""
+    spec = symattn.load(LOWERED.replace("H", "grad_O"), filename="clash.attn")
+    with pytest.raises(CodegenError, match="tensor grad_O has the name of the keyword that passes grad\\(O\\)"):
+        spec.emit("numpy")
+    assert "clash_grad_O" in emit_cuda(spec).kernel_names()
 
 
 @pytest.mark.slow
@@ -166,7 +202,7 @@ def test_verify_forward_backward_with_and_without_tsan(builds, stem):
     builds.result(stem, "plain"), builds.result(stem, "tsan")
     spec, code = builds.specs[stem], builds.codes[stem]
     report = verify_cuda(spec, code=code, gate=False, tsan=True, workdir=builds.root)
-    expected = {*spec.outputs, *(f"grad({x})" for x in spec.typed.leaves)}
+    expected = {*spec.outputs, *(f"grad({x})" for x in spec.typed.differentiable)}
     assert set(report.errors) == expected == set(report.tsan_errors)
     assert report.ok, report.problems
     assert report.tsan_report == ""
@@ -199,7 +235,7 @@ def test_head_dim_64_instantiation_and_the_limit(builds):
     report = verify_cuda(spec, code=code, sizes=sizes, gate=False, tsan=False, workdir=builds.root)
     assert report.ok, report.problems
     runner = _Runner(build_cpu(code, builds.root), code)
-    p = code.program
+    p = code.plan
     sizes = {"N": 5, "d": 3, "d_k": 70}
     arrays = {id(b): np.zeros(_concrete(b, sizes, 1), np.float32)
               for b in (*p.inputs, *p.outputs, *p.upstream, *p.gradients)}
@@ -300,8 +336,8 @@ def test_reference_gradients_match_finite_differences(stem):
     spec = symattn.load(REPO / "derivations" / f"{stem}.attn").typed
     rng = np.random.default_rng(1)
     sizes = dict(spec.sizes)
-    leaves = {x: rng.standard_normal(((2,) if spec.tensors[x].kind == "input" else ())
-                                     + spec.concrete_shape(spec.tensors[x].shape)) for x in spec.leaves}
+    leaves = {x: rng.standard_normal(((2,) if spec.tensors[x].kind != "param" else ())
+                                     + spec.concrete_shape(spec.tensors[x].shape)) for x in spec.given}
     upstream = {o: rng.standard_normal((2,) + spec.concrete_shape(spec.tensors[o].shape)) for o in spec.outputs}
 
     def loss(values):
@@ -326,7 +362,7 @@ def test_readme_and_header_name_every_argument(emitted):
     for stem, code in emitted.codes.items():
         readme = code.files["README.md"]
         header = code.files[f"{code.prefix}.h"]
-        p = code.program
+        p = code.plan
         for buffer in (*p.inputs, *p.outputs, *p.upstream, *p.gradients):
             assert f"`{buffer.name}`" in readme and f"float* {buffer.name}" in header
         for dim in (*p.dims, p.batch, p.workspace_arg, p.stream_arg):

@@ -69,7 +69,7 @@ def test_a_tensor_the_outputs_do_not_depend_on_has_zero_gradient():
     derivation = spec.derive()
     assert derivation.gradients["U"].expr is None
     assert derivation.gradients["B"].expr is None
-    assert derivation.formula("U") == "grad(U) = 0    (L does not depend on U)"
+    assert derivation.formula("U") == "grad(U) = 0    # L does not depend on U"
     assert derivation.formula("W") == "grad(W) = X.T @ grad(A)"
 
 

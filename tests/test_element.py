@@ -195,7 +195,7 @@ class _Case:
         self.forward = forward
         self.model = ElementModel(self.spec)
         self.leaves = {n: _symbols(_tex_head(n), self.spec.concrete_shape(self.spec.tensors[n].shape))
-                       for n in self.spec.leaves}
+                       for n in self.spec.given}
         (out,) = self.spec.outputs
         self.output = out
         self.bar = _symbols(f"\\bar{{{out}}}", self.spec.concrete_shape(self.spec.tensors[out].shape))

@@ -138,6 +138,7 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("cross_attention", "O", "Y", True, "proved", "O(Pi Y) = O(Y)"),
     ("causal", "O", "X", False, "refuted", None),
     ("positional", "O", "X", False, "refuted", None),
+    ("key_padding", "O", "X", False, "refuted", None),  # keep stays put; the group (X, keep): tests/test_buffer.py
     ("relative_bias", "O", "X", False, "refuted", None),
     ("rope_interleaved", "O", "X", False, "refuted", None),
     ("rope_half", "O", "X", False, "refuted", None),
@@ -198,7 +199,8 @@ def test_the_proof_stops_at_the_right_tensor(name, tensor, mentions):
 
 def test_the_checks_in_the_example_specs():
     """`check not equivariant` in causal / positional is proved; the positive claims are proved."""
-    for name in ("causal", "positional", "self_attention", "multi_head", "additive", "cross_attention"):
+    for name in ("causal", "positional", "self_attention", "multi_head", "additive", "cross_attention",
+                 "key_padding"):
         for v in spec(name).check():
             if "variant" in v.claim:
                 assert v.verdict == "proved", (name, v.claim, v.method)

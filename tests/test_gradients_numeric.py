@@ -42,6 +42,10 @@ output O
 """
 SPECS = sorted((REPO / "derivations").glob("*.attn")) + [BEYOND]
 IDS = [p.stem for p in SPECS[:-1]] + ["beyond"]
+# The attention variants (ALiBi, cosine, differential, GQA, sigmoid, sliding window,
+# soft-capping): their gradients exercise the simplifications of issue 12 (numbers cancelled,
+# ones folded, like terms collected), so each must still match finite differences.
+VARIANTS = sorted((REPO / "tests" / "data" / "variants").glob("*.attn"))
 
 
 def load(spec):
@@ -73,7 +77,7 @@ def forward_values(spec, leaves: dict, override: dict | None = None) -> dict[str
     typed = spec.typed
     override = override or {}
     ev = Evaluator(typed, NUMERIC)
-    ev.values = {name: override.get(name, leaves[name]) for name in typed.leaves}
+    ev.values = {name: override.get(name, leaves[name]) for name in typed.given}
     for name, info in typed.tensors.items():
         if info.expr is not None:
             ev.values[name] = override[name] if name in override else np.asarray(ev.evaluate(info.expr))
@@ -108,29 +112,35 @@ def sample(spec, seed: int = 0) -> tuple[dict, dict]:
 
 # --- (a) exact, element level --------------------------------------------------------
 
+# Gradients the element level leaves unsettled (never wrong): a mask computed from a buffer is -inf
+# at entries that depend on the buffer's symbolic values, and the element level does not compare
+# entries that hold -inf inside expressions (`symattn.symbolic.element`). The matrix level proves
+# these (key_padding.attn states grad(S) as a check), and (b) and (c) below check them in float64.
+UNSETTLED = {"key_padding": {"S"}}
+
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)
 def test_every_gradient_equals_the_element_level_chain_rule_exactly(path):
     spec = load(path)
     checks = spec.verify_gradients()
     assert [c.tensor for c in checks] == list(spec.derive().gradients)
-    assert set(c.tensor for c in checks) == set(spec.tensors)
-    failed = [(c.tensor, c.method) for c in checks if not c.ok]
-    assert not failed
+    assert set(c.tensor for c in checks) == {n for n, info in spec.tensors.items() if info.has_gradient}
+    failed = {c.tensor: c.method for c in checks if not c.ok}
+    assert set(failed) == UNSETTLED.get(spec.name, set()), failed
     for c in checks:
-        assert c.method.startswith("exact identity of every entry at ")
+        assert c.method.startswith("exact identity of every entry at " if c.ok else "not shown equal at ")
 
 
 # --- (b) float64 central finite differences ------------------------------------------
 
 
-@pytest.mark.parametrize("path", SPECS, ids=IDS)
+@pytest.mark.parametrize("path", SPECS + VARIANTS, ids=IDS + [p.stem for p in VARIANTS])
 def test_every_gradient_matches_central_finite_differences(path):
     spec = load(path)
     leaves, upstream = sample(spec)
     derived = derived_gradients(spec, leaves, upstream)
-    for name in spec.tensors:
-        if name in spec.outputs:
+    for name, info in spec.tensors.items():
+        if name in spec.outputs or not info.has_gradient:  # a buffer has no gradient
             continue
         numeric = finite_differences(spec, leaves, upstream, name)
         np.testing.assert_allclose(derived[name], numeric, rtol=RTOL, atol=ATOL, err_msg=f"grad({name})")
@@ -187,6 +197,14 @@ def _torch_forwards():
         H = X + E
         return softmax_attention(H @ W_q, H @ W_k, H @ W_v)
 
+    def key_padding(X, W_q, W_k, W_v, keep):
+        # A padded key (keep <= 0) gets weight 0; a row with every key padded gives zeros (the
+        # language's convention, where torch.softmax over -inf would give NaN).
+        s = (X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[-1])
+        e = torch.exp(s - s.max(dim=-1, keepdim=True).values) * (keep > 0).to(X.dtype)
+        total = e.sum(dim=-1, keepdim=True)
+        return e / torch.where(total > 0, total, torch.ones_like(total)) @ (X @ W_v)
+
     def additive(X, W_1, W_2, w, W_v):
         a, b = X @ W_1, X @ W_2                                              # [N, d_a]
         S = (w * torch.tanh(a[:, None, :] + b[None, :, :])).sum(-1)          # S[i, j]
@@ -229,8 +247,8 @@ def _torch_forwards():
         q, k = rotate(X @ W_q), rotate(X @ W_k)
         return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ (X @ W_v)
 
-    return {f.__name__: f for f in (self_attention, causal, cross_attention, multi_head, positional, additive,
-                                    beyond, relative_bias, rope_interleaved, rope_half)}
+    return {f.__name__: f for f in (self_attention, causal, cross_attention, multi_head, positional, key_padding,
+                                    additive, beyond, relative_bias, rope_interleaved, rope_half)}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)
@@ -249,6 +267,6 @@ def test_leaf_gradients_match_torch_autograd(path):
                                err_msg="the torch forward and the spec disagree")
     (output * torch.tensor(upstream[out])).sum().backward()
     derived = derived_gradients(spec, leaves, upstream)
-    for name in spec.typed.leaves:
+    for name in spec.typed.differentiable:
         np.testing.assert_allclose(derived[name], tensors[name].grad.numpy(), rtol=1e-10, atol=1e-12,
                                    err_msg=f"grad({name})")

@@ -244,7 +244,7 @@ def test_gradients_match_finite_differences(name):
     generated = spec.numpy().backward(**leaves, **{f"grad_{o}": g for o, g in upstream.items()})
     batched = {n: v[None] if spec.tensors[n].kind == "input" else v for n, v in leaves.items()}
     _, derived = reference(spec.typed, spec.dims, batched, {o: g[None] for o, g in upstream.items()}, batch=1)
-    for leaf in spec.typed.leaves:
+    for leaf in spec.typed.differentiable:
         np.testing.assert_allclose(generated[leaf], expected[leaf], rtol=1e-6, atol=1e-7, err_msg=leaf)
         derived_leaf = derived[leaf][0] if spec.tensors[leaf].kind == "input" else derived[leaf]
         np.testing.assert_allclose(derived_leaf, expected[leaf], rtol=1e-6, atol=1e-7, err_msg=leaf)
@@ -262,7 +262,7 @@ def test_check_verdicts_agree_with_numpy(name):
         assert verdict.verdict == "refuted", (verdict.claim, verdict.verdict, verdict.method)
         counter = verdict.counterexample
         inputs = {n: np.array(v, dtype=np.float64) for n, v in counter.inputs.items()}
-        lhs, rhs = sides(**{n: inputs[n] for n in spec.typed.leaves}, dZ=inputs["grad(Z)"])
+        lhs, rhs = sides(**{n: inputs[n] for n in spec.typed.given}, dZ=inputs["grad(Z)"])
         assert not np.allclose(lhs, rhs, rtol=1e-12, atol=1e-12), verdict.claim
         np.testing.assert_allclose(np.array(counter.lhs, dtype=np.float64), lhs, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(np.array(counter.rhs, dtype=np.float64), rhs, rtol=1e-12, atol=1e-12)

@@ -102,7 +102,7 @@ def test_cuda_log_sigmoid_is_finite_in_float32(tmp_path):
     from symattn.check.cuda import _concrete, _Runner, build_cpu
 
     code = symattn.load(LOG_SIGMOID).emit("cuda")
-    p = code.program
+    p = code.plan
     z = np.array([[-80.0, -40.0, -20.0, 0.0, 5.0, 35.0]], dtype=np.float32)
     arrays = {id(p.inputs[0]): z, id(p.upstream[0]): np.ones_like(z)}
     for b in (*p.outputs, *p.gradients):
@@ -194,13 +194,13 @@ def test_cuda_dim_arithmetic_runs_on_the_cpu(tmp_path):
 
     code = symattn.load(HALF).emit("cuda")
     runner = _Runner(build_cpu(code, tmp_path), code)
-    p = code.program
+    p = code.plan
     rng = np.random.default_rng(2)
     sizes = {"N": 7, "d": 3}
     X, Y, dZ = (rng.standard_normal(s).astype(np.float32) for s in ((1, 7, 3), (1, 4, 3), (1, 4, 3)))
     given = {"X": X, "Y": Y}
     arrays = {}
-    for name, b in zip(code.program.spec.leaves, p.inputs):
+    for name, b in zip(code.plan.spec.given, p.inputs):
         arrays[id(b)] = np.ascontiguousarray(given[name])
     arrays[id(p.upstream[0])] = dZ
     for b in (*p.outputs, *p.gradients):

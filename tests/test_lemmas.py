@@ -113,6 +113,23 @@ def check_leaf(n: int) -> None:
         assert same(pi * a * pi.T, _permuted(np.array(a.tolist(), dtype=object), list(p), [0, 1]))
 
 
+def check_group(n: int) -> None:
+    """A group moves every axis of size n of each tensor by the same Pi: X [n, 2] becomes Pi X, a table
+    B [2, n] becomes B Pi^T, a mask M [n, n] becomes Pi M Pi^T, and whatever combines them elementwise
+    follows: (Pi X) * c' = Pi (X * c) for a column c [n, 1] of the group, and Pi M Pi^T + Pi X X^T Pi^T
+    = Pi (M + X X^T) Pi^T."""
+    x, b, m, col = mat("x", n, 2), mat("b", 2, n), mat("m", n, n), mat("c", n, 1)
+    for p in perms(n):
+        pi = pmat(p)
+        moved = {name: _permuted(np.array(v.tolist(), dtype=object), list(p), axis)
+                 for name, v, axis in (("x", x, [0]), ("b", b, [1]), ("m", m, [0, 1]), ("c", col, [0]))}
+        assert same(pi * x, moved["x"]) and same(b * pi.T, moved["b"]) and same(pi * m * pi.T, moved["m"])
+        assert same(broadcast(lambda u, v: u * v, sympy.Matrix(moved["x"]), sympy.Matrix(moved["c"])),
+                    pi * broadcast(lambda u, v: u * v, x, col))
+        px = sympy.Matrix(moved["x"])
+        assert same(sympy.Matrix(moved["m"]) + px * px.T, pi * (m + x * x.T) * pi.T)
+
+
 def check_matmul(n: int) -> None:
     a_rows, b = mat("a", n, 2), mat("b", 2, 3)
     a_cols, b_rows = mat("c", 2, n), mat("d", n, 2)
@@ -277,6 +294,7 @@ def check_index_counter(n: int) -> None:
 
 CHECKS = {
     "leaf": check_leaf,
+    "group": check_group,
     "matmul": check_matmul,
     "transpose": check_transpose,
     "elementwise": check_elementwise,
@@ -326,7 +344,7 @@ def test_every_step_names_a_known_lemma():
         for check in spec.checks:
             if check.kind == "equal":
                 continue
-            proof = prove_symmetry(spec, check.output, check.input, check.dim, check.kind == "invariant")
+            proof = prove_symmetry(spec, check.output, check.sources, check.dim, check.kind == "invariant")
             for step in proof.steps:
                 assert step.lemma in LEMMAS or step.lemma in ("conclusion", "none"), step
                 seen.add(step.lemma)

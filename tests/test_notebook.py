@@ -122,9 +122,9 @@ def test_derivation_displays_every_gradient_as_the_document_does(self_attention,
 def test_formula_text_is_what_derive_gradients_prints(self_attention):
     run = run_cli("derive", str(SELF), "--gradients")
     assert run.returncode == 0, run.stderr
-    printed = [line for line in run.stdout.splitlines() if line.startswith("grad(")]
+    printed = run.stdout.splitlines()[2:]  # after the heading and a blank line
     derivation = self_attention.derive()
-    assert [derivation[key].text for key in derivation] == printed
+    assert [line for key in derivation for line in derivation[key].text.splitlines()] == printed
 
 
 def test_formula_lookup_by_gradient_or_tensor_name(self_attention):
@@ -237,7 +237,7 @@ def _every_sympy_gradient(spec, values: dict[str, np.ndarray]) -> dict[str, np.n
 def test_every_sympy_gradient_of_self_attention_matches_finite_differences(self_attention):
     sizes = self_attention.dims
     rng = np.random.default_rng(3)
-    leaves = {n: rng.normal(size=self_attention.concrete_shape(n)) for n in self_attention.typed.leaves}
+    leaves = {n: rng.normal(size=self_attention.concrete_shape(n)) for n in self_attention.typed.given}
     upstream = rng.normal(size=self_attention.concrete_shape("O"))
 
     def forward(x):
@@ -245,7 +245,7 @@ def test_every_sympy_gradient_of_self_attention_matches_finite_differences(self_
 
     values = {**leaves, **forward(leaves), "grad(O)": upstream}
     grads = _every_sympy_gradient(self_attention, values)
-    for name in self_attention.typed.leaves:
+    for name in self_attention.typed.differentiable:
         np.testing.assert_allclose(grads[f"grad({name})"], _finite_differences(forward, leaves, upstream, name),
                                    rtol=1e-6, atol=1e-8, err_msg=name)
     # grad(S), the softmax backward, against its textbook form in NumPy.
@@ -258,7 +258,7 @@ def test_sympy_of_index_notation_gradients_matches_finite_differences():
     """Additive attention's gradients are in index notation: FunctionMatrix, Sum and entries."""
     spec = symattn.load(DERIVATIONS / "additive.attn")
     rng = np.random.default_rng(5)
-    leaves = {n: rng.normal(size=spec.concrete_shape(n)) for n in spec.typed.leaves}
+    leaves = {n: rng.normal(size=spec.concrete_shape(n)) for n in spec.typed.given}
     upstream = rng.normal(size=spec.concrete_shape("O"))
 
     def forward(x):
@@ -269,7 +269,7 @@ def test_sympy_of_index_notation_gradients_matches_finite_differences():
 
     values = {**leaves, **forward(leaves), "grad(O)": upstream}
     grads = _every_sympy_gradient(spec, values)
-    for name in spec.typed.leaves:
+    for name in spec.typed.differentiable:
         np.testing.assert_allclose(grads[f"grad({name})"], _finite_differences(forward, leaves, upstream, name),
                                    rtol=1e-6, atol=1e-8, err_msg=name)
 
@@ -295,7 +295,7 @@ output O
 
 def _forward_values(spec, seed=11) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    leaves = {n: rng.uniform(0.5, 1.5, size=spec.concrete_shape(n)) for n in spec.typed.leaves}
+    leaves = {n: rng.uniform(0.5, 1.5, size=spec.concrete_shape(n)) for n in spec.typed.given}
     return {k: np.asarray(v, dtype=float) for k, v in Evaluator(spec.typed, NUMERIC).run(leaves).items()}
 
 

@@ -45,7 +45,7 @@ class Facts:
     """What a spec's text says, read without symattn."""
 
     dims: dict[str, int] = field(default_factory=dict)
-    kinds: dict[str, str] = field(default_factory=dict)       # name -> input | param | intermediate
+    kinds: dict[str, str] = field(default_factory=dict)       # name -> input | param | buffer | intermediate
     lines: dict[str, int] = field(default_factory=dict)       # name -> line of its declaration
     shapes: dict[str, str] = field(default_factory=dict)      # name -> shape stated in the text
     outputs: list[str] = field(default_factory=list)
@@ -69,7 +69,7 @@ def read_facts(path: Path) -> Facts:
             for item in split_top(rest):
                 name, size = (s.strip() for s in item.split("="))
                 facts.dims[name] = int(size)
-        elif keyword in ("input", "param"):
+        elif keyword in ("input", "param", "buffer"):
             for item in split_top(rest):
                 m = re.fullmatch(rf"({NAME})\s*({BRACKET})?", item)
                 assert m, f"{path.name}:{number}: cannot read declaration {item!r}"
@@ -190,7 +190,7 @@ def test_with_dims_changes_concrete_sizes(example):
 
 # --- the command line ---------------------------------------------------------------
 
-ROW = re.compile(rf"^  ({NAME})\s+(input|param|intermediate|output)\s+({BRACKET})\s+(\[[0-9, ]*\])\s+line (\d+)")
+ROW = re.compile(rf"^  ({NAME})\s+(input|param|buffer|intermediate|output)\s+({BRACKET})\s+(\[[0-9, ]*\])\s+line (\d+)")
 
 
 def show_rows(stdout: str) -> dict[str, tuple[str, str, list[int], int]]:

@@ -33,7 +33,7 @@ TEXTS = [p.read_text("utf-8") for p in EXAMPLES]
 # Tokens as a person would see them; comments and runs of spaces stay whole.
 TOKEN = re.compile(r"\n|[ \t]+|#[^\n]*|[A-Za-z_][A-Za-z0-9_]*|\d+\.?\d*(?:[eE][+-]?\d+)?|\.T|<=|>=|==|!=|.")
 
-KEYWORDS = ["attention", "dim", "input", "param", "output", "check", "not"]
+KEYWORDS = ["attention", "dim", "input", "param", "buffer", "output", "check", "not"]
 FUNCTIONS = ["exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "sin", "cos", "sum", "mean", "logsumexp",
              "softmax", "where", "merge_heads", "split_heads", "concat", "transpose", "sinusoidal", "causal_mask",
              "eye", "ones", "grad", "equivariant", "invariant"]

@@ -11,7 +11,7 @@ Contract:
   `runtime/cuda_host.h` emulating blocks and threads), loads it with ctypes,
   runs forward and backward on random float32 inputs at sizes that are not
   multiples of the tile sizes, with a batch axis, and compares every output
-  and every input and param gradient with the float64 reference evaluator
+  and every input and param gradient (a buffer has none) with the float64 reference evaluator
   (forward op by op; gradients from the derivation, evaluated op by op),
   equal meaning `verify.relative_error`'s: within tolerance, or non-finite in
   the same way. Sizes come from `guarded_sizes`: `verify_sizes`, made
@@ -207,7 +207,7 @@ def build_cpu(code: CudaCode, directory: str | Path, tsan: bool = False, cxx: st
 
 def _driver(code: CudaCode) -> str:
     """A main() that reads the arrays, runs forward then backward, and writes outputs and gradients."""
-    p = code.program
+    p = code.plan
     arrays = [*p.inputs, *p.outputs, *p.upstream, *p.gradients]
     given = {id(b) for b in (*p.inputs, *p.upstream)}
     lines = ['#include <cstdio>', '#include <cstdlib>', '#include <vector>', f'#include "{p.prefix}.h"', "",
@@ -248,7 +248,7 @@ def _concrete(buffer: Buffer, sizes: Mapping[str, int], batch: int) -> tuple[int
 
 
 def _dim_values(code: CudaCode, sizes: Mapping[str, int]) -> list[int]:
-    return [sizes[name] for name in code.program.spec.dims]
+    return [sizes[name] for name in code.plan.spec.dims]
 
 
 class _Runner:
@@ -257,7 +257,7 @@ class _Runner:
     def __init__(self, library: Path, code: CudaCode) -> None:
         self.code = code
         self.lib = ctypes.CDLL(str(library))
-        p = code.program
+        p = code.plan
         ints = [ctypes.c_int] * (len(p.dims) + 1)
         self.workspace_bytes = getattr(self.lib, f"{p.prefix}_workspace_bytes")
         self.workspace_bytes.restype = ctypes.c_size_t
@@ -271,7 +271,7 @@ class _Runner:
         self.backward.argtypes = [ctypes.c_void_p] * n + ints + [ctypes.c_void_p]
 
     def __call__(self, arrays: dict[int, np.ndarray], dims: list[int]) -> None:
-        p = self.code.program
+        p = self.code.plan
         ws = np.zeros(self.workspace_bytes(*dims) // 4 + 1, dtype=np.float32)
         ptr = lambda b: arrays[id(b)].ctypes.data  # noqa: E731
         status = self.forward(*[ptr(b) for b in (*p.inputs, *p.outputs)], ws.ctypes.data, *dims, None)
@@ -286,7 +286,7 @@ class _Runner:
 def _tsan_run(executable: Path, code: CudaCode, arrays: dict[int, np.ndarray], dims: list[int],
               timeout: float) -> tuple[str, dict[int, np.ndarray]]:
     """Run the TSan driver in a subprocess; returns (TSan's report or '', the results)."""
-    p = code.program
+    p = code.plan
     order = [*p.inputs, *p.outputs, *p.upstream, *p.gradients]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
@@ -355,12 +355,13 @@ def guarded_sizes(spec: t.TypedSpec, budget: int = BUDGET) -> SizeChoice:
 
 def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, np.ndarray],
               upstream: Mapping[str, np.ndarray], batch: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Outputs and leaf gradients in float64, one batch entry at a time (params shared, gradients summed)."""
+    """Outputs and input and param gradients in float64, one batch entry at a time (params shared,
+    their gradients summed; inputs and buffers batched)."""
     derivation = derive(spec)
     outputs = {o: [] for o in spec.outputs}
-    grads = {x: [] for x in spec.leaves}
+    grads = {x: [] for x in spec.differentiable}
     for b in range(batch):
-        entry = {x: leaves[x][b] if spec.tensors[x].kind == "input" else leaves[x] for x in spec.leaves}
+        entry = {x: leaves[x][b] if spec.tensors[x].kind != "param" else leaves[x] for x in spec.given}
         ev = Evaluator(spec, NUMERIC, sizes)
         values = ev.run(entry)
         ev.grads = {o: upstream[o][b] for o in spec.outputs}
@@ -372,7 +373,7 @@ def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, 
             shape = tuple(ev.size(d) for d in spec.tensors[name].shape)
             value = np.zeros(shape) if gradient.expr is None else ev.evaluate(gradient.expr)
             ev.grads[name] = np.broadcast_to(np.asarray(value, dtype=np.float64), shape)
-        for x in spec.leaves:
+        for x in spec.differentiable:
             grads[x].append(ev.grads[x])
     out = {o: np.stack(v) for o, v in outputs.items()}
     grad = {x: np.stack(v) if spec.tensors[x].kind == "input" else np.sum(v, axis=0) for x, v in grads.items()}
@@ -419,9 +420,9 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         sizes, guard_note = choice.sizes, choice.note("verify")
     sizes = dict(sizes)
     report = VerifyReport(typed.name, code.path, sizes, batch, tolerance=tolerance)
-    cores = ", ".join(c.output for c in code.program.cores)
+    cores = ", ".join(c.output for c in code.plan.cores)
     say(f"{typed.name}: {code.path} path" + (f" (fused attention core: {cores})" if cores else ""))
-    for note in code.program.notes:
+    for note in code.plan.notes:
         say(f"  note: {note}")
     if guard_note:
         say(guard_note)
@@ -436,22 +437,22 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         report.problems += report.gate.problems
 
     rng = np.random.default_rng(seed)
-    p = code.program
+    p = code.plan
     arrays: dict[int, np.ndarray] = {}
     for b in (*p.inputs, *p.upstream):
         arrays[id(b)] = rng.standard_normal(_concrete(b, sizes, batch)).astype(np.float32)
     for b in (*p.outputs, *p.gradients):
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
-    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.leaves, p.inputs)}
+    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}
     upstream = {o: arrays[id(b)].astype(np.float64) for o, b in zip(typed.outputs, p.upstream)}
     labels = {id(b): o for o, b in zip(typed.outputs, p.outputs)}
-    labels.update({id(b): f"grad({x})" for x, b in zip(typed.leaves, p.gradients)})
+    labels.update({id(b): f"grad({x})" for x, b in zip(typed.differentiable, p.gradients)})
     dims = _dim_values(code, sizes) + [batch]
 
     progress.step("the float64 reference")
     want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
     want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
-    want.update({id(b): want_grad[x] for x, b in zip(typed.leaves, p.gradients)})
+    want.update({id(b): want_grad[x] for x, b in zip(typed.differentiable, p.gradients)})
     progress.step("building the kernels for the CPU")
     library = build_cpu(code, workdir, tsan=False)
     progress.step("running the kernels on the CPU")

@@ -2,12 +2,12 @@
 
 Contract: `verify_numpy(spec)` generates the NumPy module, runs it in float64
 on random inputs in several configurations (the default sizes, every dim
-doubled, a leading batch axis on the inputs, and batch axes on inputs and params that
-broadcast against each other) and returns a `Report` with one `Row` per
+doubled, a leading batch axis on the inputs and buffers, and batch axes on inputs,
+buffers and params that broadcast against each other) and returns a `Report` with one `Row` per
 configuration and tensor: the forward outputs against the plain reference
 evaluator (`Evaluator` with the NUMERIC backend, run on each batch element on
 its own, so the batch semantics are checked too), and the gradient of every
-input and param against central finite differences of that reference forward
+input and param (not of a buffer, which has none) against central finite differences of that reference forward
 pass. The error of a tensor is `relative_error`: its max relative error,
 `max |generated - reference| / max(max |reference|, 1e-3)`, where entries
 that are non-finite in the same way on both sides (the same infinity, or NaN)
@@ -120,13 +120,13 @@ def _sum_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _instances(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str, int]):
-    """(batch shape, function index -> the unbatched leaves of that batch element)."""
+    """(batch shape, function index -> the unbatched given tensors of that batch element)."""
     import numpy as np
 
-    ranks = {n: len(spec.tensors[n].shape) for n in spec.leaves}
-    batch = np.broadcast_shapes(*(leaves[n].shape[: leaves[n].ndim - ranks[n]] for n in spec.leaves))
-    full = {n: np.broadcast_to(leaves[n], batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.leaves}
-    return batch, lambda idx: {n: np.array(full[n][idx], dtype=np.float64) for n in spec.leaves}
+    ranks = {n: len(spec.tensors[n].shape) for n in spec.given}
+    batch = np.broadcast_shapes(*(leaves[n].shape[: leaves[n].ndim - ranks[n]] for n in spec.given))
+    full = {n: np.broadcast_to(leaves[n], batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.given}
+    return batch, lambda idx: {n: np.array(full[n][idx], dtype=np.float64) for n in spec.given}
 
 
 def reference_forward(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str, int]) -> dict:
@@ -148,14 +148,14 @@ def reference_forward(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: d
 
 def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray], upstream: dict[str, np.ndarray],
                                 sizes: dict[str, int], step: float = STEP) -> dict[str, np.ndarray]:
-    """dL/dT for every leaf by central differences of the reference forward, L = sum of <O, grad(O)>."""
+    """dL/dT for every input and param by central differences of the reference forward, L = sum of <O, grad(O)>."""
     import numpy as np
 
     from ..symbolic.evaluate import NUMERIC, Evaluator
 
     batch, instance = _instances(spec, leaves, sizes)
-    ranks = {n: len(spec.tensors[n].shape) for n in spec.leaves}
-    grads = {n: np.zeros(batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.leaves}
+    ranks = {n: len(spec.tensors[n].shape) for n in spec.differentiable}
+    grads = {n: np.zeros(batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.differentiable}
     for idx in itertools.product(*(range(n) for n in batch)):
         base = instance(idx)
         weights = {o: np.broadcast_to(upstream[o], batch + upstream[o].shape[upstream[o].ndim
@@ -170,7 +170,7 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
             result = Evaluator(spec, NUMERIC, sizes).run(values)
             return float(sum(np.sum(np.where(counted[o], result[o] * weights[o], 0.0)) for o in spec.outputs))
 
-        for name in spec.leaves:
+        for name in spec.differentiable:
             array = base[name]
             for position in np.ndindex(array.shape):
                 saved = array[position]
@@ -180,7 +180,7 @@ def finite_difference_gradients(spec: t.TypedSpec, leaves: dict[str, np.ndarray]
                 minus = loss(base)
                 array[position] = saved
                 grads[name][idx + position] = (plus - minus) / (2 * step)
-    return {n: _sum_to(grads[n], leaves[n].shape) for n in spec.leaves}
+    return {n: _sum_to(grads[n], leaves[n].shape) for n in spec.differentiable}
 
 
 def _configs(spec: t.TypedSpec, base: dict[str, int]) -> list[tuple[str, dict[str, int], Callable]]:
@@ -188,26 +188,27 @@ def _configs(spec: t.TypedSpec, base: dict[str, int]) -> list[tuple[str, dict[st
 
     # Doubling keeps split_heads divisible; (N + 1) / 2 needs N odd again, hence the repair.
     larger = repair(spec, {name: 2 * size for name, size in base.items()})
-    inputs = set(spec.inputs)
+    data = set(spec.inputs) | set(spec.buffers)  # what travels with the batch: inputs and buffers
 
     def none(name):
         return ()
 
     def inputs_only(name):
-        return (2,) if name in inputs else ()
+        return (2,) if name in data else ()
 
     def broadcast(name):
-        return (2, 3) if name in inputs else (3,)
+        return (2, 3) if name in data else (3,)
 
     def show(sizes):
         return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
     which = "default" if base == dict(spec.sizes) else "size-guarded"
+    buffers = " and buffers" if spec.buffers else ""
     return [
         (f"{which} sizes ({show(base)})", base, none),
         *([(f"larger sizes ({show(larger)})", larger, none)] if larger is not None else []),
-        ("batch axis [2] on the inputs", base, inputs_only),
-        ("batch axes [2, 3] on the inputs, [3] on the params", base, broadcast),
+        (f"batch axis [2] on the inputs{buffers}", base, inputs_only),
+        (f"batch axes [2, 3] on the inputs{buffers}, [3] on the params", base, broadcast),
     ]
 
 
@@ -237,7 +238,7 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
         progress.step(title, number, len(configs))
         dims = {name: sizes[name] for name in keywords}
         leaves = {}
-        for name in spec.leaves:
+        for name in spec.given:
             one = random_leaves(spec, rng, batch_of(name), sizes)[name]
             leaves[name] = one
         reference = reference_forward(spec, leaves, sizes)
@@ -247,7 +248,7 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
         upstream = {o: rng.standard_normal(np.shape(reference[o])) for o in spec.outputs}
         generated = module.backward(**leaves, **{f"grad_{o}": upstream[o] for o in spec.outputs}, **dims)
         expected = finite_difference_gradients(spec, leaves, upstream, sizes)
-        for name in spec.leaves:
+        for name in spec.differentiable:
             report.rows.append(Row(title, "backward", name, relative_error(generated[name], expected[name]),
                                    BACKWARD_TOLERANCE))
     return report

@@ -13,7 +13,7 @@ leading batch axes. No value ever loops over an index:
 - elementwise operations broadcast their operands to the union of their
   labels (`LOp`); a label names one axis of one range, so sibling sums that
   reuse an index name are first given distinct names
-  (`typed.scope_sum_indices`);
+  (`index_scope.scope_sum_indices`);
 - `sum(k, ...)` over a product of factors is one contraction (`LContract`,
   printed as `@` or `einsum`): nested sums under a product are pulled out
   first, so `sum(j, a[l, j] * sum(c, b[l, j, c] * w[m, c]))` contracts over
@@ -38,6 +38,7 @@ import sympy
 from ..ir import build as b
 from ..ir import typed as t
 from ..ir.affine import renamed as renamed_subscript
+from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError
 
 __all__ = [
@@ -208,7 +209,7 @@ def _worth_sharing(node: t.Node) -> bool:
 
 
 def _ranges_of(node: t.IndexDef) -> dict[str, sympy.Expr]:
-    """The range of every index name of `node` (one per name: run on `t.scope_sum_indices(node)`)."""
+    """The range of every index name of `node` (one per name: run on `scope_sum_indices(node)`)."""
     ranges = {i.name: i.range for i in node.indices}
     stack = [node.body]
     while stack:
@@ -232,7 +233,7 @@ def count_shared(defs: list[t.IndexDef]) -> set[tuple]:
         for child in node.children:
             visit(child, ranges)
 
-    for node in map(t.scope_sum_indices, defs):
+    for node in map(scope_sum_indices, defs):
         visit(node.body, _ranges_of(node))
     return {key for key, n in counts.items() if n > 1}
 
@@ -291,7 +292,7 @@ class IndexLowering:
         self.shared = shared
 
     def lower_def(self, node: t.IndexDef) -> IndexArray:
-        node = t.scope_sum_indices(node)  # one range per index name: sibling sums may reuse a name
+        node = scope_sum_indices(node)  # one range per index name: sibling sums may reuse a name
         cx = _Context(node)
         root = self.lower(node.body, cx)
         return IndexArray(root, tuple(i.name for i in node.indices), tuple(i.range for i in node.indices),

@@ -2,7 +2,8 @@
 
 Contract: `build_program(spec)` returns a `Program`, the statements `var = node`
 that compute the spec's outputs (the forward section) followed by those that
-compute the gradient of every input and param (the backward section), in an
+compute the gradient of every input and param (the backward section; a buffer
+is an argument of both and has no gradient), in an
 order where every value is computed before it is read. Nodes are typed-IR
 nodes in which
 
@@ -21,7 +22,8 @@ nodes in which
 
 Each statement also records which leaves' batch axes its value may carry and
 the last statement that reads it, so a printer can decide what to compute in
-place. Python identifiers are chosen here (`Namer`): the spec's own names,
+place, and, for a tensor or a gradient, its expression as the spec or the
+derivation states it (`defines`), which the CUDA target lowers to kernels. Python identifiers are chosen here (`Namer`): the spec's own names,
 `dX` for grad(X), and names that never collide with each other, with Python
 keywords or with the printer's reserved names. Nothing here is NumPy-specific.
 """
@@ -37,11 +39,11 @@ from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text,
-                         walk_labelled)
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild,
+                         spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
-__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "build_program",
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "build_program",
            "REWRITES", "spec_text"]
 
 
@@ -91,17 +93,13 @@ class _Builder:
         self.building: set[str] = set()
         self.emitted: set[str] = set()
         self.dim_vars = {name: self.names.take(name) for name in spec.dims}
-        for name in spec.leaves:
+        for name in spec.given:
             var = self.names.take(name)
             self.tensor_vars[name] = var
             self._argument(var, spec.tensors[name].shape, frozenset({name}))
         self.upstream: dict[str, str] = {}
         for out in spec.outputs:
-            kw = f"grad_{out}"
-            if kw in spec.tensors:
-                raise CodegenError(f"tensor {kw} has the name of the keyword that passes grad({out}) to "
-                                   f"backward(); rename it")
-            self.upstream[out] = kw
+            self.upstream[out] = f"grad_{out}"
         for name in spec.intermediates:  # the spec's names come first: they read best
             self.tensor_vars[name] = self.names.take(name)
         for out, kw in self.upstream.items():
@@ -165,7 +163,8 @@ class _Builder:
             return node.fn
         names = {t.MatMul: "product", t.Softmax: "weights", SoftmaxGrad: "dscores", t.Reduce: "total",
                  t.Binary: "term", t.SumTo: "total", t.Transpose: "transposed", t.Constant: "constant",
-                 t.Where: "choice", t.MergeHeads: "merged", t.SplitHeads: "heads", t.Concat: "joined"}
+                 t.Where: "choice", t.MergeHeads: "merged", t.SplitHeads: "heads", t.Concat: "joined",
+                 t.Scan: "running"}
         return names.get(type(node), "value")
 
     # --- lowering -----------------------------------------------------------------------
@@ -198,10 +197,11 @@ class _Builder:
             return dataclasses.replace(node, x=self.hoist(node.x, "scores"))
         return rebuild(node, self.lower)
 
-    def add(self, var: str, node, title: str, shape=(), labels=None, rewritten: bool = False) -> Stmt:
+    def add(self, var: str, node, title: str, shape=(), labels=None, rewritten: bool = False,
+            defines: Definition | None = None) -> Stmt:
         notes = [n.note for n in walk_labelled(node) if isinstance(n, SoftmaxGrad) and n.note]
         stmt = Stmt(var, node, self.section, title, shape, labels, self._sources(node), self._reads(node),
-                    note="; ".join(dict.fromkeys(notes)), rewritten=rewritten or bool(notes))
+                    note="; ".join(dict.fromkeys(notes)), rewritten=rewritten or bool(notes), defines=defines)
         self.stmts.append(stmt)
         self.info[var] = stmt
         return stmt
@@ -238,7 +238,7 @@ class _Builder:
         else:
             title = f"{name} = {to_spec(info.expr, dims)}"
         self.add(self.tensor_vars[name], lowered, title, shape=info.shape,
-                 rewritten=self.forward_exprs[name] != info.expr)
+                 rewritten=self.forward_exprs[name] != info.expr, defines=Definition(name, False, info.expr))
         self.emitted.add(name)
         self.building.discard(name)
 
@@ -246,14 +246,15 @@ class _Builder:
         var = self.names.take(f"d{name}", f"grad_{name}")
         self.grad_vars[name] = var
         lowered = self.lower(expr)
-        self.add(var, lowered, self.derivation.formula(name), shape=self.spec.tensors[name].shape,
-                 rewritten=expr != self.derivation.gradients[name].expr)
+        derived = self.derivation.gradients[name].expr
+        self.add(var, lowered, self.derivation.one_line(name), shape=self.spec.tensors[name].shape,
+                 rewritten=expr != derived, defines=Definition(name, True, derived))
 
     def build(self) -> Program:
         spec, derivation = self.spec, self.derivation
-        # Which gradients the leaves need, in the order derived (consumers first).
+        # Which gradients the inputs and params need, in the order derived (consumers first).
         wanted: set[str] = set()
-        stack = list(spec.leaves)
+        stack = list(spec.differentiable)
         while stack:
             name = stack.pop()
             expr = derivation.gradients[name].expr if name in derivation.gradients else None
@@ -263,7 +264,8 @@ class _Builder:
                 if ref not in wanted and ref not in spec.outputs:
                     wanted.add(ref)
                     stack.append(ref)
-        order = [n for n in derivation.gradients if (n in wanted or n in spec.leaves) and n not in spec.outputs
+        order = [n for n in derivation.gradients
+                 if (n in wanted or n in spec.differentiable) and n not in spec.outputs
                  and derivation.gradients[n].expr is not None]
         rewriter = Rewriter(spec, derivation)
         self.forward_exprs = {name: rewriter(info.expr) for name, info in spec.tensors.items()
@@ -292,7 +294,7 @@ class _Builder:
         self.section = "backward"
         for name in order:
             self.emit_grad(name, backward_exprs[name])
-        leaf_grads = {name: self.grad_vars.get(name) for name in spec.leaves}
+        leaf_grads = {name: self.grad_vars.get(name) for name in spec.differentiable}
 
         program = Program(spec, derivation, self.stmts, forward_count, self.tensor_vars, self.grad_vars,
                           self.upstream, self.dim_vars, leaf_grads, names=self.names, info=self.info)

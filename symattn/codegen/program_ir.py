@@ -7,6 +7,13 @@ carry, the last statement that reads it), with nodes from the typed IR plus
 backward as one operation) and `Arange` (an index's values); `Namer` chooses
 identifiers that collide with nothing. `symattn.codegen.program` builds it,
 `symattn.codegen.rewrites` makes it cheaper, the targets print it.
+
+A statement that computes a tensor of the spec or a gradient also says so in
+`defines`: the value and its expression as the spec or the derivation states
+it (over `t.Tensor` and `t.Grad`, before rewrites, sharing and index
+lowering). A target that prints statements as array operations (NumPy) reads
+`node`; a target that fuses work across statements into kernels of its own
+(CUDA, `symattn.codegen.cuda.plan`) lowers `defines`.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation
 from .index import IndexArray, LContract, LOp, LSum
 
-__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Stmt", "Program", "Namer", "spec_text", "rebuild",
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "spec_text", "rebuild",
            "unrewrite", "RETURNED", "walk_labelled"]
 
 
@@ -80,7 +87,7 @@ def spec_text(node: t.Node, dims) -> str:
 _CHILD_FIELDS = {
     t.Unary: ("x",), t.Binary: ("a", "b"), t.MatMul: ("a", "b"), t.Transpose: ("x",), t.Reduce: ("x",),
     t.Softmax: ("x",), t.Compare: ("a", "b"), t.Where: ("cond", "a", "b"), t.MergeHeads: ("x",),
-    t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
+    t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), t.Scan: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
     t.Scatter: ("x",),
 }
 
@@ -92,6 +99,16 @@ def rebuild(node: t.Node, fn) -> t.Node:
     if not fields:
         return node
     return dataclasses.replace(node, **{f: fn(getattr(node, f)) for f in fields})
+
+
+@dataclass(frozen=True, slots=True)
+class Definition:
+    """What a statement computes: `tensor`, or grad(tensor) when `grad`, and `expr`, its definition or
+    its derivative as the spec or the derivation states it."""
+
+    tensor: str
+    grad: bool
+    expr: t.Node
 
 
 @dataclass
@@ -109,6 +126,7 @@ class Stmt:
     last_use: int = -1  # index of the last statement that reads it (a large number: returned)
     note: str = ""  # the identity a rewrite used, if any
     rewritten: bool = False  # computed otherwise than its title says
+    defines: Definition | None = None  # the tensor or gradient it computes; None for a temporary
 
 
 @dataclass
@@ -117,11 +135,11 @@ class Program:
     derivation: Derivation
     stmts: list[Stmt]
     forward_count: int  # stmts[:forward_count] make up the forward section
-    tensor_vars: dict[str, str]  # every leaf and emitted tensor -> its variable
+    tensor_vars: dict[str, str]  # every given (input, param, buffer) and emitted tensor -> its variable
     grad_vars: dict[str, str]  # tensor -> variable of its gradient
     upstream: dict[str, str]  # output -> its keyword, grad_O
     dim_vars: dict[str, str]
-    leaf_grads: dict[str, str | None]  # leaf -> variable of its gradient, None when L does not depend on it
+    leaf_grads: dict[str, str | None]  # input or param -> variable of its gradient, None when L does not depend on it
     names: Namer | None = None  # for printers that need more variables
     info: dict[str, Stmt] = field(default_factory=dict)  # variable -> statement (arguments too)
 

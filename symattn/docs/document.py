@@ -233,7 +233,7 @@ def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, figur
 
 def _example_values(spec: t.TypedSpec) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    leaves = {n: rng.integers(-2, 3, size=spec.concrete_shape(spec.tensors[n].shape)) / 2.0 for n in spec.leaves}
+    leaves = {n: rng.integers(-2, 3, size=spec.concrete_shape(spec.tensors[n].shape)) / 2.0 for n in spec.given}
     return Evaluator(spec, NUMERIC).run(leaves)
 
 
@@ -244,6 +244,12 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
                   "listed under it, applied from the outputs back to the inputs, with dims symbolic. Each was then "
                   "compared with the exact element-level chain rule (every entry written out in SymPy and "
                   "differentiated with sympy.diff)."]))
+    if spec.buffers:
+        listed = ", ".join(f"`{n}`" for n in spec.buffers)
+        which = "is a buffer" if len(spec.buffers) == 1 else "are buffers"
+        doc.add(Para([f"{listed} {which}: given, never differentiated, so there is no gradient of "
+                      f"{'it' if len(spec.buffers) == 1 else 'them'}; the backward pass reads "
+                      f"{'it' if len(spec.buffers) == 1 else 'them'} as a constant."]))
     for name, grad in derivation.gradients.items():
         if grad.expr is None:
             doc.add(Para([Math.of(grad_box(name)), f" = 0: L does not depend on {name}."]))
@@ -305,7 +311,7 @@ def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> 
     fused = cost.quadratic != 0
 
     def m(expr) -> Math:
-        return Math.of(dim_box(expr)[0])
+        return Math.of(dim_box(expr))
 
     rows = [
         ["mathematics and generated NumPy", m(cost.forward_flops), m(cost.backward_flops), m(cost.activations)],

@@ -2,7 +2,8 @@
 
 Contract: the document printers build small trees of `Box` nodes (identifier,
 number, operator, row, sub/superscript, fraction, root, fence, function,
-text) and render them with `to_latex(box)` or `to_mathml(box)`. One tree,
+text) and render them with `to_latex(box)` or `to_mathml(box)`, two `Printer`s
+(`symattn.ir.printer`) with one `_print_<Box>` rule per kind of box. One tree,
 two renderers: LaTeX for Markdown (GitHub renders `$...$`) and `.tex` files,
 presentation MathML for HTML that renders offline. Text is escaped for the
 target; identifiers come from validated spec names.
@@ -13,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
+from ..ir.printer import Printed, Printer
+
 __all__ = [
     "Box", "Ident", "Num", "Op", "Row", "Sub", "Sup", "SubSup", "Frac", "Sqrt", "Fence", "Func", "Text",
-    "to_latex", "to_mathml", "row", "ident",
+    "to_latex", "to_mathml", "row", "ident", "LatexPrinter", "MathMLPrinter",
 ]
 
 
@@ -139,52 +142,74 @@ def _latex_text(text: str) -> str:
     return "".join(_LATEX_ESCAPE.get(c, c) for c in text)
 
 
-def to_latex(box: Box) -> str:
-    if isinstance(box, Ident):
+class LatexPrinter(Printer):
+    """Boxes as LaTeX source, one `_print_<Box>` rule per kind of box (brackets are explicit `Fence`s)."""
+
+    rules = "LaTeX"
+
+    def render(self, box: Box) -> str:
+        return self.doprint(box).text
+
+    def base(self, box: Box) -> str:
+        """The base of a sub/superscript: braced when it carries scripts itself."""
+        text = self.render(box)
+        return f"{{{text}}}" if isinstance(box, (Sub, Sup, SubSup)) else text
+
+    def _print_Ident(self, box: Ident) -> Printed:
         if box.latex:
-            return box.latex
+            return Printed(box.latex)
         text = _latex_text(box.text)
-        return f"\\mathrm{{{text}}}" if box.upright else text
-    if isinstance(box, Num):
-        return box.text
-    if isinstance(box, Op):
-        return box.latex
-    if isinstance(box, Row):
+        return Printed(f"\\mathrm{{{text}}}" if box.upright else text)
+
+    def _print_Num(self, box: Num) -> Printed:
+        return Printed(box.text)
+
+    def _print_Op(self, box: Op) -> Printed:
+        return Printed(box.latex)
+
+    def _print_Row(self, box: Row) -> Printed:
         out = ""
         for item in box.items:
-            piece = to_latex(item)
+            piece = self.render(item)
             if out and out[-1].isalpha() and piece[:1].isalpha():
                 out += " "
             out += piece
-        return out
-    if isinstance(box, Sub):
-        return f"{_latex_base(box.base)}_{{{to_latex(box.sub)}}}"
-    if isinstance(box, Sup):
-        return f"{_latex_base(box.base)}^{{{to_latex(box.sup)}}}"
-    if isinstance(box, SubSup):
-        return f"{_latex_base(box.base)}_{{{to_latex(box.sub)}}}^{{{to_latex(box.sup)}}}"
-    if isinstance(box, Frac):
-        return f"\\frac{{{to_latex(box.num)}}}{{{to_latex(box.den)}}}"
-    if isinstance(box, Sqrt):
-        return f"\\sqrt{{{to_latex(box.x)}}}"
-    if isinstance(box, Fence):
+        return Printed(out)
+
+    def _print_Sub(self, box: Sub) -> Printed:
+        return Printed(f"{self.base(box.base)}_{{{self.render(box.sub)}}}")
+
+    def _print_Sup(self, box: Sup) -> Printed:
+        return Printed(f"{self.base(box.base)}^{{{self.render(box.sup)}}}")
+
+    def _print_SubSup(self, box: SubSup) -> Printed:
+        return Printed(f"{self.base(box.base)}_{{{self.render(box.sub)}}}^{{{self.render(box.sup)}}}")
+
+    def _print_Frac(self, box: Frac) -> Printed:
+        return Printed(f"\\frac{{{self.render(box.num)}}}{{{self.render(box.den)}}}")
+
+    def _print_Sqrt(self, box: Sqrt) -> Printed:
+        return Printed(f"\\sqrt{{{self.render(box.x)}}}")
+
+    def _print_Fence(self, box: Fence) -> Printed:
         left = {"(": "\\left(", "[": "\\left[", "|": "\\left|", "{": "\\left\\{"}[box.left]
         right = {")": "\\right)", "]": "\\right]", "|": "\\right|", "}": "\\right\\}"}[box.right]
-        return f"{left}{to_latex(box.x)}{right}"
-    if isinstance(box, Func):
+        return Printed(f"{left}{self.render(box.x)}{right}")
+
+    def _print_Func(self, box: Func) -> Printed:
         head = f"\\{box.name}" if box.known else f"\\operatorname{{{_latex_text(box.name)}}}"
-        args = ", ".join(to_latex(a) for a in box.args)
-        return f"{head}\\left({args}\\right)"
-    if isinstance(box, Text):
-        return f"\\text{{{_latex_text(box.text)}}}"
-    raise TypeError(f"no LaTeX rule for {type(box).__name__}")
+        args = ", ".join(self.render(a) for a in box.args)
+        return Printed(f"{head}\\left({args}\\right)")
+
+    def _print_Text(self, box: Text) -> Printed:
+        return Printed(f"\\text{{{_latex_text(box.text)}}}")
 
 
-def _latex_base(box: Box) -> str:
-    text = to_latex(box)
-    if isinstance(box, (Sub, Sup, SubSup)):
-        return f"{{{text}}}"
-    return text
+_LATEX = LatexPrinter()
+
+
+def to_latex(box: Box) -> str:
+    return _LATEX.render(box)
 
 
 # --- MathML -------------------------------------------------------------------------
@@ -193,36 +218,56 @@ def _latex_base(box: Box) -> str:
 def to_mathml(box: Box, display: bool = False) -> str:
     """A complete <math> element."""
     mode = ' display="block"' if display else ""
-    return f'<math xmlns="http://www.w3.org/1998/Math/MathML"{mode}>{_ml(box)}</math>'
+    return f'<math xmlns="http://www.w3.org/1998/Math/MathML"{mode}>{_MATHML.render(box)}</math>'
 
 
-def _ml(box: Box) -> str:
-    if isinstance(box, Ident):
+class MathMLPrinter(Printer):
+    """Boxes as presentation MathML, one `_print_<Box>` rule per kind of box."""
+
+    rules = "MathML"
+
+    def render(self, box: Box) -> str:
+        return self.doprint(box).text
+
+    def _print_Ident(self, box: Ident) -> Printed:
         variant = ' mathvariant="normal"' if box.upright and len(box.text) == 1 else ""
-        return f"<mi{variant}>{escape(box.text)}</mi>"
-    if isinstance(box, Num):
-        return f"<mn>{escape(box.text)}</mn>"
-    if isinstance(box, Op):
-        return f"<mo>{escape(box.text)}</mo>"
-    if isinstance(box, Row):
-        return "<mrow>" + "".join(_ml(i) for i in box.items) + "</mrow>"
-    if isinstance(box, Sub):
-        return f"<msub>{_ml(box.base)}{_ml(box.sub)}</msub>"
-    if isinstance(box, Sup):
-        return f"<msup>{_ml(box.base)}{_ml(box.sup)}</msup>"
-    if isinstance(box, SubSup):
-        return f"<msubsup>{_ml(box.base)}{_ml(box.sub)}{_ml(box.sup)}</msubsup>"
-    if isinstance(box, Frac):
-        return f"<mfrac>{_ml(box.num)}{_ml(box.den)}</mfrac>"
-    if isinstance(box, Sqrt):
-        return f"<msqrt>{_ml(box.x)}</msqrt>"
-    if isinstance(box, Fence):
-        return (f'<mrow><mo fence="true">{escape(box.left)}</mo>{_ml(box.x)}'
-                f'<mo fence="true">{escape(box.right)}</mo></mrow>')
-    if isinstance(box, Func):
-        args = "<mo>,</mo>".join(_ml(a) for a in box.args)
-        return (f'<mrow><mi mathvariant="normal">{escape(box.name)}</mi><mo>&#x2061;</mo>'
-                f'<mrow><mo fence="true">(</mo>{args}<mo fence="true">)</mo></mrow></mrow>')
-    if isinstance(box, Text):
-        return f"<mtext>{escape(box.text)}</mtext>"
-    raise TypeError(f"no MathML rule for {type(box).__name__}")
+        return Printed(f"<mi{variant}>{escape(box.text)}</mi>")
+
+    def _print_Num(self, box: Num) -> Printed:
+        return Printed(f"<mn>{escape(box.text)}</mn>")
+
+    def _print_Op(self, box: Op) -> Printed:
+        return Printed(f"<mo>{escape(box.text)}</mo>")
+
+    def _print_Row(self, box: Row) -> Printed:
+        return Printed("<mrow>" + "".join(self.render(i) for i in box.items) + "</mrow>")
+
+    def _print_Sub(self, box: Sub) -> Printed:
+        return Printed(f"<msub>{self.render(box.base)}{self.render(box.sub)}</msub>")
+
+    def _print_Sup(self, box: Sup) -> Printed:
+        return Printed(f"<msup>{self.render(box.base)}{self.render(box.sup)}</msup>")
+
+    def _print_SubSup(self, box: SubSup) -> Printed:
+        return Printed(f"<msubsup>{self.render(box.base)}{self.render(box.sub)}{self.render(box.sup)}</msubsup>")
+
+    def _print_Frac(self, box: Frac) -> Printed:
+        return Printed(f"<mfrac>{self.render(box.num)}{self.render(box.den)}</mfrac>")
+
+    def _print_Sqrt(self, box: Sqrt) -> Printed:
+        return Printed(f"<msqrt>{self.render(box.x)}</msqrt>")
+
+    def _print_Fence(self, box: Fence) -> Printed:
+        return Printed(f'<mrow><mo fence="true">{escape(box.left)}</mo>{self.render(box.x)}'
+                       f'<mo fence="true">{escape(box.right)}</mo></mrow>')
+
+    def _print_Func(self, box: Func) -> Printed:
+        args = "<mo>,</mo>".join(self.render(a) for a in box.args)
+        return Printed(f'<mrow><mi mathvariant="normal">{escape(box.name)}</mi><mo>&#x2061;</mo>'
+                       f'<mrow><mo fence="true">(</mo>{args}<mo fence="true">)</mo></mrow></mrow>')
+
+    def _print_Text(self, box: Text) -> Printed:
+        return Printed(f"<mtext>{escape(box.text)}</mtext>")
+
+
+_MATHML = MathMLPrinter()

@@ -5,7 +5,10 @@ Contract: `matrix_box(node, dims)` typesets a node the way papers write it:
 `\\mathrm{d}V` for grad(V). `entry_box(node, indices, ...)` writes one entry
 of a node in index form (`\\sum_{k} x_{i,k} W^{q}_{k,c}`), with an optional
 map of textbook names (X -> a, scores -> \\alpha, weights -> \\alpha').
-One rule per node type in each printer; an unknown node is an error naming it.
+Both are `Printer`s (`symattn.ir.printer`) on the shared precedence table, with
+one `_print_<Node>` rule per node type; brackets are fences, and a quotient,
+typeset as a fraction, binds like a name. An unknown node is an error naming it.
+`dim_box` typesets a dim expression, one rule per kind of SymPy expression.
 
 The equations that documents and notebook displays both show are built here,
 once: `definition_box` (a forward definition), `gradient_box` (a derived
@@ -14,7 +17,6 @@ grad(T), entry by entry when it uses index notation), `loss_box`, `shape_box`.
 
 from __future__ import annotations
 
-from functools import singledispatch
 from typing import Mapping, Sequence
 
 import sympy
@@ -23,78 +25,131 @@ from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
 from ..ir.affine import pieces
 from ..ir.gather import gather_form, gather_forms
+from ..ir.printer import ADD, ATOM, MUL, NEG, POSTFIX, PRECEDENCE, Printed, Printer
 from .mathbox import Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row
 
 __all__ = ["matrix_box", "dim_box", "grad_box", "entry_box", "Names", "equation", "definition_box",
-           "gradient_box", "loss_box", "shape_box"]
+           "gradient_box", "loss_box", "shape_box", "BoxPrinter", "MatrixTypesetter", "EntryTypesetter"]
 
-COMPARE, ADD, MUL, NEG, POW, POSTFIX, ATOM = range(7)
 _CMP = {"<": ("<", "<"), "<=": ("≤", "\\le"), ">": (">", ">"), ">=": ("≥", "\\ge"), "==": ("=", "="),
         "!=": ("≠", "\\ne")}
 TIMES = Op("\u2062", "\\,")
+SUM = Op("∑", "\\sum")
 
 
 def grad_box(name: str) -> Box:
     return row(Ident("d", upright=True), ident(name))
 
 
-def dim_box(dim: sympy.Expr) -> tuple[Box, int]:
-    dim = sympy.sympify(dim)
-    if dim.is_Integer:
-        return Num(str(dim)), ATOM
-    if dim.is_Symbol:
-        return ident(str(dim)), ATOM
-    if dim.is_Add:
+class BoxPrinter(Printer):
+    """Typeset boxes: brackets are fences, and a fraction binds like a name."""
+
+    precedence = {**PRECEDENCE, "div": ATOM}
+    rules = "typesetting"
+
+    def fence(self, box: Box) -> Box:
+        return Fence(box)
+
+    def left_factor(self, a: Printed) -> Box:
+        """The left operand of a product: fenced when a sum in it would reach over the factors after it.
+
+        `sum(dO, axis=-2) * b` is `(sum_N dO) . b`; written `sum_N dO . b` it reads as the sum of the product.
+        """
+        box = a.text
+        if isinstance(box, Row) and any(isinstance(i, Sub) and isinstance(i.base, Op) and i.base.text == SUM.text
+                                        for i in box.items):
+            return Fence(box)
+        return self.parenthesize(a, MUL)
+
+    def unary(self, fn: str, x: Printed) -> Printed:
+        if fn == "neg":
+            return Printed(row(Op("−", "-"), self.parenthesize(x, NEG)), self.prec("neg"))
+        if fn == "sqrt":
+            return Printed(Sqrt(x.text), ATOM)
+        if fn == "abs":
+            return Printed(Fence(x.text, "|", "|"), ATOM)
+        return Printed(Func(fn, (x.text,), known=fn in FUNCTIONS and FUNCTIONS[fn].named), self.prec("call"))
+
+    def binary(self, op: str, a: Printed, b: Printed, scalar_side: bool) -> Printed:
+        level = self.prec(op)
+        if op in ("add", "sub"):
+            glyph = Op("+", "+") if op == "add" else Op("−", "-")
+            return Printed(row(self.parenthesize(a, level), glyph, self.parenthesize(b, level + 1)), level)
+        if op == "mul":
+            glyph = Op("·", "\\cdot") if scalar_side else Op("⊙", "\\odot")
+            return Printed(row(self.left_factor(a), glyph, self.parenthesize(b, level + 1)), level)
+        if op == "div":
+            return Printed(Frac(a.text, b.text), level)
+        if op == "pow":
+            return Printed(Sup(self.parenthesize(a, POSTFIX), b.text), level)
+        raise TypeError(f"no typesetting rule for {op}")
+
+    def compare(self, op: str, a: Printed, b: Printed) -> Printed:
+        glyph, latex = _CMP[op]
+        return Printed(row(self.parenthesize(a, ADD), Op(glyph, latex), self.parenthesize(b, ADD)),
+                       self.prec("compare"))
+
+    def summed(self, index: Box, body: Printed) -> Printed:
+        """`sum_k body`: the body reaches as far as a product's factors."""
+        level = self.prec("sum")
+        return Printed(row(Sub(SUM, index), self.parenthesize(body, level)), level)
+
+
+class DimTypesetter(BoxPrinter):
+    """Dim expressions (SymPy): `h d_k`, `N + 1`, `d / h`."""
+
+    def _print_Integer(self, dim: sympy.Integer) -> Printed:
+        return Printed(Num(str(dim)), ATOM)
+
+    def _print_Symbol(self, dim: sympy.Symbol) -> Printed:
+        return Printed(ident(str(dim)), ATOM)
+
+    def _print_Add(self, dim: sympy.Add) -> Printed:
         items: list[Box] = []
         for k, term in enumerate(sympy.Add.make_args(dim)):
-            box, _ = dim_box(term)
             if k:
                 items.append(Op("+", "+"))
-            items.append(box)
-        return row(*items), ADD
-    if dim.is_Mul:
+            items.append(self.doprint(term).text)
+        return Printed(row(*items), self.prec("add"))
+
+    def _print_Mul(self, dim: sympy.Mul) -> Printed:
         num, den = sympy.fraction(dim)
         if den != 1:
-            return Frac(dim_box(num)[0], dim_box(den)[0]), ATOM
-        factors = sympy.Mul.make_args(dim)
-        return row(*[dim_box(f)[0] for f in factors]), MUL
-    if dim.is_Pow:
-        return Sup(dim_box(dim.base)[0], Num(str(dim.exp))), POW
-    return Text(str(dim)), ATOM
+            return Printed(Frac(self.doprint(num).text, self.doprint(den).text), self.prec("div"))
+        return Printed(row(*[self.doprint(f).text for f in sympy.Mul.make_args(dim)]), self.prec("mul"))
+
+    def _print_Pow(self, dim: sympy.Pow) -> Printed:
+        return Printed(Sup(self.doprint(dim.base).text, Num(str(dim.exp))), self.prec("pow"))
+
+    def _print_Basic(self, dim: sympy.Basic) -> Printed:
+        return Printed(Text(str(dim)), ATOM)
 
 
-def _scalar(value: sympy.Expr) -> tuple[Box, int]:
+_DIMS = DimTypesetter()
+
+
+def dim_box(dim: sympy.Expr) -> Box:
+    return _dim(dim).text
+
+
+def _dim(dim: sympy.Expr) -> Printed:
+    return _DIMS.doprint(sympy.sympify(dim))
+
+
+def _scalar(value: sympy.Expr) -> Printed:
     if value == sympy.oo:
-        return Ident("∞", "\\infty"), ATOM
+        return Printed(Ident("∞", "\\infty"), ATOM)
     if value == -sympy.oo:
-        return row(Op("−", "-"), Ident("∞", "\\infty")), NEG
+        return Printed(row(Op("−", "-"), Ident("∞", "\\infty")), NEG)
     if value == sympy.pi:
-        return Ident("π", "\\pi"), ATOM
+        return Printed(Ident("π", "\\pi"), ATOM)
     if value.is_Rational:
         if value < 0:
-            inner, _ = _scalar(-value)
-            return row(Op("−", "-"), inner), NEG
+            return Printed(row(Op("−", "-"), _scalar(-value).text), NEG)
         if value.q == 1:
-            return Num(str(value.p)), ATOM
-        return Frac(Num(str(value.p)), Num(str(value.q))), ATOM
-    return Text(str(value)), ATOM
-
-
-def _wrap(pair: tuple[Box, int], at_least: int) -> Box:
-    box, prec = pair
-    return Fence(box) if prec < at_least else box
-
-
-def _left_factor(pair: tuple[Box, int]) -> Box:
-    """The left operand of a product: fenced when a sum in it would reach over the factors after it.
-
-    `sum(dO, axis=-2) * b` is `(sum_N dO) . b`; written `sum_N dO . b` it reads as the sum of the product.
-    """
-    box, _ = pair
-    if isinstance(box, Row) and any(isinstance(i, Sub) and isinstance(i.base, Op) and i.base.text == "∑"
-                                    for i in box.items):
-        return Fence(box)
-    return _wrap(pair, MUL)
+            return Printed(Num(str(value.p)), ATOM)
+        return Printed(Frac(Num(str(value.p)), Num(str(value.q))), ATOM)
+    return Printed(Text(str(value)), ATOM)
 
 
 def _axis_word(kind: str, axis: int | None, rank: int) -> str:
@@ -111,158 +166,101 @@ def _axis_word(kind: str, axis: int | None, rank: int) -> str:
 
 
 def matrix_box(node: t.Node, dims: Sequence[str] = ()) -> Box:
-    return _m(node)[0]
+    return _MATRIX.doprint(node).text
 
 
-@singledispatch
-def _m(node) -> tuple[Box, int]:
-    raise TypeError(f"no typesetting rule for {type(node).__name__}")
+class MatrixTypesetter(BoxPrinter):
+    """A node the way papers write the matrix: `Q K^T`, `softmax(S)`, `dP ⊙ P`."""
+
+    def box(self, node: t.Node) -> Box:
+        return self.doprint(node).text
+
+    def call(self, name: str, *args: Box) -> Printed:
+        return Printed(Func(name, args), self.prec("call"))
+
+    def _print_Tensor(self, node: t.Tensor) -> Printed:
+        return Printed(ident(node.name), ATOM)
+
+    def _print_Grad(self, node: t.Grad) -> Printed:
+        return Printed(grad_box(node.name), ATOM)
+
+    def _print_Scalar(self, node: t.Scalar) -> Printed:
+        return _scalar(node.value)
+
+    def _print_DimValue(self, node: t.DimValue) -> Printed:
+        return _dim(node.dim)
+
+    def _print_Unary(self, node: t.Unary) -> Printed:
+        return self.unary(node.fn, self.doprint(node.x))
+
+    def _print_Binary(self, node: t.Binary) -> Printed:
+        return self.binary(node.op, self.doprint(node.a), self.doprint(node.b),
+                           node.a.shape == () or node.b.shape == ())
+
+    def _print_MatMul(self, node: t.MatMul) -> Printed:
+        level = self.prec("matmul")
+        return Printed(row(self.left_factor(self.doprint(node.a)), TIMES, self.parenthesize(node.b, level + 1)), level)
+
+    def _print_Transpose(self, node: t.Transpose) -> Printed:
+        return Printed(Sup(self.parenthesize(node.x, POSTFIX), Op("⊤", "\\top")), self.prec("transpose"))
+
+    def _print_Reduce(self, node: t.Reduce) -> Printed:
+        return self.call(_axis_word(node.kind, node.axis, len(node.x.shape)), self.box(node.x))
+
+    def _print_Softmax(self, node: t.Softmax) -> Printed:
+        return self.call(_axis_word("softmax", node.axis, len(node.x.shape)), self.box(node.x))
+
+    def _print_Scan(self, node: t.Scan) -> Printed:
+        kind = "revcumsum" if node.reverse else "cumsum"
+        return self.call(_axis_word(kind, node.axis, len(node.x.shape)), self.box(node.x))
+
+    def _print_Compare(self, node: t.Compare) -> Printed:
+        return self.compare(node.op, self.doprint(node.a), self.doprint(node.b))
+
+    def _print_Where(self, node: t.Where) -> Printed:
+        return self.call("where", self.box(node.cond), self.box(node.a), self.box(node.b))
+
+    def _print_MergeHeads(self, node: t.MergeHeads) -> Printed:
+        return self.call("merge_heads", self.box(node.x))
+
+    def _print_SplitHeads(self, node: t.SplitHeads) -> Printed:
+        return self.call("split_heads", self.box(node.x), dim_box(node.heads))
+
+    def _print_Concat(self, node: t.Concat) -> Printed:
+        return self.call("concat", *(self.box(p) for p in node.parts))
+
+    def _print_Constant(self, node: t.Constant) -> Printed:
+        return self.call(node.kind, *(dim_box(a) for a in node.args))
+
+    def _print_SumTo(self, node: t.SumTo) -> Printed:
+        # An axis of size 1 only goes away (`[1, d]` to `[d]`): there is nothing to sum over it.
+        names = [dim_box(node.x.shape[a]) for a in node.axes if node.x.shape[a] != 1]
+        if not names:
+            return self.doprint(node.x)
+        return self.summed(_commas(names), self.doprint(node.x))
+
+    def _print_Slice(self, node: t.Slice) -> Printed:
+        cut = row(dim_box(node.start), Op(":", ":"), dim_box(node.stop))
+        return Printed(Sub(self.parenthesize(node.x, POSTFIX), Row((Text(f"axis {node.axis}: "), cut))),
+                       self.prec("slice"))
+
+    def _print_Scatter(self, node: t.Scatter) -> Printed:
+        return self.doprint(gather_form(node))
+
+    def _print_IndexDef(self, node: t.IndexDef) -> Printed:
+        return self.doprint(node.body)
+
+    def _print_Entry(self, node: t.Entry) -> Printed:
+        return Printed(Names().entry(node.tensor, node.indices, grad=node.grad), ATOM)
+
+    def _print_IndexVar(self, node: t.IndexVar) -> Printed:
+        return Printed(ident(node.name), ATOM)
+
+    def _print_IndexSum(self, node: t.IndexSum) -> Printed:
+        return self.summed(ident(node.index.name), self.doprint(node.body))
 
 
-@_m.register
-def _(node: t.Tensor):
-    return ident(node.name), ATOM
-
-
-@_m.register
-def _(node: t.Grad):
-    return grad_box(node.name), ATOM
-
-
-@_m.register
-def _(node: t.Scalar):
-    return _scalar(node.value)
-
-
-@_m.register
-def _(node: t.DimValue):
-    return dim_box(node.dim)
-
-
-def _unary(fn: str, inner: tuple[Box, int]) -> tuple[Box, int]:
-    if fn == "neg":
-        return row(Op("−", "-"), _wrap(inner, NEG)), NEG
-    if fn == "sqrt":
-        return Sqrt(inner[0]), ATOM
-    if fn == "abs":
-        return Fence(inner[0], "|", "|"), ATOM
-    return Func(fn, (inner[0],), known=fn in FUNCTIONS and FUNCTIONS[fn].named), ATOM
-
-
-@_m.register
-def _(node: t.Unary):
-    return _unary(node.fn, _m(node.x))
-
-
-def _binary(op: str, a: tuple[Box, int], b: tuple[Box, int], scalar_side: bool) -> tuple[Box, int]:
-    if op == "add":
-        return row(_wrap(a, ADD), Op("+", "+"), _wrap(b, ADD + 1)), ADD
-    if op == "sub":
-        return row(_wrap(a, ADD), Op("−", "-"), _wrap(b, ADD + 1)), ADD
-    if op == "mul":
-        glyph = Op("·", "\\cdot") if scalar_side else Op("⊙", "\\odot")
-        return row(_left_factor(a), glyph, _wrap(b, MUL + 1)), MUL
-    if op == "div":
-        return Frac(a[0], b[0]), ATOM
-    if op == "pow":
-        return Sup(_wrap(a, POSTFIX), b[0]), POW
-    raise TypeError(f"no typesetting rule for {op}")
-
-
-@_m.register
-def _(node: t.Binary):
-    return _binary(node.op, _m(node.a), _m(node.b), node.a.shape == () or node.b.shape == ())
-
-
-@_m.register
-def _(node: t.MatMul):
-    return row(_left_factor(_m(node.a)), TIMES, _wrap(_m(node.b), MUL + 1)), MUL
-
-
-@_m.register
-def _(node: t.Transpose):
-    return Sup(_wrap(_m(node.x), POSTFIX), Op("⊤", "\\top")), POSTFIX
-
-
-@_m.register
-def _(node: t.Reduce):
-    return Func(_axis_word(node.kind, node.axis, len(node.x.shape)), (_m(node.x)[0],)), ATOM
-
-
-@_m.register
-def _(node: t.Softmax):
-    return Func(_axis_word("softmax", node.axis, len(node.x.shape)), (_m(node.x)[0],)), ATOM
-
-
-@_m.register
-def _(node: t.Compare):
-    glyph, latex = _CMP[node.op]
-    return row(_wrap(_m(node.a), ADD), Op(glyph, latex), _wrap(_m(node.b), ADD)), COMPARE
-
-
-@_m.register
-def _(node: t.Where):
-    return Func("where", (_m(node.cond)[0], _m(node.a)[0], _m(node.b)[0])), ATOM
-
-
-@_m.register
-def _(node: t.MergeHeads):
-    return Func("merge_heads", (_m(node.x)[0],)), ATOM
-
-
-@_m.register
-def _(node: t.SplitHeads):
-    return Func("split_heads", (_m(node.x)[0], dim_box(node.heads)[0])), ATOM
-
-
-@_m.register
-def _(node: t.Concat):
-    return Func("concat", tuple(_m(p)[0] for p in node.parts)), ATOM
-
-
-@_m.register
-def _(node: t.Constant):
-    return Func(node.kind, tuple(dim_box(a)[0] for a in node.args)), ATOM
-
-
-@_m.register
-def _(node: t.SumTo):
-    # An axis of size 1 only goes away (`[1, d]` to `[d]`): there is nothing to sum over it.
-    names = [dim_box(node.x.shape[a])[0] for a in node.axes if node.x.shape[a] != 1]
-    if not names:
-        return _m(node.x)
-    return row(Sub(Op("∑", "\\sum"), _commas(names)), _wrap(_m(node.x), MUL)), MUL
-
-
-@_m.register
-def _(node: t.Slice):
-    cut = row(dim_box(node.start)[0], Op(":", ":"), dim_box(node.stop)[0])
-    return Sub(_wrap(_m(node.x), POSTFIX), Row((Text(f"axis {node.axis}: "), cut))), POSTFIX
-
-
-@_m.register
-def _(node: t.Scatter):
-    return _m(gather_form(node))
-
-
-@_m.register
-def _(node: t.IndexDef):
-    return _m(node.body)
-
-
-@_m.register
-def _(node: t.Entry):
-    return Names().entry(node.tensor, node.indices, grad=node.grad), ATOM
-
-
-@_m.register
-def _(node: t.IndexVar):
-    return ident(node.name), ATOM
-
-
-@_m.register
-def _(node: t.IndexSum):
-    return row(Sub(Op("∑", "\\sum"), ident(node.index.name)), _wrap(_m(node.body), MUL)), MUL
+_MATRIX = MatrixTypesetter()
 
 
 # --- entry form --------------------------------------------------------------------------
@@ -319,7 +317,7 @@ def _index(name) -> Box:
             if k or p.negative:
                 items.append(Op("−", "-") if p.negative else Op("+", "+"))
             if p.index is None:
-                items.append(dim_box(p.dims)[0])
+                items.append(dim_box(p.dims))
             else:
                 items.append(ident(p.index) if p.coefficient == 1 else row(Num(str(p.coefficient)), ident(p.index)))
         return row(*items) if items else Num("0")
@@ -328,7 +326,7 @@ def _index(name) -> Box:
 
 def entry_box(node: t.Node, indices: Sequence[str | None], names: Names) -> Box:
     """One entry of `node` at `indices` (None for an axis of size 1), in index form."""
-    return _e(node, tuple(indices), names)[0]
+    return EntryTypesetter(names).doprint(node, tuple(indices)).text
 
 
 def _align(shape, indices) -> tuple:
@@ -337,60 +335,95 @@ def _align(shape, indices) -> tuple:
     return tuple(None if d == 1 else i for d, i in zip(shape, tail))
 
 
-def _e(node, idx, nm: Names) -> tuple[Box, int]:
-    if isinstance(node, t.Tensor):
-        return nm.entry(node.name, [i for i in idx if i is not None]), ATOM
-    if isinstance(node, t.Grad):
-        return nm.entry(node.name, [i for i in idx if i is not None], grad=True), ATOM
-    if isinstance(node, (t.Scalar, t.DimValue)):
-        return _m(node)
-    if isinstance(node, t.Unary):
-        return _unary(node.fn, _e(node.x, _align(node.x.shape, idx), nm))
-    if isinstance(node, t.Binary):
-        a = _e(node.a, _align(node.a.shape, idx), nm)
-        b = _e(node.b, _align(node.b.shape, idx), nm)
-        return _binary(node.op, a, b, True)
-    if isinstance(node, t.MatMul) and len(node.a.shape) >= 2 and len(node.b.shape) >= 2:
-        k = nm.fresh(node.a.shape[-1])
+class EntryTypesetter(BoxPrinter):
+    """One entry of a node, in index form; the context of every rule is the entry's indices."""
+
+    def __init__(self, names: Names) -> None:
+        self.nm = names
+
+    def operand(self, child: t.Node, idx) -> Printed:
+        """An operand's entry, at the indices it is read at when broadcast to the result."""
+        return self.doprint(child, _align(child.shape, idx))
+
+    def _print_Tensor(self, node: t.Tensor, idx) -> Printed:
+        return Printed(self.nm.entry(node.name, [i for i in idx if i is not None]), ATOM)
+
+    def _print_Grad(self, node: t.Grad, idx) -> Printed:
+        return Printed(self.nm.entry(node.name, [i for i in idx if i is not None], grad=True), ATOM)
+
+    def _print_Scalar(self, node: t.Scalar | t.DimValue, idx) -> Printed:
+        return _MATRIX.doprint(node)
+
+    _print_DimValue = _print_Scalar
+
+    def _print_Unary(self, node: t.Unary, idx) -> Printed:
+        return self.unary(node.fn, self.operand(node.x, idx))
+
+    def _print_Binary(self, node: t.Binary, idx) -> Printed:
+        return self.binary(node.op, self.operand(node.a, idx), self.operand(node.b, idx), True)
+
+    def _print_MatMul(self, node: t.MatMul, idx) -> Printed:
+        if len(node.a.shape) < 2 or len(node.b.shape) < 2:
+            return self._print_Node(node, idx)
+        k = self.nm.fresh(node.a.shape[-1])
         *batch, i, j = idx
-        a = _e(node.a, _align(node.a.shape, (*batch, i, k)), nm)
-        b = _e(node.b, _align(node.b.shape, (*batch, k, j)), nm)
-        return row(Sub(Op("∑", "\\sum"), ident(k)), _wrap(a, MUL + 1), TIMES, _wrap(b, MUL + 1)), MUL
-    if isinstance(node, t.Transpose):
+        level = self.prec("matmul")
+        a = self.parenthesize(self.doprint(node.a, _align(node.a.shape, (*batch, i, k))), level + 1)
+        b = self.parenthesize(self.doprint(node.b, _align(node.b.shape, (*batch, k, j))), level + 1)
+        return Printed(row(Sub(SUM, ident(k)), a, TIMES, b), self.prec("sum"))
+
+    def _print_Transpose(self, node: t.Transpose, idx) -> Printed:
         *batch, i, j = idx
-        return _e(node.x, (*batch, j, i), nm)
-    if isinstance(node, t.Softmax):
-        k = nm.fresh()
+        return self.doprint(node.x, (*batch, j, i))
+
+    def _print_Softmax(self, node: t.Softmax, idx) -> Printed:
+        k = self.nm.fresh()
         other = tuple(k if a == node.axis else i for a, i in enumerate(idx))
-        top = Func("exp", (_e(node.x, idx, nm)[0],), known=True)
-        bottom = row(Sub(Op("∑", "\\sum"), ident(k)), Func("exp", (_e(node.x, other, nm)[0],), known=True))
-        return Frac(top, bottom), ATOM
-    if isinstance(node, t.Reduce) and node.axis is not None and node.kind in ("sum", "mean"):
-        k = nm.fresh()
+        top = Func("exp", (self.doprint(node.x, idx).text,), known=True)
+        bottom = row(Sub(SUM, ident(k)), Func("exp", (self.doprint(node.x, other).text,), known=True))
+        return Printed(Frac(top, bottom), self.prec("div"))
+
+    def _print_Reduce(self, node: t.Reduce, idx) -> Printed:
+        if node.axis is None or node.kind not in ("sum", "mean"):
+            return self._print_Node(node, idx)
+        k = self.nm.fresh()
         inner = tuple(k if a == node.axis else i for a, i in enumerate(idx))
-        body = row(Sub(Op("∑", "\\sum"), ident(k)), _wrap(_e(node.x, inner, nm), MUL))
+        body = self.summed(ident(k), self.doprint(node.x, inner))
         if node.kind == "mean":
-            return Frac(body, dim_box(node.x.shape[node.axis])[0]), ATOM
-        return body, MUL
-    if isinstance(node, t.Compare):
-        glyph, latex = _CMP[node.op]
-        a = _e(node.a, _align(node.a.shape, idx), nm)
-        b = _e(node.b, _align(node.b.shape, idx), nm)
-        return row(_wrap(a, ADD), Op(glyph, latex), _wrap(b, ADD)), COMPARE
-    if isinstance(node, t.Where):
-        return Func("where", tuple(_e(p, _align(p.shape, idx), nm)[0] for p in (node.cond, node.a, node.b))), ATOM
-    if isinstance(node, t.Scatter):
-        return _e(gather_form(node), idx, nm)
-    if isinstance(node, t.IndexDef):
+            return Printed(Frac(body.text, dim_box(node.x.shape[node.axis])), self.prec("div"))
+        return body
+
+    def _print_Scan(self, node: t.Scan, idx) -> Printed:
+        """`sum_{k <= i} X_{k, j}` (reversed: k >= i)."""
+        if idx[node.axis] is None:
+            return self._print_Node(node, idx)
+        k = self.nm.fresh(node.x.shape[node.axis])
+        inner = tuple(k if a == node.axis else i for a, i in enumerate(idx))
+        bound = self.compare(">=" if node.reverse else "<=", Printed(ident(k), ATOM),
+                             Printed(ident(idx[node.axis]), ATOM)).text
+        return self.summed(bound, self.doprint(node.x, inner))
+
+    def _print_Compare(self, node: t.Compare, idx) -> Printed:
+        return self.compare(node.op, self.operand(node.a, idx), self.operand(node.b, idx))
+
+    def _print_Where(self, node: t.Where, idx) -> Printed:
+        parts = tuple(self.operand(p, idx).text for p in (node.cond, node.a, node.b))
+        return Printed(Func("where", parts), self.prec("call"))
+
+    def _print_Scatter(self, node: t.Scatter, idx) -> Printed:
+        return self.doprint(gather_form(node), idx)
+
+    def _print_IndexDef(self, node: t.IndexDef, idx) -> Printed:
         from ..symbolic.index_adjoint import rename_indices
 
         mapping = {i.name: j for i, j in zip(node.indices, idx) if j is not None}
-        nm.used.update(i.name for i in node.indices)
-        return _m(rename_indices(node.body, mapping))
-    # Anything else (heads, constants, reductions over every axis): the matrix form, indexed.
-    inner = _m(node)[0]
-    sub = _commas([ident(i) for i in idx if i is not None])
-    return Sub(Fence(inner, "[", "]"), sub), ATOM
+        self.nm.used.update(i.name for i in node.indices)
+        return _MATRIX.doprint(rename_indices(node.body, mapping))
+
+    def _print_Node(self, node: t.Node, idx) -> Printed:
+        # Anything else (heads, constants, reductions over every axis): the matrix form, indexed.
+        sub = _commas([ident(i) for i in idx if i is not None])
+        return Printed(Sub(Fence(_MATRIX.doprint(node).text, "[", "]"), sub), ATOM)
 
 
 # --- equations shown by documents and notebooks ---------------------------------------------
@@ -402,7 +435,7 @@ def equation(left: Box, right: Box) -> Box:
 
 def shape_box(shape: Sequence[sympy.Expr]) -> Box:
     """`[N, d_k]`, typeset (`[]` for a scalar)."""
-    inner = _commas([dim_box(d)[0] for d in shape]) if shape else Row(())
+    inner = _commas([dim_box(d) for d in shape]) if shape else Row(())
     return Fence(inner, "[", "]")
 
 

@@ -17,6 +17,7 @@ from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecNameError, SpecShapeError
 from ..ir.shapes import ShapeMismatch, broadcast, normalize_axis, same_dim
+from .check_only import read_backward
 
 __all__ = ["validate_call", "RULES"]
 
@@ -100,6 +101,21 @@ def _reduction(v, call, scope):
     axis = _axis(v, args, x, None)
     shape = tuple(sympy.Integer(1) if axis is None or k == axis else d for k, d in enumerate(x.shape))
     return t.Reduce(call.func, x, axis, shape, pos=call.pos)
+
+
+def _cumsum(v, call, scope):
+    _matrix_only(v, call, scope)
+    args = _Args(call, ("x", "axis", "reverse"), 2)
+    x = v.expr(args.get("x"), scope)
+    if x.shape == ():
+        raise _err(SpecShapeError, "cumsum() of a scalar; it needs a tensor with an axis", call.pos)
+    axis = _axis(v, args, x, None)
+    flag = args.get("reverse")
+    reverse = 0 if flag is None else v.int_literal(flag, "reverse")
+    if reverse not in (0, 1):
+        raise _err(SpecShapeError, f"reverse must be 0 (a prefix sum) or 1 (a suffix sum), got {reverse}",
+                   flag.pos)
+    return t.Scan(x, axis, bool(reverse), x.shape, pos=call.pos)
 
 
 def _index_sum(v, call, scope):
@@ -234,18 +250,29 @@ def _constant(arity: tuple[int, int]):
 
 
 def _grad(v, call, scope):
-    if not v.in_check:
-        raise _err(SpecCheckError, "grad(...) is only available in check statements", call.func_pos,
-                   "the backward pass is derived by symattn; state claims about it with `check`")
+    """grad(T): in a check, or in a definition, which reading it makes check-only."""
     if len(call.args) != 1 or not isinstance(call.args[0], ir.Name):
         raise _err(SpecCheckError, "grad() takes one tensor name, as in grad(Q)", call.pos)
     name = call.args[0]
+    if name.id in v.check_only:
+        raise _err(SpecCheckError, f"grad of '{name.id}': it is a check-only definition, not a tensor of the "
+                   "forward pass", name.pos)
     if name.id not in v.tensors:
         if name.id in v.dims:
             raise _err(SpecCheckError, f"grad of '{name.id}': it is a dim, not a tensor", name.pos)
         raise _err(SpecCheckError, f"grad of unknown tensor '{name.id}'", name.pos,
                    v.unknown(name.id, name.pos).hint)
-    return t.Grad(name.id, v.tensors[name.id].shape, pos=call.pos)
+    if not v.tensors[name.id].has_gradient:
+        raise _err(SpecCheckError, f"grad of '{name.id}': it is a buffer, a given tensor that is never "
+                   "differentiated, so it has no gradient", name.pos,
+                   f"declare {name.id} as an input or param to differentiate it")
+    shape = v.tensors[name.id].shape
+    if scope is not None and shape != ():
+        raise _err(SpecShapeError, f"grad({name.id}) has shape {v.shape_text(shape)}; in index notation write one "
+                   f"entry, as grad({name.id})[{', '.join('ijkl'[:len(shape)]) if len(shape) <= 4 else '...'}]",
+                   call.pos)
+    read_backward(v, call.func_pos, f"grad({name.id})")
+    return t.Grad(name.id, shape, pos=call.pos)
 
 
 def _symmetry(v, call, scope):
@@ -255,6 +282,7 @@ def _symmetry(v, call, scope):
 
 RULES: dict[str, Callable] = {
     **{name: _reduction for name in t.REDUCTIONS},
+    "cumsum": _cumsum,
     "softmax": _softmax,
     "where": _where,
     "merge_heads": _merge_heads,

@@ -28,7 +28,7 @@ from ..errors import SpecError, SpecSyntaxError
 
 __all__ = ["parse", "grammar_text", "KEYWORDS"]
 
-KEYWORDS = frozenset({"attention", "dim", "input", "param", "output", "check", "not"})
+KEYWORDS = frozenset({"attention", "dim", "input", "param", "buffer", "output", "check", "not"})
 
 # Deeper expressions are refused: every later pass walks trees recursively,
 # and Python's stack would overflow long before a real spec gets near this.
@@ -57,6 +57,7 @@ _TERMINAL_WORDS = {
     "TRANSPOSE": "'.T'",
     "INPUT": "'input'",
     "PARAM": "'param'",
+    "BUFFER": "'buffer'",
     "NOT": "'not'",
     "ATTENTION": "'attention'",
     "DIM": "'dim'",
@@ -66,11 +67,10 @@ _TERMINAL_WORDS = {
 
 
 def grammar_text() -> str:
-    """The grammar of the checkout this module is in, or else the installed package's.
+    """The grammar of the checkout this package is imported from, or else the installed package's.
 
-    The checkout comes first: an editable install maps `symattn.grammar` to the
-    checkout it was installed from, which need not be the one imported (a second
-    worktree on PYTHONPATH)."""
+    The checkout comes first: an editable install maps `symattn.grammar` to the checkout it
+    was installed from, which is not this one when another copy is on `sys.path` first."""
     checkout = Path(__file__).resolve().parents[2] / "grammar" / "attention.lark"
     if checkout.is_file():
         return checkout.read_text("utf-8")
@@ -141,6 +141,8 @@ class ToIR(Transformer):
         base, args = children
         if isinstance(base, ir.Name):
             return ir.Subscript(base.id, tuple(args), pos=_pos_of(meta))
+        if isinstance(base, ir.Call):  # grad(S)[i, j] in index notation, grad(Q)[:, 0:h] in matrix notation
+            return ir.CallSubscript(base, tuple(args), pos=_pos_of(meta))
         return ir.Sliced(base, tuple(args), pos=_pos_of(meta))
 
     def slice(self, meta, children):
@@ -176,6 +178,9 @@ class ToIR(Transformer):
     def transpose(self, meta, children):
         operand, op = children
         return ir.Transpose(operand, pos=_pos_of(meta), op_pos=_pos_of(op))
+
+    def group(self, meta, children):
+        return ir.Group(tuple(children), pos=_pos_of(meta))
 
     def compare(self, meta, children):
         left, op, right = children

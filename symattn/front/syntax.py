@@ -23,10 +23,12 @@ __all__ = [
     "Subscript",
     "SliceItem",
     "Sliced",
+    "CallSubscript",
     "BinOp",
     "UnaryOp",
     "Transpose",
     "Compare",
+    "Group",
     "Statement",
     "Header",
     "DimItem",
@@ -112,6 +114,15 @@ class Sliced(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class CallSubscript(Expr):
+    """`grad(S)[i, j]`: one entry of a call's result, in index notation (only `grad` has entries)."""
+
+    call: Call
+    indices: tuple[Expr, ...]
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
 class BinOp(Expr):
     op: str  # one of + - * / @ ^
     left: Expr
@@ -141,6 +152,14 @@ class Compare(Expr):
     right: Expr
     pos: Pos = _pos()
     op_pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Group(Expr):
+    """`(X, keep)`: tensors a symmetry claim permutes together (only meaningful there)."""
+
+    items: tuple[Expr, ...]
+    pos: Pos = _pos()
 
 
 # --- statements --------------------------------------------------------------
@@ -179,7 +198,7 @@ class TensorItem:
 
 @dataclass(frozen=True, slots=True)
 class TensorDecl(Statement):
-    kind: str  # "input" or "param"
+    kind: str  # "input", "param" or "buffer"
     items: tuple[TensorItem, ...]
     pos: Pos = _pos()
 

@@ -7,6 +7,13 @@ inferred with symbolic dims (NumPy broadcasting, batched `@`, `.T` on the
 last two axes, reductions keeping their axis), index ranges inferred and
 checked, and every `check` typed (both sides the same shape, `grad(T)` of
 defined tensors only). No other exception escapes for any `ir.Program`.
+
+Check-only definitions: a definition that reads `grad(T)` (or an entry
+`grad(T)[i, j]`), or reads another check-only definition, is not part of the
+forward pass. It is kept out of `TypedSpec.tensors`; a check that names it
+sees its typed expression in its place (inlined). An output that is one, or
+that depends on one through the forward pass, is a located error at the read
+that brought `grad` into the forward pass.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from . import syntax as ir
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
+from .claim_forms import symmetry_check
+from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
 from . import subscripts
 from .parse import KEYWORDS
 from ..ir.printing import to_spec
@@ -109,6 +118,10 @@ class _Validator:
         self.defined_at: dict[str, ir.Pos] = {}
         self.later: dict[str, ir.Pos] = {}  # every name a statement defines, for "used before"
         self.in_check = False
+        self.check_only: dict[str, CheckOnly] = {}
+        # While a definition is validated: what it reads of the backward pass (grad or a
+        # check-only definition), as (position, what, check-only name or None); else None.
+        self.reads: list[tuple[ir.Pos, str, str | None]] | None = None
 
     # --- helpers ---------------------------------------------------------------
 
@@ -135,6 +148,10 @@ class _Validator:
         self.defined_at[name.id] = name.pos
 
     def unknown(self, name: str, pos: ir.Pos, extra: tuple[str, ...] = ()) -> SpecError:
+        if name in self.check_only:
+            read = self.check_only[name]
+            return _err(SpecCheckError, f"'{name}' is a check-only definition (it reads {read.read} at "
+                        f"{read.at.line}:{read.at.column}), not a tensor of the forward pass", pos, CHECK_ONLY_HINT)
         if name in self.later:
             where = self.later[name]
             return _err(SpecNameError, f"'{name}' is used before its definition at {where.line}:{where.column}",
@@ -282,21 +299,36 @@ class _Validator:
     @statement.register
     def _(self, stmt: ir.Define) -> None:
         self.define(stmt.name)
-        if stmt.indices is None:
-            node = self.expr(stmt.expr, None)
-            if isinstance(node, t.Compare):
-                raise _err(SpecShapeError, "a comparison is not a tensor; use it as where(cond, a, b)", node.pos)
-        else:
-            node = self.index_definition(stmt)
+        self.reads = []
+        try:
+            if stmt.indices is None:
+                node = self.expr(stmt.expr, None)
+                if isinstance(node, t.Compare):
+                    raise _err(SpecShapeError, "a comparison is not a tensor; use it as where(cond, a, b)", node.pos)
+            else:
+                node = self.index_definition(stmt)
+            reads = self.reads
+        finally:
+            self.reads = None
+        if reads:
+            at, what, via = reads[0]
+            self.check_only[stmt.name.id] = CheckOnly(stmt.name.id, node, what, at, via)
+            return
         self.tensors[stmt.name.id] = t.TensorInfo(stmt.name.id, "intermediate", node.shape, stmt.name.pos, node)
 
     @statement.register
     def _(self, stmt: ir.OutputDecl) -> None:
         for name in stmt.names:
+            if name.id in self.check_only:
+                raise output_reads_backward(self, name)
             if name.id not in self.tensors:
                 if name.id in self.dims:
                     raise _err(SpecNameError, f"'{name.id}' is a dim; an output must be a tensor", name.pos)
                 raise self.unknown(name.id, name.pos)
+            if self.tensors[name.id].kind == "buffer":
+                raise _err(SpecNameError, f"'{name.id}' is a buffer: given, never differentiated, so it has no "
+                           "upstream gradient and cannot be an output", name.pos,
+                           f"output a tensor computed from it, e.g. `{name.id}_out = {name.id} * 1`")
             if name.id in self.outputs:
                 raise _err(SpecNameError, f"'{name.id}' is already an output", name.pos)
             self.outputs.append(name.id)
@@ -321,42 +353,9 @@ class _Validator:
                            f"{self.shape_text(rhs.shape)}", claim.op_pos)
             return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, "equal", stmt.pos, lhs=lhs, rhs=rhs)
         if isinstance(claim, ir.Call) and claim.func in ("equivariant", "invariant"):
-            return self.symmetry_check(stmt, claim)
+            return symmetry_check(self, stmt, claim)
         raise _err(SpecCheckError, "a check is `A == B`, `equivariant(O, X)` or `invariant(O, Y)`", claim.pos,
                    "prefix with `not` to claim that a counterexample exists")
-
-    def symmetry_check(self, stmt: ir.Check, claim: ir.Call) -> t.CheckInfo:
-        args = claim.args
-        if not 2 <= len(args) <= 3 or any(not isinstance(a, ir.Name) for a in args):
-            raise _err(SpecCheckError, f"{claim.func} takes (OUTPUT, INPUT) or (OUTPUT, INPUT, DIM), all names",
-                       claim.pos)
-        out, inp = args[0], args[1]
-        for name in (out, inp):
-            if name.id not in self.tensors:
-                raise self.unknown(name.id, name.pos)
-        if self.tensors[inp.id].kind not in ("input", "param"):
-            raise _err(SpecCheckError, f"'{inp.id}' is computed, not declared; permute an input or param",
-                       inp.pos)
-        in_shape = self.tensors[inp.id].shape
-        if len(args) == 3:
-            dim_name = args[2]
-            if dim_name.id not in self.dims:
-                raise _err(SpecCheckError, f"'{dim_name.id}' is not a dim", dim_name.pos)
-            dim = self.dims[dim_name.id].symbol
-            if not any(same_dim(dim, d) for d in in_shape):
-                raise _err(SpecCheckError,
-                           f"{inp.id} {self.shape_text(in_shape)} has no axis of dim {dim_name.id}", dim_name.pos)
-            chosen = dim_name.id
-        else:
-            if not in_shape:
-                raise _err(SpecCheckError, f"'{inp.id}' is a scalar; there is nothing to permute", inp.pos)
-            first = in_shape[0]
-            if not first.is_Symbol:
-                raise _err(SpecCheckError, f"the first axis of {inp.id} is {first}, not a single dim", inp.pos,
-                           f"name the dim to permute: {claim.func}({out.id}, {inp.id}, DIM)")
-            chosen = str(first)
-        return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, claim.func, stmt.pos,
-                           output=out.id, input=inp.id, dim=chosen)
 
     # --- index notation ----------------------------------------------------------------
 
@@ -364,7 +363,8 @@ class _Validator:
         scope = _IndexScope()
         for item in stmt.indices:
             name = item.name.id
-            if name in self.dims or name in self.tensors or name in BUILTINS or name in KEYWORDS:
+            if name in self.dims or name in self.tensors or name in self.check_only or name in BUILTINS \
+                    or name in KEYWORDS:
                 raise _err(SpecNameError, f"index '{name}' clashes with the {self._what(name)} of that name",
                            item.name.pos, "index names are local; pick one that is not a dim or tensor")
             if name in scope.ranges:
@@ -394,6 +394,8 @@ class _Validator:
     def _what(self, name: str) -> str:
         if name in self.dims:
             return "dim"
+        if name in self.check_only:
+            return "check-only definition"
         if name in self.tensors:
             return "tensor"
         return "builtin"
@@ -430,6 +432,9 @@ class _Validator:
             return t.Scalar(sympy.pi, pos=node.pos)
         if name in self.dims:
             return t.DimValue(self.dims[name].symbol, pos=node.pos)
+        if name in self.check_only and scope is None:
+            read_backward(self, node.pos, f"'{name}'", name)
+            return self.check_only[name].node  # a check sees the definition in its place
         if name in self.tensors:
             shape = self.tensors[name].shape
             if scope is not None and shape != ():
@@ -541,6 +546,17 @@ class _Validator:
     def _(self, node: ir.SliceItem, scope) -> t.Node:
         raise _err(SpecShapeError, "a slice start:stop goes inside the brackets after a tensor, as in X[:, 0:h]",
                    node.pos)
+
+    @expr.register
+    def _(self, node: ir.Group, scope) -> t.Node:
+        raise _err(SpecShapeError, "a parenthesised group (A, B) only names the tensors an equivariant or "
+                   "invariant claim permutes together", node.pos, "the language has no tuples")
+
+    @expr.register
+    def _(self, node: ir.CallSubscript, scope) -> t.Node:
+        if scope is None and any(isinstance(i, ir.SliceItem) for i in node.indices):  # grad(Q)[:, 0:h]
+            return self.expr(ir.Sliced(node.call, node.indices, pos=node.pos), None)
+        return grad_entry(self, node, scope)
 
     @expr.register
     def _(self, node: ir.Keyword, scope) -> t.Node:

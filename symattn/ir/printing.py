@@ -3,13 +3,14 @@
 Contract: `to_spec(node, dims)` returns text that the spec language parses
 back to the same node (same operations, same parenthesisation), so that
 derived gradients, claims and documents all read like the user's own spec:
-`P.T @ grad(O)`, `softmax(Q @ K.T / sqrt(d_k), axis=-1)`. One `_print`
-rule per node type; an unknown node type is an error naming it.
+`P.T @ grad(O)`, `softmax(Q @ K.T / sqrt(d_k), axis=-1)`. `SpecPrinter` is a
+`Printer` (`symattn.ir.printer`) with one `_print_<Node>` rule per node type
+and the shared precedence table, which follows the grammar; an unknown node
+type is an error naming it.
 """
 
 from __future__ import annotations
 
-from functools import singledispatch
 from typing import Sequence
 
 import sympy
@@ -17,92 +18,21 @@ import sympy
 from . import typed as t
 from .affine import Affine, text as subscript_text
 from .gather import gather_form
+from .printer import ADD, ATOM, MUL, NEG, POSTFIX, Printed, Printer
 from .shapes import format_dim
 
-__all__ = ["to_spec"]
+__all__ = ["to_spec", "SpecPrinter"]
 
-# Loosest to tightest, as in the grammar.
-COMPARE, ADD, MUL, NEG, POW, POSTFIX, ATOM = range(7)
 _BINARY_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
-_BINARY_PREC = {"add": ADD, "sub": ADD, "mul": MUL, "div": MUL, "pow": POW}
 
 
 def to_spec(node: t.Node, dims: Sequence[str] = ()) -> str:
     """The node as spec text."""
-    return _print(node, tuple(dims))[0]
-
-
-def _wrap(node: t.Node, dims, at_least: int) -> str:
-    text, prec = _print(node, dims)
-    return f"({text})" if prec < at_least else text
+    return SpecPrinter(dims).doprint(node).text
 
 
 def _axis_text(axis: int | None, rank: int) -> str:
     return "" if axis is None else f", axis={axis - rank}"
-
-
-@singledispatch
-def _print(node, dims) -> tuple[str, int]:
-    raise TypeError(f"no printing rule for {type(node).__name__}")
-
-
-@_print.register
-def _(node: t.Tensor, dims):
-    return node.name, ATOM
-
-
-@_print.register
-def _(node: t.Grad, dims):
-    return f"grad({node.name})", ATOM
-
-
-@_print.register
-def _(node: t.Scalar, dims):
-    return scalar_text(node.value)
-
-
-def scalar_text(value: sympy.Expr) -> tuple[str, int]:
-    if value == sympy.oo:
-        return "inf", ATOM
-    if value == -sympy.oo:
-        return "-inf", NEG
-    if value == sympy.pi:
-        return "pi", ATOM
-    if value.is_Rational:
-        if value.q == 1:
-            return str(value), ATOM if value >= 0 else NEG
-        return f"{value.p}/{value.q}", MUL
-    return str(value), ATOM
-
-
-@_print.register
-def _(node: t.DimValue, dims):
-    text = format_dim(node.dim, dims)
-    if node.dim.is_Symbol or node.dim.is_Integer:
-        return text, ATOM
-    return text, ADD if node.dim.is_Add else MUL
-
-
-@_print.register
-def _(node: t.Unary, dims):
-    if node.fn == "neg":
-        return "-" + _wrap(node.x, dims, NEG), NEG
-    return f"{node.fn}({to_spec(node.x, dims)})", ATOM
-
-
-@_print.register
-def _(node: t.Binary, dims):
-    prec = _BINARY_PREC[node.op]
-    symbol = _BINARY_SYMBOL[node.op]
-    if node.op == "pow":
-        return f"{_wrap(node.a, dims, POSTFIX)}^{_wrap(node.b, dims, NEG)}", POW
-    left = _wrap(node.a, dims, prec)
-    if node.op == "mul" and isinstance(node.a, t.MatMul):
-        left = f"({left})"  # `(A @ B) * C`: legal without brackets, but people misread it
-    # The right operand of `*` or `/` is bracketed whenever it is a product (precedence
-    # MUL), a matrix product included, so it needs no second pair.
-    right = _wrap(node.b, dims, prec + 1)
-    return f"{left} {symbol} {right}", prec
 
 
 def _mixing(node: t.Node) -> bool:
@@ -110,105 +40,136 @@ def _mixing(node: t.Node) -> bool:
     return isinstance(node, t.Binary) and node.op in ("mul", "div")
 
 
-@_print.register
-def _(node: t.MatMul, dims):
-    left = f"({to_spec(node.a, dims)})" if _mixing(node.a) else _wrap(node.a, dims, MUL)
-    return f"{left} @ {_wrap(node.b, dims, MUL + 1)}", MUL
+class SpecPrinter(Printer):
+    """Spec text; `dims` orders the factors of dim expressions as they were declared."""
 
+    def __init__(self, dims: Sequence[str] = ()) -> None:
+        self.dims = tuple(dims)
 
-@_print.register
-def _(node: t.Transpose, dims):
-    return f"{_wrap(node.x, dims, POSTFIX)}.T", POSTFIX
+    def text(self, node: t.Node) -> str:
+        return self.doprint(node).text
 
+    def dim(self, dim: sympy.Expr) -> str:
+        return format_dim(dim, self.dims)
 
-@_print.register
-def _(node: t.Reduce, dims):
-    return f"{node.kind}({to_spec(node.x, dims)}{_axis_text(node.axis, len(node.x.shape))})", ATOM
+    def call(self, name: str, *args: str) -> Printed:
+        return Printed(f"{name}({', '.join(args)})", self.prec("call"))
 
+    def number(self, value: sympy.Expr) -> Printed:
+        if value == sympy.oo:
+            return Printed("inf", ATOM)
+        if value == -sympy.oo:
+            return Printed("-inf", NEG)
+        if value == sympy.pi:
+            return Printed("pi", ATOM)
+        if value.is_Rational:
+            if value.q == 1:
+                return Printed(str(value), ATOM if value >= 0 else NEG)
+            return Printed(f"{value.p}/{value.q}", self.prec("div"))
+        return Printed(str(value), ATOM)
 
-@_print.register
-def _(node: t.Softmax, dims):
-    return f"softmax({to_spec(node.x, dims)}{_axis_text(node.axis, len(node.x.shape))})", ATOM
+    def _print_Tensor(self, node: t.Tensor) -> Printed:
+        return Printed(node.name, self.prec("name"))
 
+    def _print_Grad(self, node: t.Grad) -> Printed:
+        return self.call("grad", node.name)
 
-@_print.register
-def _(node: t.Compare, dims):
-    return f"{_wrap(node.a, dims, ADD)} {node.op} {_wrap(node.b, dims, ADD)}", COMPARE
+    def _print_Scalar(self, node: t.Scalar) -> Printed:
+        return self.number(node.value)
 
+    def _print_DimValue(self, node: t.DimValue) -> Printed:
+        text = self.dim(node.dim)
+        if node.dim.is_Symbol or node.dim.is_Integer:
+            return Printed(text, ATOM)
+        return Printed(text, ADD if node.dim.is_Add else MUL)
 
-@_print.register
-def _(node: t.Where, dims):
-    parts = ", ".join(to_spec(x, dims) for x in (node.cond, node.a, node.b))
-    return f"where({parts})", ATOM
+    def _print_Unary(self, node: t.Unary) -> Printed:
+        if node.fn == "neg":
+            return Printed("-" + self.parenthesize(node.x, NEG), self.prec("neg"))
+        return self.call(node.fn, self.text(node.x))
 
+    def _print_Binary(self, node: t.Binary) -> Printed:
+        level = self.prec(node.op)
+        if node.op == "pow":
+            return Printed(f"{self.parenthesize(node.a, POSTFIX)}^{self.parenthesize(node.b, NEG)}", level)
+        if node.op == "mul" and isinstance(node.a, t.MatMul):
+            # `(A @ B) * C`: legal without brackets, but people misread it
+            left = self.fence(self.parenthesize(node.a, level))
+            return Printed(f"{left} * {self.parenthesize(node.b, level + 1)}", level)
+        # The right operand of `*` or `/` is bracketed whenever it is a product (precedence
+        # MUL), a matrix product included, so it needs no second pair.
+        return Printed(self.infix(node.a, _BINARY_SYMBOL[node.op], node.b, level), level)
 
-@_print.register
-def _(node: t.MergeHeads, dims):
-    return f"merge_heads({to_spec(node.x, dims)})", ATOM
+    def _print_MatMul(self, node: t.MatMul) -> Printed:
+        level = self.prec("matmul")
+        left = self.fence(self.text(node.a)) if _mixing(node.a) else self.parenthesize(node.a, level)
+        return Printed(f"{left} @ {self.parenthesize(node.b, level + 1)}", level)
 
+    def _print_Transpose(self, node: t.Transpose) -> Printed:
+        return Printed(f"{self.parenthesize(node.x, POSTFIX)}.T", self.prec("transpose"))
 
-@_print.register
-def _(node: t.SplitHeads, dims):
-    return f"split_heads({to_spec(node.x, dims)}, {format_dim(node.heads, dims)})", ATOM
+    def _print_Reduce(self, node: t.Reduce) -> Printed:
+        return self.call(node.kind, self.text(node.x) + _axis_text(node.axis, len(node.x.shape)))
 
+    def _print_Scan(self, node: t.Scan) -> Printed:
+        flag = ", reverse=1" if node.reverse else ""
+        return self.call("cumsum", self.text(node.x) + _axis_text(node.axis, len(node.x.shape)) + flag)
 
-@_print.register
-def _(node: t.Concat, dims):
-    parts = ", ".join(to_spec(p, dims) for p in node.parts)
-    return f"concat({parts}, axis={node.axis - len(node.shape)})", ATOM
+    def _print_Softmax(self, node: t.Softmax) -> Printed:
+        return self.call("softmax", self.text(node.x) + _axis_text(node.axis, len(node.x.shape)))
 
+    def _print_Compare(self, node: t.Compare) -> Printed:
+        return Printed(f"{self.parenthesize(node.a, ADD)} {node.op} {self.parenthesize(node.b, ADD)}",
+                       self.prec("compare"))
 
-@_print.register
-def _(node: t.Constant, dims):
-    return f"{node.kind}({', '.join(format_dim(a, dims) for a in node.args)})", ATOM
+    def _print_Where(self, node: t.Where) -> Printed:
+        return self.call("where", *(self.text(x) for x in (node.cond, node.a, node.b)))
 
+    def _print_MergeHeads(self, node: t.MergeHeads) -> Printed:
+        return self.call("merge_heads", self.text(node.x))
 
-@_print.register
-def _(node: t.SumTo, dims):
-    text = to_spec(node.x, dims)
-    rank = len(node.x.shape)
-    for axis in sorted(node.axes, reverse=True):
-        text = f"sum({text}, axis={axis - rank})"
-    return text, ATOM
+    def _print_SplitHeads(self, node: t.SplitHeads) -> Printed:
+        return self.call("split_heads", self.text(node.x), self.dim(node.heads))
 
+    def _print_Concat(self, node: t.Concat) -> Printed:
+        return self.call("concat", *(self.text(p) for p in node.parts), f"axis={node.axis - len(node.shape)}")
 
-@_print.register
-def _(node: t.Slice, dims):
-    cut = f"{format_dim(node.start, dims)}:{format_dim(node.stop, dims)}"
-    return f"{_wrap(node.x, dims, POSTFIX)}[{', '.join([':'] * node.axis + [cut])}]", POSTFIX
+    def _print_Constant(self, node: t.Constant) -> Printed:
+        return self.call(node.kind, *(self.dim(a) for a in node.args))
 
+    def _print_SumTo(self, node: t.SumTo) -> Printed:
+        text = self.text(node.x)
+        rank = len(node.x.shape)
+        for axis in sorted(node.axes, reverse=True):
+            text = f"sum({text}, axis={axis - rank})"
+        return Printed(text, self.prec("call"))
 
-@_print.register
-def _(node: t.Scatter, dims):
-    return _print(gather_form(node), dims)
+    def _print_Slice(self, node: t.Slice) -> Printed:
+        cut = f"{self.dim(node.start)}:{self.dim(node.stop)}"
+        return Printed(f"{self.parenthesize(node.x, POSTFIX)}[{', '.join([':'] * node.axis + [cut])}]",
+                       self.prec("slice"))
 
+    def _print_Scatter(self, node: t.Scatter) -> Printed:
+        return self.doprint(gather_form(node))
 
-@_print.register
-def _(node: t.IndexDef, dims):
-    indices = ", ".join(i.name for i in node.indices)
-    return f"[{indices}] -> {to_spec(node.body, dims)}", COMPARE
+    def _print_IndexDef(self, node: t.IndexDef) -> Printed:
+        indices = ", ".join(i.name for i in node.indices)
+        return Printed(f"[{indices}] -> {self.text(node.body)}", self.prec("index_def"))
 
+    def _print_Entry(self, node: t.Entry) -> Printed:
+        name = f"grad({node.tensor})" if node.grad else node.tensor
+        return Printed(f"{name}[{', '.join(subscript_text(i, self.dims) for i in node.indices)}]", ATOM)
 
-@_print.register
-def _(node: t.Entry, dims):
-    name = f"grad({node.tensor})" if node.grad else node.tensor
-    return f"{name}[{', '.join(subscript_text(i, dims) for i in node.indices)}]", ATOM
+    def _print_IndexVar(self, node: t.IndexVar) -> Printed:
+        return Printed(node.name, self.prec("name"))
 
+    def _print_IndexSum(self, node: t.IndexSum) -> Printed:
+        return self.call("sum", self.summed(node), self.text(node.body))
 
-@_print.register
-def _(node: t.IndexVar, dims):
-    return node.name, ATOM
-
-
-@_print.register
-def _(node: t.IndexSum, dims):
-    return f"sum({_summed(node, dims)}, {to_spec(node.body, dims)})", ATOM
-
-
-def _summed(node: t.IndexSum, dims) -> str:
-    """`k`, or `c:h` when the body reads c only in computed subscripts (its range cannot be inferred)."""
-    name = node.index.name
-    entries = [n for n in t.walk(node.body) if isinstance(n, t.Entry)]
-    plain = any(name in n.indices for n in entries)
-    computed = any(isinstance(s, Affine) and name in s.indices for n in entries for s in n.indices)
-    return f"{name}:{format_dim(node.index.range, dims)}" if computed and not plain else name
+    def summed(self, node: t.IndexSum) -> str:
+        """`k`, or `c:h` when the body reads c only in computed subscripts (its range cannot be inferred)."""
+        name = node.index.name
+        entries = [n for n in t.walk(node.body) if isinstance(n, t.Entry)]
+        plain = any(name in n.indices for n in entries)
+        computed = any(isinstance(s, Affine) and name in s.indices for n in entries for s in n.indices)
+        return f"{name}:{self.dim(node.index.range)}" if computed and not plain else name

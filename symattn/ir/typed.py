@@ -12,12 +12,12 @@ so one printer (`symattn.ir.printing`) shows specs, derivations and claims.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 import sympy
 
-from .affine import Affine, names as subscript_names, renamed as renamed_subscript
+from .affine import Affine, names as subscript_names
 from .position import NOWHERE, Pos
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "MatMul",
     "Transpose",
     "Reduce",
+    "Scan",
     "Softmax",
     "Compare",
     "Where",
@@ -57,13 +58,12 @@ __all__ = [
     "walk",
     "tensors_read",
     "depends_on",
-    "scope_sum_indices",
     "entry_names",
 ]
 
 Shape = tuple  # tuple[sympy.Expr, ...]
 
-REDUCTIONS = ("sum", "mean", "logsumexp")
+REDUCTIONS = ("sum", "mean", "logsumexp", "max", "min")
 CONSTANTS = ("sinusoidal", "causal_mask", "eye", "ones")
 
 
@@ -82,7 +82,7 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class Tensor(Node):
-    """A named tensor: input, param or a defined intermediate."""
+    """A named tensor: input, param, buffer or a defined intermediate."""
 
     name: str
     shape: Shape
@@ -165,11 +165,33 @@ class Transpose(Node):
 
 @dataclass(frozen=True, slots=True)
 class Reduce(Node):
-    """`sum`, `mean` or `logsumexp` over `axis` (None: every axis), keeping it."""
+    """`sum`, `mean`, `logsumexp`, `max` or `min` over `axis` (None: every axis), keeping it.
+
+    The gradient of `max` and `min` is shared equally among tied entries (torch.amax's convention).
+    """
 
     kind: str
     x: Node
     axis: int | None
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
+class Scan(Node):
+    """`cumsum(x, axis)`: the inclusive prefix sum along `axis`, same shape as `x`.
+
+    `reverse` sums from the end instead (entry i holds the sum of entries i, i + 1, ...):
+    the adjoint of the forward scan, written `cumsum(x, axis=0, reverse=1)`.
+    """
+
+    x: Node
+    axis: int
+    reverse: bool
     shape: Shape
     pos: Pos = _pos()
 
@@ -417,52 +439,6 @@ def tensors_read(node: Node) -> list[str]:
     return found
 
 
-def scope_sum_indices(node: IndexDef) -> IndexDef:
-    """The same definition with one index name per binding, so a name means one axis.
-
-    Each `sum(k, ...)` scopes its own k: sibling sums may reuse a name over
-    different ranges (`sum(k, X[i, k] * W1[k, j]) + sum(k, Y[i, k] * W2[k, j])`).
-    Code that gives every index name one axis or one range (the reference
-    evaluator's grid, the vectorised lowering) runs on this form: a sum whose
-    name an index of the left side or an earlier sum already took is renamed
-    to a fresh `k_1`, `k_2`, ... (a name used nowhere in the definition) in its
-    own body. A definition without reuse comes back unchanged, equal and with
-    the same names.
-    """
-    taken = {i.name for i in node.indices}
-    used = taken | {n.index.name if isinstance(n, IndexSum) else n.name for n in walk(node.body)
-                    if isinstance(n, (IndexSum, IndexVar))}
-    used |= {i for n in walk(node.body) if isinstance(n, Entry) for i in entry_names(n)}
-
-    def fresh(name: str) -> str:
-        k = 1
-        while f"{name}_{k}" in used:
-            k += 1
-        used.add(f"{name}_{k}")
-        return f"{name}_{k}"
-
-    def scoped(n: Node, names: dict[str, str]) -> Node:
-        if isinstance(n, IndexSum):
-            name = n.index.name if n.index.name not in taken else fresh(n.index.name)
-            taken.add(name)
-            body = scoped(n.body, {**names, n.index.name: name})
-            return replace(n, index=Index(name, n.index.range), body=body)
-        if isinstance(n, IndexVar):
-            return replace(n, name=names.get(n.name, n.name))
-        if isinstance(n, Entry):
-            return replace(n, indices=tuple(renamed_subscript(i, names) for i in n.indices))
-        changes = {}
-        for f in fields(n):
-            value = getattr(n, f.name)
-            if isinstance(value, Node):
-                changes[f.name] = scoped(value, names)
-            elif isinstance(value, tuple) and value and all(isinstance(v, Node) for v in value):
-                changes[f.name] = tuple(scoped(v, names) for v in value)
-        return replace(n, **changes) if changes else n
-
-    return replace(node, body=scoped(node.body, {}))
-
-
 def depends_on(spec: "TypedSpec", nodes: Iterable[Node]) -> Iterator[Node]:
     """Every node the values of `nodes` are computed from: their own nodes and those of the
     definitions of the tensors they read, transitively, each definition once; a gradient reads
@@ -498,7 +474,12 @@ class DimInfo:
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of the spec. `kind` is input, param or intermediate."""
+    """A tensor of the spec. `kind` is input, param, buffer or intermediate.
+
+    Inputs, params and buffers are *given* (arguments of the forward pass); a
+    buffer (a mask, a position table, a KV cache) is never differentiated:
+    it has no gradient, and the backward pass takes it as a constant.
+    """
 
     name: str
     kind: str
@@ -511,10 +492,19 @@ class TensorInfo:
     def role(self) -> str:
         return "output" if self.is_output else self.kind
 
+    @property
+    def has_gradient(self) -> bool:
+        """Whether grad(T) is defined: for every tensor but a buffer."""
+        return self.kind != "buffer"
+
 
 @dataclass(frozen=True)
 class CheckInfo:
-    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'."""
+    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'.
+
+    A symmetry claim permutes the given tensors `sources` together along `dim`
+    (one tensor, or a parenthesised group: `equivariant(O, (X, keep))`).
+    """
 
     line: int
     text: str
@@ -524,7 +514,7 @@ class CheckInfo:
     lhs: Node | None = None
     rhs: Node | None = None
     output: str | None = None
-    input: str | None = None
+    sources: tuple[str, ...] = ()
     dim: str | None = None
 
 
@@ -548,8 +538,17 @@ class TypedSpec:
         return tuple(n for n, t in self.tensors.items() if t.kind == "param")
 
     @property
-    def leaves(self) -> tuple[str, ...]:
-        """Inputs and params, in declaration order: what the backward pass returns."""
+    def buffers(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.tensors.items() if t.kind == "buffer")
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        """Inputs, params and buffers, in declaration order: the arguments of the forward pass."""
+        return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param", "buffer"))
+
+    @property
+    def differentiable(self) -> tuple[str, ...]:
+        """Inputs and params, in declaration order: the gradients the backward pass returns."""
         return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param"))
 
     @property

@@ -45,15 +45,27 @@ means: at every point, with float64 semantics aside from rounding and
 overflow, both sides are equal, or the same non-finite value (see
 `symattn.symbolic.finiteness`).
 
-Incomplete by design: no algebra inside opaque functions (`exp(a + b)` is
-not `exp(a) * exp(b)`, `P = softmax(S)` is not expanded into `exp`), no
+Identities of opaque functions that hold for every size are rewrite rules
+(`symattn.prove.index_rules`: cos^2 = 1 - sin^2 on finite terms), applied to
+each side's expansion before like terms are collected, and to the arguments of
+opaque factors before they are keyed.
+
+When the forms do not agree, each round also asks whether the two sides are
+the same expression once the references unfolded so far are substituted: an
+expression equals itself at every point, NaN included (both sides NaN count
+as equal), which settles claims whose forms cannot be built because a
+possibly non-finite factor stops the expansion (`grad(Q) == <the derived
+formula, written out>` for cosine attention's division by a row norm).
+
+Incomplete by design: no other algebra inside opaque functions (`exp(a + b)` is
+not `exp(a) * exp(b)`, `sin(a + b)` is not expanded, `P = softmax(S)` is not expanded into `exp`), no
 cancellation of `x * (1 / x)`, no index arithmetic beyond the index-map
 rules, and an expansion larger than MAX_TERMS terms is given up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 import sympy
@@ -63,11 +75,13 @@ from ..ir.printing import to_spec
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import Finiteness
 from .index_forms import Converter
+from .index_rules import rewrite
 from .index_terms import ZERO_INDEX, Collected, TooBig, Unsupported, collect, display
 
 __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
 
 METHOD = "matrix level: canonical index forms agree for all sizes"
+SAME = "matrix level: the two sides are the same expression, for all sizes"
 MAX_ROUNDS = 16        # unfoldings tried after the direct comparison
 
 @dataclass(frozen=True)
@@ -119,8 +133,8 @@ def _forms(lhs, rhs, shape, spec, definitions, unfold, risk):
             cv.ranges[f"p{k}"] = sympy.sympify(d)
             names[f"p{k}"] = f"p{k}"
     try:
-        left = collect(cv.conv(lhs, _top_tokens(lhs.shape, shape), {}), names, cv.ranges)
-        right = collect(cv.conv(rhs, _top_tokens(rhs.shape, shape), {}), names, cv.ranges)
+        left = collect(rewrite(cv.conv(lhs, _top_tokens(lhs.shape, shape), {})), names, cv.ranges)
+        right = collect(rewrite(cv.conv(rhs, _top_tokens(rhs.shape, shape), {})), names, cv.ranges)
     except TooBig:
         raise
     except Unsupported:
@@ -204,6 +218,12 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
                 steps.append(("like terms collected: the forms agree term by term, dims symbolic",
                               display(left), display(right)))
                 return Proof(METHOD, tuple(steps))
+            same = [_substituted(side, definitions, unfolded) for side in (lhs, rhs)]
+            # A side that is a SumTo dropping leading axes is its sums, up to those axes of size 1.
+            same = [_as_sums(side) if isinstance(side, t.SumTo) else side for side in same]
+            if None not in same and same[0] == same[1]:
+                steps.append(("the two sides are the same expression", to_spec(same[0], dims), to_spec(same[1], dims)))
+                return Proof(SAME, tuple(steps))
             key = _next_unfold(seen, unfolded, definitions, order)
             if key is None:
                 return None
@@ -215,6 +235,48 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
     except (Unsupported, RecursionError):
         return None
     return None
+
+
+def _substituted(node: t.Node, definitions: Mapping[str, t.Node | None], unfolded: list[str]) -> t.Node | None:
+    """`node` with every reference in `unfolded` replaced by its definition (a gradient that is
+    zero has none to substitute: None), and each SumTo that keeps its rank written as sums."""
+    keys = set(unfolded)
+    memo: dict[int, t.Node | None] = {}
+
+    def sub(n: t.Node) -> t.Node | None:
+        if id(n) in memo:
+            return memo[id(n)]
+        key = f"grad({n.name})" if isinstance(n, t.Grad) else n.name if isinstance(n, t.Tensor) else None
+        if key is not None and key in keys:
+            definition = definitions[key]
+            out = None if definition is None else sub(definition)
+        else:
+            changes = {}
+            for f in fields(n):
+                value = getattr(n, f.name)
+                if isinstance(value, t.Node):
+                    changes[f.name] = sub(value)
+                elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
+                    changes[f.name] = tuple(sub(v) for v in value)
+            flat = [c for v in changes.values() for c in (v if isinstance(v, tuple) else (v,))]
+            out = None if None in flat else replace(n, **changes) if changes else n
+            if isinstance(out, t.SumTo) and len(out.shape) == len(out.x.shape):
+                out = _as_sums(out)
+        memo[id(n)] = out
+        return out
+
+    return sub(node)
+
+
+def _as_sums(node: t.SumTo) -> t.Node:
+    """The nested sums a SumTo prints as, `sum(sum(x, axis=-1), axis=-2)`: the same entries,
+    summed in another order (rounding is not modelled), each summed axis kept with size 1, so
+    equal to the SumTo when it keeps its rank, and up to leading axes of size 1 otherwise."""
+    out = node.x
+    for axis in sorted(node.axes, reverse=True):
+        shape = tuple(sympy.Integer(1) if k == axis else d for k, d in enumerate(out.shape))
+        out = t.Reduce("sum", out, axis, shape)
+    return out
 
 
 def index_form_text(node: t.Node, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None] | None = None,

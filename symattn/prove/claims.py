@@ -8,8 +8,11 @@ settled it:
 
 1. matrix level, dims symbolic: canonical index forms agree -> proved for all sizes;
 2. element level, at the spec's sizes: exact identity of every entry -> proved at
-   those sizes; only for sides whose values cannot be NaN or +-inf for finite
-   inputs (`Finiteness.deep`), since SymPy rewrites exp(log(x)) to x and x/x to 1;
+   those sizes. Sides whose values cannot be NaN or +-inf for finite inputs
+   (`Finiteness.deep`) are compared in the element model (SymPy rewrites
+   exp(log(x)) to x and x/x to 1, true only where x > 0 or x != 0); the others
+   region by region under float64 semantics (`symattn.symbolic.guarded`: where
+   every divisor and sqrt/log argument is nonzero, then where one is 0);
 3. concrete inputs (multiples of 1/2 in [-1, 1], zeros and negatives included) at
    which the two sides differ at 30 digits *and* in plain float64, re-evaluated by
    the float64 evaluator (independent of SymPy, with gradients from the matrix-level
@@ -38,7 +41,8 @@ from .. import progress
 from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
-from ..symbolic.element import ElementModel
+from ..symbolic.element import ElementModel, guard
+from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from ..symbolic.finiteness import ANY, Finiteness
@@ -199,7 +203,7 @@ class _Session:
             return ev
         derivation = self.derivation
         for name in reversed(list(spec.tensors)):
-            if name in spec.outputs:
+            if name in spec.outputs or not spec.tensors[name].has_gradient:
                 continue
             shape = spec.concrete_shape(spec.tensors[name].shape)
             if derivation is not None and name in derivation.gradients:
@@ -232,6 +236,7 @@ def _matrix_proof(session: _Session, lhs: t.Node, rhs: t.Node):
     element level still has time when the index forms grow large."""
     from .canonical import prove_equal
 
+    mine = None  # an outer budget may run out while this one is being set up
     try:
         with time_budget(session.matrix_seconds) as mine:
             return prove_equal(lhs, rhs, session.spec, session.definitions())
@@ -262,7 +267,7 @@ def _rational_point(session: _Session, rng: np.random.Generator, kind: str = "ra
             return np.array(sympy.Integer(0), dtype=object)
         return rng.choice(halves, size=shape)
 
-    values = {n: leaf(n) for n in spec.leaves}
+    values = {n: leaf(n) for n in spec.given}
     nonzero = np.array([sympy.Rational(k, 2) for k in (-2, -1, 1, 2)], dtype=object)
     upstream = {n: rng.choice(nonzero, size=spec.concrete_shape(spec.tensors[n].shape)) for n in spec.outputs}
     return values, upstream
@@ -403,8 +408,18 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                            "(not shown for all sizes)")
         why += f", no exact proof at {_sizes_text(spec)}"
     else:
-        why += (", and the element level does not compare values that may be NaN or infinite for finite "
-                "inputs (log, sqrt, division by a tensor, powers, or what reads them)")
+        try:
+            cases = _by_cases(session, check)
+        except SizeGuardError as err:
+            return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
+        if cases.proved:
+            contradiction = _float64_contradicts(session, check)
+            if contradiction is not None:  # a bug in the case analysis: never a proof
+                return Verdict(check.line, check.text, "unknown",
+                               f"the case analysis at {_sizes_text(spec)} is contradicted by float64: "
+                               f"{contradiction}; this is a bug in symattn, please report it")
+            return Verdict(check.line, check.text, "proved", _cases_method(spec, cases, _reads_grads(check)))
+        why += f", and the element level's case analysis at {_sizes_text(spec)} did not settle it ({cases.reason})"
     if search is None:
         return Verdict(check.line, check.text, "unknown",
                        f"{why}; the spec's sizes are too large to search for a counterexample, and the claim reads "
@@ -419,6 +434,41 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     return Verdict(check.line, check.text, "unknown",
                    f"{why}; the two sides agree {where} at {POINTS + 1} random rational points in float64 and "
                    f"to {DIGITS} digits (agreement at points is not a proof)")
+
+
+def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
+    """The element level for a claim whose values may be NaN or infinite: exact, region by region
+    (`symattn.symbolic.guarded`); raises SizeGuardError at sizes that would take minutes."""
+    spec = session.spec
+    guard(spec, session.force)
+    gradients: dict[str, t.Node | None] = {}
+    if _reads_grads(check):
+        if session.derivation is None:
+            return CaseProof(False, 0, f"the derivation failed: {session.derive_error}")
+        gradients = {n: g.expr for n, g in session.derivation.gradients.items() if n not in spec.outputs}
+    shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
+    try:
+        return compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
+    except SymAttnError as err:
+        return CaseProof(False, 0, f"the sides could not be evaluated: {err}")
+
+
+def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
+    """How a case-by-case proof was made, for the verdict."""
+    text = (f"element level: exact identity of every entry at {_sizes_text(spec)} under float64 semantics "
+            "(NaN and infinities included)")
+    if not cases.guarded:
+        text += ", no divisor or argument of sqrt, log or a power being 0 anywhere"
+    else:
+        text += ", where every divisor and every argument of sqrt, log and powers is nonzero"
+    if cases.zero_sets:
+        example = " = ".join(sorted(str(s) for s in min(cases.zero_sets, key=lambda z: sorted(map(str, z)))))
+        count = len(cases.zero_sets)
+        text += (f", and in the {count} region{'s' if count > 1 else ''} where one is 0 "
+                 f"(such as {example} = 0), re-evaluated there")
+    if grads:
+        text += "; gradients as the derived formulas compute them"
+    return text + " (not shown for all sizes)"
 
 
 def _negate(verdict: Verdict) -> Verdict:
@@ -486,13 +536,14 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
                 else:
                     matrix = session.symbolic(grad.expr)
                 truth = model.ground_truth(name)
-                ok, unfolded = model.identical(matrix, truth, unfold_grads=False)
+                rational = grad.expr is not None and finiteness.deep(grad.expr) == ANY
+                ok, unfolded = model.identical(matrix, truth, unfold_grads=False, as_rational_functions=rational)
         except OutOfTime as err:
             out.append(GradientCheck(name, False, f"not checked: {err}"))
             continue
         how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
         caveat = ""
-        if grad.expr is not None and finiteness.deep(grad.expr) == ANY:
+        if rational:
             caveat = " (as rational functions: where an entry is NaN or infinite the formulas are not compared)"
         out.append(GradientCheck(name, ok, f"exact identity of every entry at {_sizes_text(spec)}{how}{caveat}"
                                  if ok else f"not shown equal at {_sizes_text(spec)}"))

@@ -1,7 +1,11 @@
 """Permutation equivariance and invariance: a proof for every size, or a counterexample.
 
 Contract: `check_symmetry(spec, check)` answers `equivariant(O, X[, D])` and
-`invariant(O, Y[, D])` with a `verdicts.Verdict`:
+`invariant(O, Y[, D])` with a `verdicts.Verdict`; X may be a group of given
+tensors, `(X, keep)`, permuted together by the same Pi (which axes:
+`symmetry_evidence.permuted_axes`, shared by every level). Every given tensor
+the claim does not name stays fixed: `equivariant(O, X)` leaves a mask buffer
+where it is.
 
 - the general proof, at the matrix level with D symbolic: every tensor gets a
   transformation type under a permutation matrix Pi acting on D, the set of
@@ -30,10 +34,11 @@ import sympy
 
 from ..ir import typed as t
 from .verdicts import Verdict
+from ..ir.index_scope import scope_sum_indices
 from ..ir.printing import to_spec
 from ..ir.shapes import ONE, same_dim
 from ..ir.sizes import reads_sizes
-from .symmetry_evidence import element_witness, find_counterexample, search_sizes
+from .symmetry_evidence import element_witness, find_counterexample, permuted_axes, search_sizes
 
 __all__ = ["Lemma", "LEMMAS", "ProofStep", "prove_symmetry", "check_symmetry", "element_witness",
            "find_counterexample", "search_sizes"]
@@ -49,14 +54,19 @@ class Lemma:
 
 LEMMAS = {
     "leaf": Lemma("leaf", "the claim permutes X along D; every other input and param is unchanged"),
+    "group": Lemma("group", "the claim permutes every axis of size D of every tensor of its group by the same "
+                            "Pi (a mask M [D, D] becomes Pi M Pi^T); every other input, param and buffer is "
+                            "unchanged"),
     "matmul": Lemma("matmul", "(Pi A) @ B = Pi (A @ B),  A @ (B Pi^T) = (A @ B) Pi^T,  "
                               "(A Pi^T) @ (Pi B) = A @ B since Pi^T Pi = I"),
     "transpose": Lemma("transpose", "(Pi A Sigma^T)^T = Sigma A^T Pi^T"),
     "elementwise": Lemma("elementwise", "an elementwise function commutes with a permutation: "
                                          "f(Pi A, Pi B) = Pi f(A, B), broadcasting included"),
     "softmax": Lemma("softmax", "softmax(Pi S Sigma^T) = Pi softmax(S) Sigma^T along either axis"),
-    "reduce": Lemma("reduce", "a sum (mean, logsumexp) over a permuted axis is unchanged: "
+    "reduce": Lemma("reduce", "a sum (mean, logsumexp, max, min) over a permuted axis is unchanged: "
                               "sum(A Pi^T, axis=-1) = sum(A, axis=-1)"),
+    "scan": Lemma("scan", "cumsum along an axis that is not permuted commutes with permuting the others: "
+                          "cumsum(Pi A, axis=-1) = Pi cumsum(A, axis=-1)"),
     "heads": Lemma("heads", "merge_heads and split_heads move whole rows: they commute with permuting N"),
     "concat": Lemma("concat", "concat(Pi A, Pi B) = Pi concat(A, B) along an axis that is not permuted"),
     "slice": Lemma("slice", "a slice along an axis that is not permuted commutes with the permutation: "
@@ -92,6 +102,7 @@ class _Types:
         self.symbol = symbol
         self.types: dict[str, frozenset[Pattern]] = {}
         self.fixed_because: dict[str, str] = {}  # why a tensor with a D axis cannot move
+        self.sources: tuple[str, ...] = ()  # the given tensors the claim permutes
         self.dims = list(spec.dims)
 
     def can_permute(self, dim) -> bool:
@@ -239,6 +250,14 @@ def _(node: t.Reduce, ty):
 
 
 @_rule.register
+def _(node: t.Scan, ty):
+    patterns = frozenset(p for p in _rule(node.x, ty)[0] if not p[node.axis])
+    if not patterns:
+        raise _Broken(f"{ty.text(node)}: the scanned axis is permuted, and a prefix sum depends on the order")
+    return patterns, "scan"
+
+
+@_rule.register
 def _(node: t.SumTo, ty):
     patterns = _rule(node.x, ty)[0]
     lead = len(node.x.shape) - len(node.shape)
@@ -309,7 +328,7 @@ def _index_uses(node: t.Node):
 
 
 def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
-    node = t.scope_sum_indices(node)  # sibling sums may reuse a name for different axes
+    node = scope_sum_indices(node)  # sibling sums may reuse a name for different axes
     entries, values = _index_uses(node.body)
     tensors = sorted({e.tensor for e in entries})
     lhs = [i.name for i in node.indices]
@@ -378,6 +397,11 @@ def _fixed_reason(name: str, expr: t.Node, ty: _Types) -> str:
                     f"uses the values of its indices ({used}), i.e. positions")
     if isinstance(expr, t.Constant) and expr.kind in ("sinusoidal", "causal_mask"):
         return f"{name} = {to_spec(expr, ty.dims)} depends on the position itself, not on the permuted data"
+    held = [r for r in sorted(_reads(expr)) if r in ty.fixed_because and ty.spec.tensors[r].kind == "buffer"
+            and any(ty.can_permute(d) for d in ty.spec.tensors[r].shape)]
+    if held:
+        return (f"{name} is computed from {held[0]}, a buffer the claim does not permute; name it with the "
+                f"permuted tensors to move it too, as in ({', '.join([*ty.sources, held[0]])})")
     return f"{name} does not depend on the permuted input"
 
 
@@ -416,21 +440,35 @@ def _needed(spec: t.TypedSpec, output: str) -> set[str]:
     return needed
 
 
-def prove_symmetry(spec: t.TypedSpec, output: str, source: str, dim: str, invariant: bool) -> SymmetryProof:
-    """The matrix-level proof for every size of D, or where and why it stops."""
+def _sources(sources: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    return (sources,) if isinstance(sources, str) else tuple(sources)
+
+
+def _applied(output: str, sources: tuple[str, ...], permuted: bool) -> str:
+    """`O(Pi X)`, `O(X)`, `O(Pi X, Pi keep)`, `O(X, keep)`."""
+    return f"{output}({', '.join(('Pi ' if permuted else '') + s for s in sources)})"
+
+
+def prove_symmetry(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...], dim: str,
+                   invariant: bool) -> SymmetryProof:
+    """The matrix-level proof for every size of D, or where and why it stops. `sources` is one
+    given tensor or several, permuted together along the axes `permuted_axes` names."""
+    sources = _sources(sources)
     symbol = spec.dims[dim].symbol
     ty = _Types(spec, symbol)
+    ty.sources = sources
+    moved = permuted_axes(spec, sources, dim)
     steps: list[ProofStep] = []
-    needed = _needed(spec, output) | {source}
+    needed = _needed(spec, output) | set(sources)
     for name, info in spec.tensors.items():
         if name not in needed:  # a tensor the output does not read cannot break (or make) the proof
             continue
         if info.expr is None:
-            if name == source:
-                axis = next(k for k, d in enumerate(info.shape) if same_dim(d, symbol))
-                pattern = tuple(k == axis for k in range(len(info.shape)))
+            if name in sources:
+                pattern = tuple(k in moved[name] for k in range(len(info.shape)))
                 ty.types[name] = frozenset({pattern})
-                steps.append(ProofStep(name, "leaf", f"{name} -> {_describe(name, pattern, info.shape)}"))
+                steps.append(ProofStep(name, "leaf" if len(sources) == 1 else "group",
+                                       f"{name} -> {_describe(name, pattern, info.shape)}"))
             else:
                 ty.types[name] = frozenset({_none(info.shape)})
                 ty.fixed_because[name] = f"{name} is a {info.kind}, which the claim does not permute"
@@ -451,7 +489,8 @@ def prove_symmetry(spec: t.TypedSpec, output: str, source: str, dim: str, invari
     info = spec.tensors[output]
     goal = tuple(False for _ in info.shape) if invariant else tuple(ty.can_permute(d) for d in info.shape)
     if goal in ty.types[output]:
-        arrow = f"{output}(Pi {source}) = {_describe(f'{output}({source})', goal, info.shape)}"
+        unmoved = _describe(_applied(output, sources, False), goal, info.shape)
+        arrow = f"{_applied(output, sources, True)} = {unmoved}"
         steps.append(ProofStep(output, "conclusion", arrow))
         return SymmetryProof(True, steps)
     got = sorted(ty.types[output])[0]
@@ -463,11 +502,11 @@ def prove_symmetry(spec: t.TypedSpec, output: str, source: str, dim: str, invari
 def check_symmetry(spec: t.TypedSpec, check: t.CheckInfo, force: bool = False) -> Verdict:
     """The verdict for `equivariant(O, X[, D])` or `invariant(O, Y[, D])` (not negated)."""
     invariant = check.kind == "invariant"
-    output, source, dim = check.output, check.input, check.dim
-    proof = prove_symmetry(spec, output, source, dim, invariant)
+    output, sources, dim = check.output, check.sources, check.dim
+    proof = prove_symmetry(spec, output, sources, dim, invariant)
     steps = tuple((s.lemma, s.tensor, s.statement) for s in proof.steps)
     if proof.holds:
-        witness, how = element_witness(spec, output, source, dim, invariant, force)
+        witness, how = element_witness(spec, output, sources, dim, invariant, force)
         if witness is False:  # the two levels disagree: a bug, never a proof
             return Verdict(check.line, check.text, "unknown",
                            f"the matrix-level permutation rules hold but the element level says {how}; this is a "
@@ -476,7 +515,7 @@ def check_symmetry(spec: t.TypedSpec, check: t.CheckInfo, force: bool = False) -
         return Verdict(check.line, check.text, "proved",
                        f"for every {dim}: matrix-level permutation rules ({len(proof.steps)} steps){extra}",
                        steps=steps)
-    counter = find_counterexample(spec, output, source, dim, invariant)
+    counter = find_counterexample(spec, output, sources, dim, invariant)
     choice = search_sizes(spec, dim)
     where = choice.where()  # "at N=4, d=3", or "at N=59 instead of N=1000000000 (size guard)"
     if counter is not None:

@@ -4,7 +4,8 @@ Contract: `Converter(spec, definitions, unfold, finiteness).conv(node, idx, env)
 returns the index form (see `symattn.prove.index_terms`) of a node at index
 tokens `idx`. `@` contracts an index, `.T` swaps two, reductions contract axes,
 `+ - *` distribute, a constant divisor goes into the coefficient, broadcasting
-drops an index, `ones` is 1, `eye` a Kronecker delta, `merge_heads`,
+drops an index, `ones` is 1, `eye` a Kronecker delta, `cumsum` a sum against
+the lower-triangular 0/1 factor `$tril`, `merge_heads`,
 `split_heads`, `concat` and slices are index maps, and everything nonlinear is an
 opaque factor keyed by the canonical forms of its arguments. A form that cannot
 be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
@@ -21,6 +22,7 @@ import sympy
 from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
+from .index_rules import rewrite
 from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Embed, Eye, IndexValue, Infinity, Mix,
                           Reference, SoftmaxApplication, Term, TooBig, Unsupported, form_key)
 
@@ -252,8 +254,8 @@ class Converter:
         x = node.x
         axes = list(range(len(x.shape))) if node.axis is None else [node.axis]
         inner, fresh = self._reduced(x.shape, axes, idx)
-        if node.kind == "logsumexp":
-            return self._opaque(f"$logsumexp{axes}", node, [(x, inner)], idx, env, local=fresh)
+        if node.kind in ("logsumexp", "max", "min"):
+            return self._opaque(f"${node.kind}{axes}", node, [(x, inner)], idx, env, local=fresh)
         form = self.conv(x, inner, env)
         sums = tuple((tok, self.ranges[tok]) for tok in fresh)
         form = [term.summed(sums) for term in form]
@@ -262,6 +264,21 @@ class Converter:
         elif node.kind != "sum":
             raise Unsupported(f"reduction {node.kind}")
         return form
+
+    def _Scan(self, node, idx, env):
+        """cumsum(X)[.., i, ..] = sum over k of tril[i, k] X[.., k, ..] (tril: 1 where k <= i, else 0,
+        a selection, so -inf entries of X stay as they are); reversed, tril[k, i]."""
+        x, axis = node.x, node.axis
+        size = x.shape[axis]
+        if size == 1:
+            return self.conv(x, idx, env)
+        k = self.fresh(size)
+        inner = list(idx)
+        inner[axis] = k
+        pair = (k, idx[axis]) if node.reverse else (idx[axis], k)
+        tril = Term(ONE, (Constant("tril", (size,), pair, FINITE),))
+        form = _mul_forms([tril], self.conv(x, tuple(inner), env))
+        return [term.summed(((k, self.ranges[k]),)) for term in form]
 
     def _SumTo(self, node, idx, env):
         x = node.x
@@ -389,7 +406,7 @@ class Converter:
                     raise Unsupported("a possibly non-finite argument inside index notation")
                 forms.append(arg)
             else:
-                forms.append(self.conv(arg, arg_idx, env))
+                forms.append(rewrite(self.conv(arg, arg_idx, env)))  # keyed modulo the identities
         extras: list[str] = []
         for form in forms:
             if not isinstance(form, t.Node):

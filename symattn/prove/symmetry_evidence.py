@@ -1,13 +1,18 @@
 """Concrete evidence for permutation claims: the element-level witness and the counterexample search.
 
-Contract: `element_witness(spec, output, source, dim, invariant)` checks, at the
+Contract: `element_witness(spec, output, sources, dim, invariant)` checks, at the
 spec's sizes, the exact identity O(Pi X) = Pi O(X) (or = O(X)) for a
 transposition and an n-cycle, which generate every permutation: True, False
 (the levels disagree: a bug), or None with the reason it was not settled.
 `find_counterexample(...)` looks for a permutation and inputs (multiples of 1/2)
 at which float64 shows the two sides differ; it runs at `search_sizes` (the
 spec's, or smaller ones the size guard picks, but never for an output that
-reads sizes as values). `symattn.prove.equivariance` calls both.
+reads sizes as values). `symattn.prove.equivariance` calls both. `sources` is
+one given tensor or a group of them, and `permuted_axes` says which axes the
+permutation Pi moves (both levels use it): a tensor named alone, along its
+first axis of size D; every tensor of a group, along every axis of size D (a
+mask M [N, N] becomes Pi M Pi^T). Every other given tensor (a buffer the claim
+does not name included) keeps its values.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ..symbolic.element import guard, same_entry, settled, shared_xreplace, symb
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .verdicts import Counterexample
 
-__all__ = ["element_witness", "find_counterexample", "search_sizes"]
+__all__ = ["element_witness", "find_counterexample", "search_sizes", "permuted_axes"]
 
 
 def _permuted(array: np.ndarray, perm: list[int], axes: list[int]) -> np.ndarray:
@@ -39,11 +44,17 @@ def _axes_of(shape, symbol) -> list[int]:
     return [k for k, d in enumerate(shape) if same_dim(d, symbol)]
 
 
-def _source_axis(spec: t.TypedSpec, source: str, symbol) -> int:
-    return _axes_of(spec.tensors[source].shape, symbol)[0]
+def permuted_axes(spec: t.TypedSpec, sources: str | tuple[str, ...], dim: str) -> dict[str, tuple[int, ...]]:
+    """Each tensor a claim permutes and the axes Pi moves: a tensor named alone, its first axis of size
+    `dim` (`equivariant(O, X)` permutes the rows of X); each tensor of a group, every axis of size `dim`
+    (`equivariant(O, (X, M))` moves a mask M [N, N] as Pi M Pi^T: the positions it indexes move)."""
+    sources = (sources,) if isinstance(sources, str) else tuple(sources)
+    symbol = spec.dims[dim].symbol
+    axes = {name: tuple(_axes_of(spec.tensors[name].shape, symbol)) for name in sources}
+    return axes if len(sources) > 1 else {name: found[:1] for name, found in axes.items()}
 
 
-def element_witness(spec: t.TypedSpec, output: str, source: str, dim: str, invariant: bool,
+def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...], dim: str, invariant: bool,
                     force: bool = False) -> tuple[bool | None, str]:
     """Exact identity for a transposition and an n-cycle at the spec's sizes (None: not attempted)."""
     n = spec.sizes[dim]
@@ -53,9 +64,9 @@ def element_witness(spec: t.TypedSpec, output: str, source: str, dim: str, invar
         guard(spec, force)
     except SizeGuardError as err:
         return None, str(err)
-    # Only the leaves' symbols are needed (not an ElementModel's slots and local formulas).
+    # Only the given tensors' symbols are needed (not an ElementModel's slots and local formulas).
     leaf = {}
-    for name in spec.leaves:
+    for name in spec.given:
         shape = spec.concrete_shape(spec.tensors[name].shape)
         leaf[name] = np.empty(shape, dtype=object)
         for index in np.ndindex(*shape) if shape else [()]:
@@ -65,12 +76,15 @@ def element_witness(spec: t.TypedSpec, output: str, source: str, dim: str, invar
     ev.run(leaf)
     base = np.asarray(ev.values[output], dtype=object)
     out_axes = [] if invariant else _axes_of(spec.tensors[output].shape, symbol)
-    axis = _source_axis(spec, source, symbol)
+    axes = permuted_axes(spec, sources, dim)
     generators = {"the transposition (1 2)": [1, 0] + list(range(2, n)),
                   f"the cycle (1 2 ... {n})": list(range(1, n)) + [0]}
     for label, perm in generators.items():
-        moved = _permuted(leaf[source], perm, [axis])
-        replace = shared_xreplace({old: new for old, new in zip(leaf[source].flat, moved.flat)})
+        mapping = {}
+        for name, moved_axes in axes.items():
+            moved = _permuted(leaf[name], perm, list(moved_axes))
+            mapping.update({old: new for old, new in zip(leaf[name].flat, moved.flat)})
+        replace = shared_xreplace(mapping)
         left = np.vectorize(lambda e: replace(sympy.sympify(e)), otypes=[object])(base)
         right = _permuted(base, perm, out_axes)
         for a, b in zip(left.flat, right.flat):
@@ -105,7 +119,7 @@ def _permutation_text(perm: list[int], dim: str) -> str:
     return f"the cycle (1 2 ... {len(perm)}) of the {dim} positions"
 
 
-def find_counterexample(spec: t.TypedSpec, output: str, source: str, dim: str,
+def find_counterexample(spec: t.TypedSpec, output: str, sources: str | tuple[str, ...], dim: str,
                         invariant: bool) -> Counterexample | None:
     """A permutation and exact small inputs at which the claim visibly fails (float64 evaluation).
 
@@ -123,15 +137,16 @@ def find_counterexample(spec: t.TypedSpec, output: str, source: str, dim: str,
     symbol = spec.dims[dim].symbol
     rng = np.random.default_rng(20261129)
     out_axes = [] if invariant else _axes_of(spec.tensors[output].shape, symbol)
-    axis = _source_axis(spec, source, symbol)
+    axes = permuted_axes(spec, sources, dim)
     perms = [[1, 0] + list(range(2, n)), list(range(1, n)) + [0]]
     for attempt in range(6):
         leaves = {name: rng.integers(-2, 3, size=spec.concrete_shape(spec.tensors[name].shape)) / 2.0
-                  for name in spec.leaves}
+                  for name in spec.given}
         perm = perms[attempt % 2]
         base = Evaluator(spec, NUMERIC).run(leaves)[output]
         moved = dict(leaves)
-        moved[source] = _permuted(leaves[source], perm, [axis])
+        for name, moved_axes in axes.items():
+            moved[name] = _permuted(leaves[name], perm, list(moved_axes))
         left = Evaluator(spec, NUMERIC).run(moved)[output]
         right = _permuted(base, perm, out_axes)
         gap = np.abs(np.asarray(left) - np.asarray(right))
@@ -139,15 +154,20 @@ def find_counterexample(spec: t.TypedSpec, output: str, source: str, dim: str,
         scale = max(1.0, float(np.nanmax(np.abs(right))) if np.size(right) else 1.0)
         if gap.size and gap.max() > 1e-6 * scale:
             index = np.unravel_index(int(np.argmax(gap)), gap.shape)
-            side = f"{output}(Pi {source})"
-            other = f"{output}({source})" if invariant else f"Pi {output}({source})"
+            side = f"{output}({', '.join('Pi ' + name for name in axes)})"
+            plain = f"{output}({', '.join(axes)})"
+            other = plain if invariant else f"Pi {plain}"
+            where = " and ".join(f"ax{'es' if len(a) > 1 else 'is'} {', '.join(map(str, a))} of {name}"
+                                 for name, a in axes.items())
+            extra = {"permutation": perm, "axis": next(iter(axes.values()))[0]}
+            if len(axes) > 1:
+                extra["axes"] = {name: list(a) for name, a in axes.items()}
             return Counterexample(
                 sizes=dict(spec.sizes),
                 inputs={k: np.asarray(v).tolist() for k, v in leaves.items()},
                 lhs=np.asarray(left).tolist(), rhs=np.asarray(right).tolist(),
-                note=(f"permutation Pi = {_permutation_text(perm, dim)} on axis "
-                      f"{axis} of {source}; {side} and {other} differ by {gap.max():.3g} at entry "
-                      f"{list(map(int, index))} (float64 rounding is ~1e-15)"),
-                extra={"permutation": perm, "axis": axis},
+                note=(f"permutation Pi = {_permutation_text(perm, dim)} on {where}; {side} and {other} "
+                      f"differ by {gap.max():.3g} at entry {list(map(int, index))} (float64 rounding is ~1e-15)"),
+                extra=extra,
             )
     return None

@@ -44,7 +44,7 @@ def _own_flops(node: t.Node) -> sympy.Expr:
         return 5 * _numel(node.shape)
     if isinstance(node, t.Reduce):
         return (4 if node.kind == "logsumexp" else 1) * _numel(node.x.shape)
-    if isinstance(node, t.SumTo):
+    if isinstance(node, (t.SumTo, t.Scan)):
         return _numel(node.x.shape)
     if isinstance(node, t.IndexDef):
         return _numel(node.shape) * _body_flops(node.body)

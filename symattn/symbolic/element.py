@@ -2,12 +2,12 @@
 
 Contract: `ElementModel(spec)` holds, at the spec's sizes,
 
-- `leaf[X]`: a real symbol per entry of every input and param (`X_{1,2}`,
+- `leaf[X]`: a real symbol per entry of every input, param and buffer (`X_{1,2}`,
   `W^{q}_{2,1}`, 1-based as people write them);
 - `slot[T]`: a symbol per entry of every defined tensor, and `local[T]`: its
   entries written in the slots of the tensors its definition reads (softmax
   with exp, masks with -oo giving exactly 0 weight);
-- `upstream[T]`: a symbol per entry of grad(T) (`\\bar{O}_{1,1}`);
+- `upstream[T]`: a symbol per entry of grad(T) (`\\bar{O}_{1,1}`), for every tensor but a buffer;
 - `ground_truth(T)`: dL/dT entry by entry, by the chain rule node by node:
   grad(T)[t] = sum over consumers C, entries c of grad(C)[c] * d local[C][c] / d slot[T][t],
   each derivative taken by `sympy.diff` on the small local formula.
@@ -21,8 +21,8 @@ It never claims a difference;
 `evaluate_at` supplies concrete values for counterexamples.
 
 What "equal" means (the same everywhere in symattn, see `symattn.symbolic.finiteness`):
-equal at every point of the domain (finite real values of every input, param
-and upstream gradient) under IEEE float64 semantics, NaN and infinities
+equal at every point of the domain (finite real values of every input, param,
+buffer and upstream gradient) under IEEE float64 semantics, NaN and infinities
 included, two entries being the same non-finite value counting as equal;
 rounding and overflow are not modelled. The element level honours it so:
 
@@ -37,7 +37,8 @@ rounding and overflow are not modelled. The element level honours it so:
 - values that may be NaN or +-inf for finite inputs (`log`, `sqrt`, division
   by a tensor, and what reads them) are never compared here at all: SymPy
   already rewrote exp(log(x)) to x and x/x to 1 when it built them. The
-  caller (`symattn.prove.claims`) asks `Finiteness.deep` first.
+  caller (`symattn.prove.claims`) asks `Finiteness.deep` first and compares
+  such values region by region instead (`symattn.symbolic.guarded`).
 
 An output that other tensors read has two gradients: `upstream[O]` is its
 upstream gradient grad(O) (what a claim's `grad(O)` means), and the chain
@@ -60,6 +61,7 @@ from ..errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
 from .exact import entry_diff, mp_value, same_entry, settled, shared_xreplace, zero_test
+from .relations import radicals_as_roots
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
            "ELEMENT_BUDGET"]
@@ -125,10 +127,11 @@ class ElementModel:
         guard(spec, force)
         self.spec = spec
         self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
-        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.leaves}
+        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.given}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
-        self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()}
+        self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()
+                         if i.has_gradient}
         # Tensors that may be -inf or NaN never stand as finite slot symbols in a comparison.
         finiteness = Finiteness(spec, {n: i.expr for n, i in spec.tensors.items() if i.expr is not None})
         self.risky = tuple(n for n in self.slot if finiteness.tensor(n) != FINITE)
@@ -219,7 +222,7 @@ class ElementModel:
     def _grad_unfolding(self) -> list[tuple[dict, str]]:
         """Substitutions grad(T) -> ground truth, earliest tensor first (outputs stay symbols)."""
         out = []
-        for name in self.spec.tensors:
+        for name in self.upstream:
             if name in self.spec.outputs:
                 continue
             truth = self.ground_truth(name)
@@ -239,13 +242,17 @@ class ElementModel:
             return entry.xreplace(self.exact_values)
         return entry
 
-    def identical(self, a: np.ndarray, b: np.ndarray, unfold_grads: bool = True) -> tuple[bool, list[str]]:
+    def identical(self, a: np.ndarray, b: np.ndarray, unfold_grads: bool = True,
+                  as_rational_functions: bool = False) -> tuple[bool, list[str]]:
         """(True, unfolded) if a == b entry by entry, exactly, under float64 semantics
-        (see the module docstring); (False, ...) if not shown."""
+        (see the module docstring); (False, ...) if not shown. With `as_rational_functions`, a
+        weaker comparison that the caller must state: radicals are positive roots
+        (`relations.radicals_as_roots`), so points where a value is NaN or infinite are not compared."""
         a, b = np.broadcast_arrays(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
         unfolded: list[str] = []
         stages = (self._grad_unfolding() if unfold_grads else []) + self._forward_unfolding()
-        pending = [(self._exact(x), self._exact(y)) for x, y in zip(a.flat, b.flat)]
+        exact = (lambda x: radicals_as_roots(self._exact(x))) if as_rational_functions else self._exact
+        pending = [(exact(x), exact(y)) for x, y in zip(a.flat, b.flat)]
         pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         for mapping, label in stages:
             if not pending:
@@ -256,7 +263,7 @@ class ElementModel:
             self._tick(f"unfolding {label}")
             unfolded.append(label)
             replace = shared_xreplace(mapping)
-            pending = [(self._exact(replace(x)), self._exact(replace(y))) for x, y in pending]
+            pending = [(exact(replace(x)), exact(replace(y))) for x, y in pending]
             pending = [(x, y) for x, y in pending if not same_entry(x, y)]
         return (not pending), unfolded
 
@@ -282,7 +289,7 @@ class ElementModel:
                 memo: dict = {}
                 for sym, entry in zip(self.slot[name].flat, entries.flat):
                     subs[sym] = mp_value(sympy.sympify(entry), subs, memo)
-            for name in reversed(list(self.spec.tensors)):
+            for name in reversed(list(self.upstream)):
                 if name in self.spec.outputs:
                     continue
                 memo = {}

@@ -11,7 +11,7 @@ of the spec op by op, written for obviousness rather than speed, and
   generated code; stable softmax, a fully masked row gives zeros).
 
 Index notation is evaluated on a grid with one axis per index; every
-`sum(k, ...)` gets an axis of its own (`typed.scope_sum_indices`), so sibling
+`sum(k, ...)` gets an axis of its own (`index_scope.scope_sum_indices`), so sibling
 sums may reuse a name over different ranges.
 
 Extra leading batch axes on the leaves broadcast through every operation.
@@ -29,10 +29,11 @@ import sympy
 from ..ir import typed as t
 from ..ir.affine import value as subscript_value
 from ..ir.functions import FUNCTIONS, table
+from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
 
-__all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves"]
+__all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves", "reduce_lines"]
 
 
 def sinusoidal_value(i: int, column: int, width: int, exact: bool):
@@ -43,6 +44,19 @@ def sinusoidal_value(i: int, column: int, width: int, exact: bool):
         return sympy.sin(angle) if column % 2 == 0 else sympy.cos(angle)
     angle = i / 10000.0 ** (2 * c / width)
     return math.sin(angle) if column % 2 == 0 else math.cos(angle)
+
+
+def reduce_lines(x, axis, line) -> np.ndarray:
+    """`line(entries)` of every line of the object array `x` along `axis` (an int or a tuple of
+    them), keeping the reduced axes with size 1: max and min of exact or guarded entries."""
+    x = np.asarray(x, dtype=object)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    moved = np.moveaxis(x, axes, tuple(range(-len(axes), 0)))
+    flat = moved.reshape(*moved.shape[:moved.ndim - len(axes)], -1)
+    out = np.empty(flat.shape[:-1], dtype=object)
+    for index in np.ndindex(*out.shape):
+        out[index] = line(list(flat[index]))
+    return np.expand_dims(out, tuple(a % x.ndim for a in axes))
 
 
 class _Backend:
@@ -91,6 +105,11 @@ class _Numeric(_Backend):
         top = np.where(np.isfinite(top), top, 0.0)
         with np.errstate(divide="ignore"):
             return np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+
+    def extreme(self, kind: str, x, axis):
+        """max or min along `axis`, keeping it; NaN anywhere in a row gives NaN, as np.max says."""
+        x = np.asarray(x, dtype=np.float64)
+        return (np.max if kind == "max" else np.min)(x, axis=axis, keepdims=True)
 
     def array(self, values):
         return np.asarray(values, dtype=np.float64)
@@ -175,6 +194,16 @@ class _Symbolic(_Backend):
     def logsumexp(self, x, axis):
         return self.unary("log", np.sum(self.unary("exp", x), axis=axis, keepdims=True))
 
+    def extreme(self, kind: str, x, axis):
+        """sympy.Max or sympy.Min of each line along `axis`, keeping it; a NaN entry makes the line NaN."""
+        fn = sympy.Max if kind == "max" else sympy.Min
+
+        def line(values):
+            values = [sympy.sympify(v) for v in values]
+            return sympy.nan if any(v is sympy.nan for v in values) else fn(*values)
+
+        return reduce_lines(x, axis, line)
+
     def array(self, values):
         return np.asarray(values, dtype=object)
 
@@ -222,21 +251,21 @@ class Evaluator:
         return _whole(dim, self.subs, self.sizes, list(self.spec.dims))
 
     def run(self, leaves: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray] | None = None):
-        """Every tensor's value, given the inputs and params (and optional grad(T) arrays).
+        """Every tensor's value, given the inputs, params and buffers (and optional grad(T) arrays).
 
-        A leaf must have its declared shape at these sizes (after any leading batch
+        A given tensor must have its declared shape at these sizes (after any leading batch
         axes), and each dim of it must be whole (`(N + 1) / 2` refuses an even N),
         as generated code refuses them too: otherwise a UsageError.
         """
         order = tuple(self.spec.dims)
-        for name in self.spec.leaves:
+        for name in self.spec.given:
             declared = tuple(self.spec.tensors[name].shape)
             expected = _shape_at(declared, tuple(self.sizes.items()), order)
             given = np.shape(leaves[name])
             if len(given) < len(declared) or given[len(given) - len(declared):] != expected:
                 raise UsageError(f"{name}: expected shape {format_shape(declared, list(order))} = "
                                  f"{list(expected)} at these sizes, got {list(given)}")
-        self.values = {name: leaves[name] for name in self.spec.leaves}
+        self.values = {name: leaves[name] for name in self.spec.given}
         self.grads = dict(grads or {})
         for name, info in self.spec.tensors.items():
             if info.expr is not None:
@@ -304,6 +333,8 @@ class Evaluator:
         axis = tuple(range(-rank, 0)) if node.axis is None else node.axis - rank
         if node.kind == "logsumexp":
             return self.backend.logsumexp(x, axis)
+        if node.kind in ("max", "min"):
+            return self.backend.extreme(node.kind, x, axis)
         with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf is NaN, as float64 says
             total = np.sum(x, axis=axis, keepdims=True)
         if node.kind == "mean":
@@ -312,6 +343,14 @@ class Evaluator:
                 count *= self.size(node.x.shape[k])
             return total / (sympy.Integer(count) if self.backend.exact else count)
         return total
+
+    @_eval.register
+    def _(self, node: t.Scan):
+        x = np.asarray(self._eval(node.x))
+        axis = self._neg(node.axis, node.x)
+        if node.reverse:
+            return np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis)
+        return np.cumsum(x, axis=axis)  # object arrays add their SymPy entries exactly
 
     @_eval.register
     def _(self, node: t.Softmax):
@@ -412,7 +451,7 @@ class Evaluator:
 
     @_eval.register
     def _(self, node: t.IndexDef):
-        node = t.scope_sum_indices(node)  # one grid axis per index name, so one name per sum
+        node = scope_sum_indices(node)  # one grid axis per index name, so one name per sum
         names = [i.name for i in node.indices]
         ranges = {i.name: self.size(i.range) for i in node.indices}
         for n in _sum_indices(node.body):
@@ -489,8 +528,8 @@ class _Grid:
 
 def random_leaves(spec: t.TypedSpec, rng: np.random.Generator, batch: tuple[int, ...] = (),
                   sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Standard-normal float64 arrays for every input and param."""
+    """Standard-normal float64 arrays for every input, param and buffer."""
     ev = Evaluator(spec, NUMERIC, sizes)
     return {name: rng.standard_normal(batch + tuple(ev.size(d) for d in spec.tensors[name].shape))
-            for name in spec.leaves}
+            for name in spec.given}
 

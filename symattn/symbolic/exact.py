@@ -2,9 +2,12 @@
 
 Contract: `zero_test(expr)` is True only if `expr` is identically zero as a
 rational function of its symbols and function atoms (exp split into positive
-atoms, tanh written through exp, where/relu/abs settled by cases; cheapest
-first: a 40-digit random point that shows it nonzero, the sparse-polynomial
-test of `symattn.symbolic.polyzero`, expansion, the common denominator).
+atoms, tanh written through exp, sin and cos expanded by angle addition into
+atoms s, c with s^2 + c^2 = 1, positive roots r with r^k = radicand made by
+`symattn.symbolic.relations.root_atom`, where/relu/abs settled by cases;
+cheapest first: a 40-digit random point that satisfies the relations and shows
+it nonzero, the sparse-polynomial test of `symattn.symbolic.polyzero`,
+expansion, the common denominator, its numerator reduced by the relations).
 `settled(entry)` says whether an entry is a number or free of infinities and
 NaN; `same_entry(a, b)` is exact equality under float64 semantics (the same
 non-finite value, or settled and identically equal), False meaning "not
@@ -29,6 +32,7 @@ from sympy.functions.elementary.piecewise import ExprCondPair
 from ..budget import checkpoint
 from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
+from .relations import angle_atoms, atom_values, reduces_to_zero, relations
 
 __all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "mp_value"]
 
@@ -46,8 +50,11 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
 
     exp is split first, exp(2*s + t/2) = E_s^2 * E_t^(1/2) with E_s = exp(s) > 0, so that
     the exp(2*s) sympy.diff writes meets the exp(s)^2 of the other side as one atom; tanh
-    is written through exp first (its argument is finite here), so it meets sigmoid. The
-    same application is the same symbol in every call (see _ATOMS).
+    is written through exp first (its argument is finite here), so it meets sigmoid. sin and
+    cos of a sum of a few terms are expanded by angle addition (and n * x by repeated
+    addition) into the atoms s, c of each base angle, bound by s^2 + c^2 = 1
+    (`symattn.symbolic.relations`). The same application is the same symbol in every call
+    (see _ATOMS).
     """
     if len(_ATOMIZED) > _ATOM_CACHE:
         _ATOMS.clear()
@@ -72,6 +79,9 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
         if isinstance(node, sympy.tanh):  # tanh(u) = (E^2 - 1) / (E^2 + 1), E = exp(u) > 0: meets sigmoid
             e2 = sympy.exp(2 * node.args[0])
             return walk((e2 - 1) / (e2 + 1))
+        if isinstance(node, (sympy.sin, sympy.cos)):
+            sine, cosine = _angle_sum(walk(node.args[0]))
+            return sine if isinstance(node, sympy.sin) else cosine
         if isinstance(node, sympy.exp):
             result = sympy.Integer(1)
             for term in sympy.Add.make_args(sympy.expand(walk(node.args[0]))):
@@ -90,6 +100,41 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
         return rebuilt
 
     return walk(expr)
+
+
+# sin(a + b) is expanded by angle addition only for angles of a few terms (sin of a matrix product's
+# entry would expand into 2^d terms), and n * x by repeated addition, at most _MAX_MULTIPLE base
+# angles in all; a larger angle is one base angle of its own.
+_MAX_ANGLE_TERMS = 4
+_MAX_MULTIPLE = 6
+
+
+def _base_angles(angle: sympy.Expr) -> list[tuple[sympy.Expr, int]]:
+    """angle = sum of count * base, or the angle itself as one base when that would be too long."""
+    out = []
+    for term in sympy.Add.make_args(sympy.expand(angle)):
+        if term == 0:
+            continue
+        coeff, rest = term.as_coeff_Mul()
+        if term.is_number or not coeff.is_Integer:
+            out.append((term, 1))
+        else:
+            out.append((rest, int(coeff)))
+    if len(out) > _MAX_ANGLE_TERMS or sum(abs(count) for _, count in out) > _MAX_MULTIPLE:
+        return [(angle, 1)]
+    return out
+
+
+def _angle_sum(angle: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """(sin(angle), cos(angle)) as polynomials in the atoms of its base angles."""
+    sine, cosine = sympy.Integer(0), sympy.Integer(1)
+    for base, count in _base_angles(angle):
+        s, c = angle_atoms(base)
+        if count < 0:  # sin(-x) = -sin(x), cos(-x) = cos(x)
+            s, count = -s, -count
+        for _ in range(count):  # cos + i sin of a sum is the product of cos + i sin of its terms
+            sine, cosine = sine * c + cosine * s, cosine * c - sine * s
+    return sympy.expand(sine), sympy.expand(cosine)
 
 
 def _mp_pow(base, exponent):
@@ -176,14 +221,25 @@ def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
 
 
 def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
-    """True if `expr` is clearly nonzero at a random point (so it is not identically zero)."""
+    """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
+
+    The point satisfies the atoms' relations (sin^2 + cos^2 = 1, r^k = radicand), so an
+    expression that is zero only through them is not mistaken for a nonzero one."""
+    def draw(sym):
+        if sym.is_positive:
+            return mpmath.mpf(int(rng.integers(50, 150))) / 100
+        return mpmath.mpf(int(rng.integers(-100, 100))) / 97
+
+    def value(node, point):
+        try:
+            return mp_value(node, point, {})
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+            return None
+
     with mpmath.workdps(40):
-        subs = {}
-        for sym in expr.free_symbols:
-            if sym.is_positive:
-                subs[sym] = mpmath.mpf(int(rng.integers(50, 150))) / 100
-            else:
-                subs[sym] = mpmath.mpf(int(rng.integers(-100, 100))) / 97
+        subs = atom_values(expr.free_symbols, draw, _atomize, value)
+        if subs is None:
+            return False
         memo: dict = {}
         try:
             total = mp_value(expr, subs, memo)
@@ -194,8 +250,10 @@ def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
         terms = [memo.get(term) for term in sympy.Add.make_args(expr)]
         if any(v is None for v in terms):
             return False
-        scale = max(abs(v) for v in terms)
-        # At 40 digits a true zero leaves at most ~1e-35 of the largest term.
+        # At 40 digits a true zero leaves at most ~1e-35 of the largest value it was computed
+        # from: a term, or a sum inside a product that is zero only by a relation (s^2 + c^2 - 1).
+        scale = max([abs(v) for v in terms] + [abs(v) for v in memo.values()
+                                                if isinstance(v, mpmath.mpf) and mpmath.isfinite(v)])
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
 
 
@@ -207,7 +265,9 @@ def zero_test(expr: sympy.Expr) -> bool:
 
     Cheapest first: a random point that shows it nonzero ends the test; then
     expansion in a sparse polynomial ring (`symattn.symbolic.polyzero`), then SymPy's
-    expansion with denominators kept whole; then the common denominator.
+    expansion with denominators kept whole; then the common denominator, whose
+    numerator is finally reduced by the relations of the atoms it reads (angle pairs,
+    roots: `symattn.symbolic.relations`).
     """
     if expr == 0:
         return True
@@ -233,7 +293,13 @@ def zero_test(expr: sympy.Expr) -> bool:
         return True
     checkpoint()
     numer, _ = sympy.fraction(sympy.together(atomized))
-    return sympy.expand(numer) == 0
+    if sympy.expand(numer) == 0:
+        return True
+    rels = relations(atomized.free_symbols, _atomize)
+    if not rels:
+        return False
+    checkpoint()
+    return reduces_to_zero(numer, rels)
 
 
 _NON_FINITE = (sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)

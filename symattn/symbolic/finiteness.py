@@ -15,7 +15,8 @@ the same non-finite value counting as equal; rounding and overflow are not
 modelled. The matrix level (`symattn.prove.canonical`) never cancels or drops a term
 that is not FINITE; the element level (`symattn.symbolic.element`) proves identities
 only of values whose `deep` class is at most MINUS_INF, substituting the exact
-values of the others before it compares; the counterexample search
+values of the others before it compares, and values of class ANY are compared
+region by region (`symattn.symbolic.guarded`); the counterexample search
 (`symattn.prove.claims`) reports only differences that the float64 evaluator
 reproduces.
 """
@@ -220,13 +221,13 @@ class Finiteness:
         if isinstance(n, t.MatMul):
             return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY
         if isinstance(n, t.Reduce):
-            x = self.node(n.x)  # sums of finite and -inf values are finite or -inf
+            x = self.node(n.x)  # sums, maxima and minima of finite and -inf values are finite or -inf
             return x
         if isinstance(n, t.Softmax):
             return FINITE if self.node(n.x) <= MINUS_INF else ANY
         if isinstance(n, t.Where):
             return max(self.node(n.a), self.node(n.b))
-        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum,
+        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum, t.Scan,
                           t.Scatter)):  # sums, moves and zeros: the class of what is moved or summed
             return self.node(n.children[0])
         if isinstance(n, t.Concat):

@@ -33,9 +33,25 @@ from ..ir import typed as t
 from ..ir.affine import names as subscript_names, renamed as renamed_subscript
 from ..errors import SymbolicError
 
-__all__ = ["index_adjoint", "rename_indices"]
+__all__ = ["Part", "index_adjoint", "rename_indices"]
 
 _FRESH = ("l", "m", "n", "p", "q", "r", "s", "u", "v", "a", "b", "e", "f", "g", "i", "j", "k")
+
+
+
+@dataclass(frozen=True)
+class Part:
+    """One contribution an adjoint rule sends to an operand: `child` gets `build(recorder)`.
+
+    The contribution is built only when the caller (`derive`) calls `build` with a recorder of
+    its own, so the simplifications made while building it are recorded for it and for nothing
+    else. `build` returns None when the operand gets nothing after all (index notation that
+    reads a tensor only where its derivative vanishes).
+    """
+
+    child: t.Node
+    rule: str
+    build: Callable[[b.Recorder], t.Node | None]
 
 
 @dataclass(frozen=True)
@@ -44,16 +60,30 @@ class Term:
 
     A read of distinct index names carries `deltas` (read index -> target index), eliminated
     as the sums close; any other read keeps its subscripts `at` (None for the first kind)
-    and the sum indices they use, `lifted` out of their sums, and becomes a scatter.
+    and the sum indices they use, `lifted` out of their sums, and becomes a scatter. `expr` is
+    None where it is the bare delta, d X[l, m] / d X[l, m] = 1: the chain and product rules then
+    write v, not 1 * v, so no redundant node is built and no `1 * A = A` step recorded.
     """
 
     deltas: dict[str, str]
-    expr: t.Node
+    expr: t.Node | None
     at: tuple | None = None
     lifted: tuple[t.Index, ...] = field(default=())
 
-    def but(self, expr: t.Node) -> "Term":
+    def but(self, expr: t.Node | None) -> "Term":
         return replace(self, expr=expr)
+
+
+def _unit(e: t.Node | None) -> t.Node:
+    """The expression of a term, with the bare delta written as the number 1."""
+    return b.scalar(1) if e is None else e
+
+
+def _times(a: t.Node, e: t.Node | None, rec: b.Recorder | None, left: bool = False) -> t.Node:
+    """a * e (e * a when `left`), where e = None is the bare delta: then just a."""
+    if e is None:
+        return a
+    return b.mul(e, a, rec) if left else b.mul(a, e, rec)
 
 
 def _index_names(node: t.Node) -> set[str]:
@@ -122,11 +152,12 @@ def _(node: t.Where, mapping):
 class _Differentiator:
     """d body / d X[targets], as a list of terms with pending deltas."""
 
-    def __init__(self, tensor: str, targets: list[str], unary_rules: dict[str, tuple[str, Callable]]) -> None:
+    def __init__(self, tensor: str, targets: list[str], unary_rules: dict[str, tuple[str, Callable]],
+                 rec: b.Recorder | None) -> None:
         self.tensor = tensor
         self.targets = targets
         self.unary_rules = unary_rules
-        self.rec = b.Recorder()
+        self.rec = rec
 
     def d(self, node: t.Node) -> list[Term]:
         if isinstance(node, t.Entry):
@@ -134,22 +165,24 @@ class _Differentiator:
                 return []
             plain = all(isinstance(i, str) for i in node.indices) and len(set(node.indices)) == len(node.indices)
             if not plain:  # computed subscripts or a repeated index: a scatter
-                return [Term({}, b.scalar(1), at=tuple(node.indices))]
-            return [Term(dict(zip(node.indices, self.targets)), b.scalar(1))]
+                return [Term({}, None, at=tuple(node.indices))]
+            return [Term(dict(zip(node.indices, self.targets)), None)]
         if isinstance(node, t.Tensor):  # a scalar tensor read whole, as in `w * (j - i)`
-            return [Term({}, b.scalar(1))] if node.name == self.tensor else []
+            return [Term({}, None)] if node.name == self.tensor else []
         if isinstance(node, (t.Scalar, t.DimValue, t.IndexVar)):
             return []
         if isinstance(node, t.Unary):
             _, make = self.unary_rules[node.fn]
-            factor = make(node.x, node, b.scalar(1), self.rec)
-            return [c.but(b.mul(factor, c.expr)) for c in self.d(node.x)]
+            # f'(u) read off the function's adjoint at G = 1: the `1 * A` that reading makes is
+            # how the table is read, not a step of the derivation, so it is recorded nowhere.
+            factor = make(node.x, node, b.scalar(1), None)
+            return [c.but(_times(factor, c.expr, self.rec)) for c in self.d(node.x)]
         if isinstance(node, t.Binary):
             return self._binary(node)
         if isinstance(node, t.Where):
             zero = b.scalar(0)
-            return ([c.but(b.where(node.cond, c.expr, zero)) for c in self.d(node.a)]
-                    + [c.but(b.where(node.cond, zero, c.expr)) for c in self.d(node.b)])
+            return ([c.but(b.where(node.cond, _unit(c.expr), zero)) for c in self.d(node.a)]
+                    + [c.but(b.where(node.cond, zero, _unit(c.expr))) for c in self.d(node.b)])
         if isinstance(node, t.IndexSum):
             out: list[Term] = []
             name = node.index.name
@@ -159,73 +192,99 @@ class _Differentiator:
                 elif name in term.deltas:
                     deltas = dict(term.deltas)
                     target = deltas.pop(name)
-                    out.append(Term(deltas, rename_indices(term.expr, {name: target})))  # the sum collapses
+                    expr = None if term.expr is None else rename_indices(term.expr, {name: target})
+                    out.append(Term(deltas, expr))  # the sum collapses
                 else:
-                    out.append(term.but(t.IndexSum(node.index, term.expr)))
+                    out.append(term.but(t.IndexSum(node.index, _unit(term.expr))))
             return out
         raise SymbolicError(f"cannot differentiate {type(node).__name__} in index notation")
 
     def _binary(self, node: t.Binary) -> list[Term]:
-        u, v, op = node.a, node.b, node.op
+        u, v, op, r = node.a, node.b, node.op, self.rec
         du, dv = self.d(u), self.d(v)
         if op == "add":
             return du + dv
         if op == "sub":
-            return du + [c.but(b.neg(c.expr)) for c in dv]
+            return du + [c.but(b.scalar(-1) if c.expr is None else b.neg(c.expr, r)) for c in dv]
         if op == "mul":
-            return [c.but(b.mul(c.expr, v)) for c in du] + [c.but(b.mul(u, c.expr)) for c in dv]
+            return [c.but(_times(v, c.expr, r, left=True)) for c in du] + [c.but(_times(u, c.expr, r)) for c in dv]
         if op == "div":
-            return ([c.but(b.div(c.expr, v)) for c in du]
-                    + [c.but(b.neg(b.div(b.mul(u, c.expr), b.power(v, b.scalar(2))))) for c in dv])
+            return ([c.but(b.div(_unit(c.expr), v, r)) for c in du]
+                    + [c.but(b.neg(b.div(_times(u, c.expr, r), b.power(v, b.scalar(2), r), r), r)) for c in dv])
         if op == "pow":
             if dv:
                 raise SymbolicError("a power whose exponent depends on a tensor is not derived in index notation")
             if isinstance(v, t.Scalar):
-                factor = b.mul(v, b.power(u, b.scalar(v.value - 1)))
+                factor = b.mul(v, b.power(u, b.scalar(v.value - 1), r), r)
             else:
-                factor = b.mul(v, b.power(u, b.sub(v, b.scalar(1))))
-            return [c.but(b.mul(factor, c.expr)) for c in du]
+                factor = b.mul(v, b.power(u, b.sub(v, b.scalar(1), r), r), r)
+            return [c.but(_times(factor, c.expr, r)) for c in du]
         raise SymbolicError(f"cannot differentiate {op} in index notation")
 
 
 def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[str],
-                  unary_rules: dict[str, tuple[str, Callable]]):
-    """[(Tensor X, grad(X) contribution as IndexDef, rule)] for each tensor the body reads."""
+                  unary_rules: dict[str, tuple[str, Callable]]) -> list[Part]:
+    """A `Part` for each tensor X the body reads: grad(X) as index notation, built on demand."""
     if not isinstance(g, t.Grad):
         raise SymbolicError("index notation is differentiated only as the definition of a named tensor")
-    lhs = [i for i in node.indices]
-    used = _index_names(node.body) | {i.name for i in lhs} | set(reserved)
-    out = []
+    used = _index_names(node.body) | {i.name for i in node.indices} | set(reserved)
+    parts = []
     for name in t.tensors_read(node.body):
-        shape = spec.tensors[name].shape
-        targets = _fresh(len(shape), used)
-        terms = _Differentiator(name, targets, unary_rules).d(node.body)
-        total = None
-        scattered: dict[tuple, t.Node] = {}  # (subscripts read, lifted sums) -> their summed terms
-        for term in terms:
-            if term.at is not None:
-                key = (term.at, term.lifted)
-                scattered[key] = b.add(scattered.get(key), term.expr)
-                continue
-            deltas, expr = term.deltas, term.expr
-            stray = [k for k in deltas if k not in {i.name for i in lhs}]
-            if stray:
-                raise SymbolicError(f"index {stray[0]} of {name} is not bound where it is read")
-            upstream = t.Entry(g.name, tuple(deltas.get(i.name, i.name) for i in lhs), grad=True)
-            term = b.mul(upstream, rename_indices(expr, deltas))
-            for index in reversed(lhs):
-                if index.name not in deltas:
-                    term = t.IndexSum(index, term)
-            total = b.add(total, term)
-        if total is not None:
-            contribution = t.IndexDef(tuple(t.Index(n, d) for n, d in zip(targets, shape)), total, shape)
-            out.append((t.Tensor(name, shape), contribution,
-                        f"{g.name}[...] = f({name}[...]): differentiate the entry formula"))
-        for (at, lifted), expr in scattered.items():
-            box = (*lhs, *lifted)
-            upstream = t.Entry(g.name, tuple(i.name for i in lhs), grad=True)
-            values = t.IndexDef(box, b.mul(upstream, expr), tuple(i.range for i in box))
-            read = ", ".join(map(str, at))
-            out.append((t.Tensor(name, shape), t.Scatter(values, at, shape),
-                        f"{g.name}[...] = f({name}[{read}]): each entry read gets its share, scattered back"))
-    return out
+        if not spec.tensors[name].has_gradient:  # a buffer: never differentiated
+            continue
+        tensor = t.Tensor(name, spec.tensors[name].shape)
+        targets = _fresh(len(tensor.shape), used)
+        # which kinds of terms there are (plain reads, and scatters by what they read), unrecorded
+        terms = _Differentiator(name, targets, unary_rules, None).d(node.body)
+        scatters = list(dict.fromkeys((term.at, term.lifted) for term in terms if term.at is not None))
+        if any(term.at is None for term in terms) or not scatters:
+            parts.append(Part(tensor, f"{g.name}[...] = f({name}[...]): differentiate the entry formula",
+                              lambda rec, x=tensor, targets=targets: _gradient(node, g, x, targets, unary_rules,
+                                                                               rec)))
+        for key in scatters:
+            read = ", ".join(map(str, key[0]))
+            parts.append(Part(tensor, f"{g.name}[...] = f({name}[{read}]): each entry read gets its share, "
+                              "scattered back", lambda rec, x=tensor, targets=targets, key=key:
+                              _scatter(node, g, x, targets, unary_rules, rec, key)))
+    return parts
+
+
+def _gradient(node: t.IndexDef, g: t.Grad, x: t.Tensor, targets: list[str],
+              unary_rules: dict[str, tuple[str, Callable]], rec: b.Recorder | None) -> t.IndexDef | None:
+    """grad(x)[targets] through `node` with upstream `g` from x's plain reads, as index notation; None when
+    it is zero."""
+    lhs = {i.name for i in node.indices}
+    total = None
+    for term in _Differentiator(x.name, targets, unary_rules, rec).d(node.body):
+        if term.at is not None:
+            continue
+        deltas, expr = term.deltas, term.expr
+        stray = [k for k in deltas if k not in lhs]
+        if stray:
+            raise SymbolicError(f"index {stray[0]} of {x.name} is not bound where it is read")
+        upstream = t.Entry(g.name, tuple(deltas.get(i.name, i.name) for i in node.indices), grad=True)
+        term = upstream if expr is None else b.mul(upstream, rename_indices(expr, deltas), rec)
+        for index in reversed(node.indices):
+            if index.name not in deltas:
+                term = t.IndexSum(index, term)
+        total = b.add(total, term, rec)
+    if total is None:
+        return None
+    return t.IndexDef(tuple(t.Index(n, d) for n, d in zip(targets, x.shape)), total, x.shape)
+
+
+def _scatter(node: t.IndexDef, g: t.Grad, x: t.Tensor, targets: list[str],
+             unary_rules: dict[str, tuple[str, Callable]], rec: b.Recorder | None, key: tuple) -> t.Scatter:
+    """grad(x) from the reads of x at the subscripts `key` names (with the sums lifted out of them):
+    every point of the index box adds its term at the entry it read."""
+    at, lifted = key
+    exprs = [term.expr for term in _Differentiator(x.name, targets, unary_rules, rec).d(node.body)
+             if term.at is not None and (term.at, term.lifted) == key]
+    total = None
+    for expr in exprs:
+        total = b.add(total, _unit(expr), rec)
+    box = (*node.indices, *lifted)
+    upstream = t.Entry(g.name, tuple(i.name for i in node.indices), grad=True)
+    body = upstream if exprs == [None] else b.mul(upstream, total, rec)
+    values = t.IndexDef(box, body, tuple(i.range for i in box))
+    return t.Scatter(values, at, x.shape)

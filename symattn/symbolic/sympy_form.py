@@ -19,6 +19,10 @@ expressions so that it can be manipulated, substituted and evaluated:
   (sums keep the axis, as in the language), `softmax(S, axis=-1)` is
   `E ∘ (E @ OneMatrix(n, n))^∘-1` with `E = exp(S)` (the mathematical softmax:
   a fully masked row is 0/0 here, where generated code gives zeros);
+  `cumsum` along rows is `L @ X` with `L` the lower-triangular 0/1
+  `FunctionMatrix` (along columns `X @ L.T`; reversed, the transposes);
+  `max` and `min` are `Max` / `Min` of the entries of a line, which needs
+  the reduced axis's size as a number;
 - index notation, `where`, comparisons, `causal_mask` and `sinusoidal` are
   `FunctionMatrix(rows, cols, Lambda((i, j), entry))`, the entry written with
   `Sum`, `Piecewise` and the entries `X[i, k]` of the matrix symbols (indices
@@ -231,10 +235,52 @@ def _(node: t.Reduce, cv):
     axes = range(len(shape)) if node.axis is None else [node.axis]
     if node.kind == "logsumexp":
         return _sum_axes(x.applyfunc(sympy.exp), shape, axes).applyfunc(sympy.log)
+    if node.kind in ("max", "min"):
+        return _extreme(node, x, cv)
     total = _sum_axes(x, shape, axes)
     if node.kind == "mean":
         return total / sympy.Mul(*[shape[k] for k in axes])
     return total
+
+
+def _extreme(node: t.Reduce, x, cv) -> sympy.Basic:
+    """max or min along one axis: entry by entry `Max(X[i, 0], ..., X[i, n - 1])`, which needs
+    the reduced axis's size as a number (SymPy has no Max over a symbolic range)."""
+    fn = sympy.Max if node.kind == "max" else sympy.Min
+    rows, cols = _rows_cols(node.x.shape)
+    axes = range(len(node.x.shape)) if node.axis is None else [node.axis]
+    offset = 2 - len(node.x.shape)
+    over_rows = any(k + offset == 0 for k in axes)
+    over_cols = any(k + offset == 1 for k in axes)
+    for size, reduced in ((rows, over_rows), (cols, over_cols)):
+        if reduced and not sympy.sympify(size).is_Integer:
+            raise SymbolicError(f"{to_spec(node, list(cv.spec.dims))}: {node.kind} over an axis of symbolic "
+                                f"size {size} has no SymPy matrix form")
+
+    def make(i, j):
+        rs = range(int(rows)) if over_rows else [i]
+        cs = range(int(cols)) if over_cols else [j]
+        return fn(*(x[r, c] for r in rs for c in cs))
+
+    return cv.elementwise(node, node.shape, make)
+
+
+def _tril(size) -> MatrixExpr:
+    """The [size, size] matrix with 1 where column <= row (the prefix-sum matrix), 0 elsewhere."""
+    i, j = Symbol("i", integer=True), Symbol("j", integer=True)
+    return FunctionMatrix(size, size, Lambda((i, j), Piecewise((1, j <= i), (0, True))))
+
+
+@_matrix.register
+def _(node: t.Scan, cv):
+    """cumsum along rows is L @ X, along columns X @ L.T (L lower triangular ones); reversed, the transposes."""
+    x = cv.matrix(node.x)
+    rows, cols = _rows_cols(node.x.shape)
+    if node.axis + 2 - len(node.x.shape) == 0:
+        lower = _tril(rows)
+        return (lower.T if node.reverse else lower) @ x
+    lower = _tril(cols)
+    return x @ (lower if node.reverse else lower.T)
 
 
 @_matrix.register

@@ -1,10 +1,10 @@
 """CUDA code generation: a spec's forward and backward as CUDA kernels.
 
-Contract: `emit_cuda(spec, fused=True)` returns a `CudaCode`: the planned
-program (`symattn.codegen.cuda.plan`) and the files of `symattn emit cuda` (`.cu`,
-`.h`, `cuda_host.h`, `README.md`; see `symattn.codegen.cuda.emit`). `write(dir)` puts
-the files in a directory. Attention cores of the form
-softmax(score(Q @ K.T)) @ V are fused (FlashAttention-2 style) unless
+Contract: `emit_cuda(spec, fused=True)` returns a `CudaCode`: the kernel
+plan (`symattn.codegen.cuda.plan`, lowered from the spec's program IR) and
+the files of `symattn emit cuda` (`.cu`, `.h`, `cuda_host.h`, `README.md`; see
+`symattn.codegen.cuda.emit`). `write(dir)` puts the files in a directory.
+Attention cores of the form softmax(score(Q @ K.T)) @ V are fused (FlashAttention-2 style) unless
 `fused=False`; everything else takes the generic path. A spec the generator
 cannot translate raises `CudaCodegenError` (or the derivation's
 `SymbolicError`) naming what is missing.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...ir import typed as t
 from .emit import render, signatures
-from .plan import Program, plan
+from .plan import KernelPlan, plan
 from .syntax import CudaCodegenError
 
 __all__ = ["CudaCode", "CudaCodegenError", "emit_cuda"]
@@ -25,29 +25,29 @@ __all__ = ["CudaCode", "CudaCodegenError", "emit_cuda"]
 
 @dataclass
 class CudaCode:
-    program: Program
+    plan: KernelPlan  # the kernels and buffers, lowered from the spec's program
     files: dict[str, str]
 
     @property
     def prefix(self) -> str:
-        return self.program.prefix
+        return self.plan.prefix
 
     @property
     def source_name(self) -> str:
-        return f"{self.program.prefix}.cu"
+        return f"{self.plan.prefix}.cu"
 
     @property
     def path(self) -> str:
         """'fused' when an attention core is computed by the fused kernels, else 'generic'."""
-        return self.program.path
+        return self.plan.path
 
     def signatures(self) -> dict[str, str]:
-        return signatures(self.program)
+        return signatures(self.plan)
 
     def kernel_names(self) -> list[str]:
         """Every `extern "C"` kernel in the source (each head-dim instantiation of the fused ones)."""
         out = []
-        for kernel in (*self.program.forward, *self.program.backward):
+        for kernel in (*self.plan.forward, *self.plan.backward):
             out += [name for _, name in kernel.variants] or [kernel.name]
         return out
 
@@ -65,5 +65,5 @@ class CudaCode:
 def emit_cuda(spec, fused: bool = True) -> CudaCode:
     """CUDA for a `Spec` or a `TypedSpec`."""
     typed: t.TypedSpec = getattr(spec, "typed", spec)
-    program = plan(typed, fused=fused)
-    return CudaCode(program, render(program))
+    kernels = plan(typed, fused=fused)
+    return CudaCode(kernels, render(kernels))

@@ -27,7 +27,7 @@ from ...symbolic.derive import UNARY_RULES
 from ...front.syntax import NOWHERE
 from ...ir.shapes import same_dim
 
-__all__ = ["AttentionCore", "find_cores", "score_grad", "substitute", "references"]
+__all__ = ["AttentionCore", "find_cores", "score_grad", "substitute"]
 
 _ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Scalar, t.DimValue, t.Constant)
 
@@ -69,19 +69,6 @@ def substitute(node: t.Node, mapping: dict[t.Node, t.Node]) -> t.Node:
     return dataclasses.replace(node, **changes) if changes else node
 
 
-def references(node: t.Node) -> list[str]:
-    """Names of the tensors `node` reads (whole or by entry), each once, in order."""
-    found: list[str] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        name = n.name if isinstance(n, (t.Tensor,)) else n.tensor if isinstance(n, t.Entry) else None
-        if name is not None and name not in found:
-            found.append(name)
-        stack.extend(reversed(n.children))
-    return found
-
-
 class _NotFusable(Exception):
     pass
 
@@ -116,7 +103,7 @@ class _Matcher:
         """Every read of an intermediate on the way to the score happens inside the core."""
         for name in chain:
             for user, info in self.spec.tensors.items():
-                if info.expr is None or name not in references(info.expr):
+                if info.expr is None or name not in t.tensors_read(info.expr):
                     continue
                 if user == owner:
                     if _count(info.expr, name) != _count(core, name):
@@ -146,7 +133,7 @@ class _Matcher:
                                                   if isinstance(getattr(node, f.name), t.Node)], kids)}
             return dataclasses.replace(node, **changes) if changes else node
         if isinstance(node, t.IndexDef):
-            raise _NotFusable(f"the score is index notation reading {', '.join(references(node))}, not a "
+            raise _NotFusable(f"the score is index notation reading {', '.join(t.tensors_read(node))}, not a "
                               "per-entry function of one product Q @ K.T")
         raise _NotFusable(f"the score contains {type(node).__name__}, which is not a per-entry operation")
 
@@ -177,15 +164,11 @@ class _Matcher:
 
 
 def _count(node: t.Node, name: str) -> int:
-    stack, count = [node], 0
-    while stack:
-        n = stack.pop()
-        count += isinstance(n, t.Tensor) and n.name == name
-        stack.extend(n.children)
-    return count
+    return sum(isinstance(n, t.Tensor) and n.name == name for n in t.walk(node))
 
 
 def _matmuls(node: t.Node):
+    """The products in `node`, right to left (not `t.walk`'s order: the first core found is named first)."""
     stack = [node]
     while stack:
         n = stack.pop()
@@ -292,7 +275,7 @@ def _forward(node: t.Node, wrt: t.Node) -> t.Node | None:
         return b.scalar(1)
     if isinstance(node, t.Unary):
         dx = _forward(node.x, wrt)
-        return None if dx is None else UNARY_RULES[node.fn][1](node.x, node, dx, b.Recorder())
+        return None if dx is None else UNARY_RULES[node.fn][1](node.x, node, dx, None)
     if isinstance(node, t.Binary):
         u, v = node.a, node.b
         du, dv = _forward(u, wrt), _forward(v, wrt)

@@ -22,7 +22,8 @@ from typing import Sequence
 from .names import CNames
 from .syntax import dim_c, numel_c, offset_c
 
-__all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "matmul_kernel", "batch_sum_kernel",
+__all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel", "matmul_kernel",
+           "batch_sum_kernel",
            "unravel", "PRELUDE", "HELPERS", "helpers_for",
            "column_reduction"]
 
@@ -189,7 +190,8 @@ def map_kernel(name, comment, out: Buffer, reads, dims, coords, statements, valu
 
 def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coords, red_shape, value, kind: str,
                   names: CNames, batch: str, phase: str) -> Kernel:
-    """out[o] = sum / mean / logsumexp over the reduced coordinates of value; one block per output entry."""
+    """out[o] = sum / mean / logsumexp / max / min over the reduced coordinates of value; one block per output
+    entry. max and min skip NaN entries (fmaxf), where NumPy's max gives NaN."""
     outputs = numel_c(out.shape, names)
     length = numel_c(red_shape, names)
     lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_REDUCE_THREADS") + " {",
@@ -212,6 +214,13 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
                   "        for (long long r_ = threadIdx.x; r_ < length_; r_ += blockDim.x) total_ += expf(value_(r_) - top_);",
                   "        total_ = sa_block_sum(total_);",
                   f"        if (threadIdx.x == 0) {out.name}[o_] = logf(total_) + top_;"]
+    elif kind in ("max", "min"):
+        sign = "" if kind == "max" else "-"  # min(x) = -max(-x)
+        lines += ["        float top_ = -INFINITY;",
+                  f"        for (long long r_ = threadIdx.x; r_ < length_; r_ += blockDim.x) "
+                  f"top_ = fmaxf(top_, {sign}value_(r_));",
+                  "        top_ = sa_block_max(top_);",
+                  f"        if (threadIdx.x == 0) {out.name}[o_] = {sign}top_;"]
     else:
         result = "total_ / (float)length_" if kind == "mean" else "total_"
         lines += ["        float total_ = 0.0f;",
@@ -224,7 +233,7 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
 
 
 def column_reduction(kind: str, red_coords, red_shape, value: str, names: CNames) -> list[str]:
-    """Statements of a map kernel that leave sum / mean / logsumexp of `value` in `total_` (one thread)."""
+    """Statements of a map kernel that leave sum / mean / logsumexp / max / min of `value` in `total_` (one thread)."""
     length = numel_c(red_shape, names)
     pad = "        "
 
@@ -239,6 +248,10 @@ def column_reduction(kind: str, red_coords, red_shape, value: str, names: CNames
                 f"{pad}if (!sa_finite(top_)) top_ = 0.0f;  // an all -inf line: log(0) = -inf, not NaN",
                 f"{pad}float total_ = 0.0f;", *loop(f"total_ += expf({value} - top_);"),
                 f"{pad}total_ = logf(total_) + top_;"]
+    if kind in ("max", "min"):
+        sign = "" if kind == "max" else "-"
+        return [f"{pad}float total_ = -INFINITY;", *loop(f"total_ = fmaxf(total_, {sign}({value}));"),
+                f"{pad}total_ = {sign}total_;"]
     lines = [f"{pad}float total_ = 0.0f;", *loop(f"total_ += {value};")]
     if kind == "mean":
         lines.append(f"{pad}total_ /= (float)({length});")
@@ -272,6 +285,33 @@ def softmax_kernel(name, comment, out: Buffer, reads, dims, row_coords, axis_coo
              "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
                   (f"sa_blocks({rows}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase)
+
+
+def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord, length, value, out_offset,
+                names: CNames, batch: str, phase: str, line_shape, reverse: bool) -> Kernel:
+    """out = cumsum(value) along one axis (from the end when `reverse`): one thread per line, which
+    walks the axis in order keeping the running total."""
+    count = numel_c(line_shape, names)
+    walk = "for (int s_ = length_ - 1; s_ >= 0; --s_)" if reverse else "for (int s_ = 0; s_ < length_; ++s_)"
+    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_MAP_THREADS") + " {",
+             "    const long long b_ = blockIdx.y;  // the batch entry",
+             *_offsets([out, *reads], names),
+             f"    const long long lines_ = {count};",
+             f"    const int length_ = {length};",
+             "    for (long long o_ = (long long)blockIdx.x * blockDim.x + threadIdx.x; o_ < lines_;",
+             "         o_ += (long long)gridDim.x * blockDim.x) {",
+             *unravel("o_", line_coords, line_shape, names, "        "),
+             f"        auto value_ = [&](int {axis_coord}) -> float {{ return {value}; }};",
+             f"        auto at_ = [&](int {axis_coord}) -> long long {{ return {out_offset}; }};",
+             "        float total_ = 0.0f;",
+             f"        {walk} {{",
+             "            total_ += value_(s_);",
+             f"            {out.name}[at_(s_)] = total_;",
+             "        }",
+             "    }",
+             "}"]
+    return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
+                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase)
 
 
 @dataclass

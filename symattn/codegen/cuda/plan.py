@@ -1,10 +1,19 @@
-"""Plan a spec's CUDA program: the buffers, and the kernels that fill them, in order.
+"""Lower a spec's program to CUDA: the buffers, and the kernels that fill them, in order.
 
-Contract: `plan(spec, fused=True)` returns a `Program`. The forward computes
-every tensor that an output or the backward needs; the backward computes
-`grad(T)` for every tensor that depends on an input or param, from the
-matrix-level derivation (`symattn.symbolic.derive`), and ends with the gradient of
-each input and param. Every named tensor of the spec is one kernel (and one
+Contract: `lower(program, cores)` turns the shared program IR
+(`symattn.codegen.program_ir.Program`, built by `build_program`) into a
+`KernelPlan`; `plan(spec, fused=True)` builds the program and lowers it. The
+kernels lower what each statement of the program computes (`Stmt.defines`:
+a tensor's definition, a gradient as derived), not its array-level form
+(`Stmt.node`, what NumPy prints): a kernel fuses elementwise work that the
+program splits into statements, and runs index notation as loops. The forward
+computes, in the spec's order, every tensor that an output or the backward
+needs (also one that the program computes in its backward section, where
+only the backward reads it); the backward computes `grad(T)` for every
+tensor that depends on an input or param, in the order derived, and ends
+with the gradient of each input and param. (The program has no statement for
+a gradient that no input's or param's gradient reads; its kernel lowers the
+derivation's expression.) Every named tensor of the spec is one kernel (and one
 buffer); inside a kernel, elementwise operations are fused into one
 expression, and a subexpression that needs its own launch (a matrix product,
 reduction, softmax or index-notation sum that is not the kernel's own root)
@@ -19,29 +28,33 @@ the fused kernels (`symattn.codegen.cuda.flash`): its intermediates (S, P) are
 never stored, and the derivation's contributions through the core are replaced
 by the dQ, dK, dV the fused backward writes.
 
-Batch: every input, output and intermediate has a leading batch axis (the
-launch functions' `batch` argument); params have none, so their gradients are
-computed per batch entry and summed at the end.
+Batch: every input, buffer, output and intermediate has a leading batch axis
+(the launch functions' `batch` argument); params have none, so their gradients
+are computed per batch entry and summed at the end. A buffer is an argument of
+both passes and has no gradient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ...ir import build as b
 from ...ir import typed as t
 from ...ir.gather import gather_forms
-from ...symbolic.derive import derive
 from ...ir.printing import to_spec
+from ..program import build_program
+from ..program_ir import Program, Stmt
 from . import flash
-from .core import AttentionCore, find_cores, references, substitute
-from .kernels import Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel, reduce_kernel, softmax_kernel
+from .core import AttentionCore, find_cores, substitute
+from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
+                      reduce_kernel, scan_kernel, softmax_kernel)
 from .names import CNames, c_identifier
 from .syntax import CPrinter, CudaCodegenError, align, dim_c, offset_c
 
-__all__ = ["Program", "Stored", "plan"]
+__all__ = ["KernelPlan", "Stored", "Unfusable", "lower", "plan"]
 
-_HEAVY = (t.MatMul, t.Reduce, t.Softmax, t.SumTo, t.IndexDef)
+_HEAVY = (t.MatMul, t.Reduce, t.Softmax, t.SumTo, t.IndexDef, t.Scan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +67,9 @@ class Stored(t.Node):
 
 
 @dataclass
-class Program:
+class KernelPlan:
+    """The lowered program: the buffers, and the kernels that fill them, in launch order."""
+
     spec: t.TypedSpec                # the spec as planned (core operands named)
     prefix: str                      # the C name of the spec: prefix of every exported symbol
     names: CNames
@@ -62,10 +77,10 @@ class Program:
     batch: str                       # C name of the batch argument
     workspace_arg: str               # C names of the workspace and stream arguments
     stream_arg: str
-    inputs: list[Buffer]             # forward arguments: inputs then params
+    inputs: list[Buffer]             # forward arguments: the given tensors (inputs, params, buffers)
     outputs: list[Buffer]
     upstream: list[Buffer]           # backward: grad(O) for each output
-    gradients: list[Buffer]          # backward results: grad of each input and param
+    gradients: list[Buffer]          # backward results: grad of each input and param (not of a buffer)
     workspace: list[Buffer]
     forward: list[Kernel]
     backward: list[Kernel]
@@ -95,8 +110,8 @@ class _Scope:
 
 
 class _Planner:
-    def __init__(self, spec: t.TypedSpec, cores: list[AttentionCore], names: CNames, prefix: str) -> None:
-        self.spec = spec
+    def __init__(self, program: Program, cores: list[AttentionCore], names: CNames, prefix: str) -> None:
+        spec = self.spec = program.spec
         self.cores = {c.output: c for c in cores}
         self.names = names
         self.prefix = prefix
@@ -111,7 +126,16 @@ class _Planner:
         self.helpers: list[str] = []
         self.phase = "forward"
         self.stage = ""
-        self.derivation = derive(spec)
+        self.derivation = program.derivation
+        self.definitions: dict[str, Stmt] = {}  # tensor -> the statement that computes it
+        self.derived: dict[str, t.Node] = {}    # tensor -> its gradient, as derived
+        for stmt in program.stmts:
+            if stmt.defines is None:
+                continue  # a temporary of the array-level form
+            if stmt.defines.grad:
+                self.derived[stmt.defines.tensor] = stmt.defines.expr
+            else:
+                self.definitions[stmt.defines.tensor] = stmt
         self.core_of = {}
         for core in cores:
             for owner in (*core.chain, core.output):
@@ -133,14 +157,14 @@ class _Planner:
     def arguments(self) -> None:
         spec, n = self.spec, self.names
         self.inputs = [self._user(("tensor", x), n.spec("tensor", x), spec.tensors[x].shape,
-                                  spec.tensors[x].kind == "input", spec.tensors[x].kind, spec.tensors[x].kind)
-                       for x in spec.leaves]
+                                  spec.tensors[x].kind != "param", spec.tensors[x].kind, spec.tensors[x].kind)
+                       for x in spec.given]
         self.outputs = [self._user(("tensor", o), n.spec("tensor", o), spec.tensors[o].shape, True, "output",
                                    "output") for o in spec.outputs]
         self.upstream = [self._user(("grad", o), n.fresh(f"grad_{n.spec('tensor', o)}"), spec.tensors[o].shape, True,
                                     "upstream", f"grad({o})") for o in spec.outputs]
         self.gradients = [Buffer(n.fresh(f"grad_{n.spec('tensor', x)}"), spec.tensors[x].shape,
-                                 spec.tensors[x].kind == "input", "grad", f"grad({x})") for x in spec.leaves]
+                                 spec.tensors[x].kind == "input", "grad", f"grad({x})") for x in spec.differentiable]
 
     def tensor_buffer(self, name: str) -> Buffer:
         key = ("tensor", name)
@@ -155,7 +179,7 @@ class _Planner:
         if key not in self.buffers:
             info = self.spec.tensors[name]
             if info.kind == "input":
-                buffer = self.gradients[self.spec.leaves.index(name)]
+                buffer = self.gradients[self.spec.differentiable.index(name)]
             elif info.kind == "param":
                 buffer = self._workspace(f"grad_{self.names.spec('tensor', name)}_per_entry", info.shape,
                                          f"grad({name}) for each batch entry, summed into the result at the end")
@@ -215,6 +239,9 @@ class _Planner:
         if isinstance(expr, (t.Reduce, t.SumTo)):
             self._prepare(expr.x)
             return self._reduce(out, expr, comment)
+        if isinstance(expr, t.Scan):
+            self._prepare(expr.x)
+            return self._scan(out, expr, comment)
         accumulators = _accumulators(expr)
         if accumulators:
             self._prepare(expr, skip=accumulators)
@@ -275,7 +302,9 @@ class _Planner:
         self._emit(reduce_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, out_coords, red_coords,
                                  red_shape, value, kind, self.names, self.batch, self.phase))
 
-    def _softmax(self, out, expr: t.Softmax, comment):
+    def _line_kernel(self, make, out, expr, comment, *extra):
+        """A kernel that walks whole lines of `expr.x` along `expr.axis` (softmax, cumsum): `make` gets
+        the line's coordinates, the axis coordinate, its length, the entry and the output offset."""
         x, axis = expr.x, expr.axis
         coords = _coords("i", x.shape)
         coords[axis] = f"i{axis}_"
@@ -283,12 +312,18 @@ class _Planner:
         printer = CPrinter(self.names, scope)
         value = printer.entry(x, coords)
         _no_statements(printer)
-        row_coords = [c for k, c in enumerate(coords) if k != axis]
-        row_shape = [d for k, d in enumerate(x.shape) if k != axis]
-        self._emit(softmax_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, row_coords,
-                                  coords[axis], dim_c(x.shape[axis], self.names), value,
-                                  offset_c(coords, out.shape, self.names), self.names, self.batch, self.phase,
-                                  row_shape))
+        line_coords = [c for k, c in enumerate(coords) if k != axis]
+        line_shape = [d for k, d in enumerate(x.shape) if k != axis]
+        self._emit(make(self._kernel_name(out), comment, out, scope.reads, self.dims, line_coords,
+                        coords[axis], dim_c(x.shape[axis], self.names), value,
+                        offset_c(coords, out.shape, self.names), self.names, self.batch, self.phase,
+                        line_shape, *extra))
+
+    def _softmax(self, out, expr: t.Softmax, comment):
+        self._line_kernel(softmax_kernel, out, expr, comment)
+
+    def _scan(self, out, expr: t.Scan, comment):
+        self._line_kernel(scan_kernel, out, expr, comment, expr.reverse)
 
     def _matmul(self, out, expr, accumulators, comment):
         for node in accumulators:
@@ -361,17 +396,31 @@ class _Planner:
 
     # --- the passes ----------------------------------------------------------------------
 
+    def definition(self, name: str) -> Stmt:
+        stmt = self.definitions.get(name)
+        if stmt is None:
+            raise CudaCodegenError(f"internal: a kernel reads {name}, which no statement of the program computes")
+        return stmt
+
     def gradient_exprs(self) -> dict[str, t.Node | None]:
-        """grad(T) for every T that depends on a leaf, with paths through a core replaced by Stored."""
+        """grad(T) for every T that depends on a leaf, in the order derived: the program's statement for it,
+        with the paths through a fused core replaced by Stored."""
         spec = self.spec
-        depends = set(spec.leaves)
+        depends = set(spec.differentiable)
         for name, info in spec.tensors.items():
-            if info.expr is not None and any(r in depends for r in references(info.expr)):
+            if info.expr is not None and any(r in depends for r in t.tensors_read(info.expr)):
                 depends.add(name)
         absorbed = {n for core in self.cores.values() for n in core.chain}
         exprs: dict[str, t.Node | None] = {}
         for name, gradient in self.derivation.gradients.items():
             if name not in depends or name in absorbed or name in spec.outputs:
+                continue
+            if not any(owner in self.core_of for owner, _ in gradient.paths):
+                # The program has no statement for a leaf's gradient of zero (None), nor for a gradient
+                # that no leaf's gradient reads (M of `where(X @ W > 0, 0, -inf)`: the comparison passes
+                # nothing on to X); for those the derivation's expression stands in.
+                expr = self.derived.get(name, gradient.expr)  # a scatter in its gather form, one entry a thread
+                exprs[name] = None if expr is None else gather_forms(expr, solve=True)
                 continue
             total = None
             for owner, part in gradient.paths:
@@ -391,25 +440,17 @@ class _Planner:
         for expr in grads.values():
             if expr is None:
                 continue
-            stack = [expr]
-            while stack:
-                n = stack.pop()
-                if isinstance(n, t.Tensor):
-                    need.add(n.name)
-                elif isinstance(n, t.Entry) and not n.grad:
-                    need.add(n.tensor)
-                elif isinstance(n, Stored):
-                    core = self.cores[n.core]
-                    need.update((core.output, core.q, core.k, core.v))
-                stack.extend(n.children)
+            need.update(t.tensors_read(expr))
+            for stored in (n for n in t.walk(expr) if isinstance(n, Stored)):
+                core = self.cores[stored.core]
+                need.update((core.output, core.q, core.k, core.v))
         for name in reversed(list(self.spec.tensors)):
-            info = self.spec.tensors[name]
-            if name in need and info.expr is not None:
+            if name in need and self.spec.tensors[name].expr is not None:
                 core = self.cores.get(name)
-                need.update((core.q, core.k, core.v) if core else references(info.expr))
+                need.update((core.q, core.k, core.v) if core else t.tensors_read(self.definition(name).defines.expr))
         absorbed = {n for core in self.cores.values() for n in core.chain}
         if need & absorbed:
-            raise _Unfusable(f"{', '.join(sorted(need & absorbed))} is needed outside the attention core")
+            raise Unfusable(f"{', '.join(sorted(need & absorbed))} is needed outside the attention core")
         return need
 
     def forward(self, live: set[str]) -> None:
@@ -421,7 +462,8 @@ class _Planner:
             if name in self.cores:
                 self.core_forward(self.cores[name])
             else:
-                self.compute(self.tensor_buffer(name), info.expr, [_definition(name, info.expr, self.order)])
+                stmt = self.definition(name)
+                self.compute(self.tensor_buffer(name), stmt.defines.expr, [stmt.title])
 
     def backward(self, grads: dict[str, t.Node | None]) -> None:
         self.phase = "backward"
@@ -444,7 +486,7 @@ class _Planner:
             if isinstance(expr, Stored) and self.buffers[("stored", expr.core, expr.role)] is target:
                 self._core_backward(self.cores[expr.core])
                 continue
-            if expr is None and name not in self.spec.leaves:
+            if expr is None and name not in self.spec.differentiable:
                 continue  # nothing reads the gradient of an intermediate that no output depends on
             if expr is None:
                 expr = t.Scalar(b.scalar(0).value)
@@ -452,7 +494,7 @@ class _Planner:
             else:
                 comment = [f"grad({name}) = {_grad_text(expr, self.order)}"]
             self.compute(target, expr, comment)
-        for leaf, result in zip(self.spec.leaves, self.gradients):
+        for leaf, result in zip(self.spec.differentiable, self.gradients):
             if leaf not in grads:
                 self.stage = result.name
                 self.compute(result, t.Scalar(b.scalar(0).value), [f"grad({leaf}) = 0"])
@@ -462,25 +504,13 @@ class _Planner:
                                             result, per_entry, self.dims, self.names, "batch_", self.batch))
 
 
-class _Unfusable(Exception):
-    pass
-
-
-def _definition(name: str, expr: t.Node, order) -> str:
-    if isinstance(expr, t.IndexDef):
-        return f"{name}[{', '.join(i.name for i in expr.indices)}] = {to_spec(expr.body, order)}"
-    return f"{name} = {to_spec(expr, order)}"
+class Unfusable(CudaCodegenError):
+    """A value outside an attention core that the fused kernels do not store (the message names it)."""
 
 
 def _grad_text(expr: t.Node, order) -> str:
     """A gradient formula as spec text; a fused kernel's result reads dQ_<core> (dK_, dV_)."""
-    stored = {}
-    stack = [expr]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Stored):
-            stored[n] = t.Tensor(f"d{n.role.upper()}_{n.core}", n.shape)
-        stack.extend(n.children)
+    stored = {n: t.Tensor(f"d{n.role.upper()}_{n.core}", n.shape) for n in t.walk(expr) if isinstance(n, Stored)}
     return to_spec(substitute(expr, stored) if stored else expr, order)
 
 
@@ -524,27 +554,32 @@ def _accumulators(expr: t.Node) -> list[t.Node]:
     return found
 
 
-def plan(spec: t.TypedSpec, fused: bool = True) -> Program:
-    """The CUDA program for `spec`: fused attention cores when `fused` and the spec has them."""
+def plan(spec: t.TypedSpec, fused: bool = True) -> KernelPlan:
+    """The CUDA kernels for `spec`: its program lowered, fused attention cores when `fused` and the spec has them."""
     notes: list[str] = []
     cores: list[AttentionCore] = []
     planned = spec
     if fused:
         planned, cores, notes = find_cores(spec)
     try:
-        return _plan(planned, cores, notes)
-    except _Unfusable as why:
-        return _plan(spec, [], notes + [f"not fused: {why}"])
+        return lower(build_program(planned), cores, notes)
+    except Unfusable as why:
+        return lower(build_program(spec), [], notes + [f"not fused: {why}"])
 
 
-def _plan(spec: t.TypedSpec, cores: list[AttentionCore], notes: list[str]) -> Program:
+def lower(program: Program, cores: Sequence[AttentionCore] = (), notes: Sequence[str] = ()) -> KernelPlan:
+    """The kernels and buffers that compute `program`; `cores` (of `program.spec`, see `find_cores`) are
+    computed by the fused kernels. Raises `Unfusable` when the rest of the program needs a value that a
+    core does not store (`plan` then lowers the program of the spec as written, unfused)."""
+    cores, notes = list(cores), list(notes)
+    spec = program.spec
     names = CNames()
     for name in spec.dims:
         names.spec("dim", name)
     for name in spec.tensors:
         names.spec("tensor", name)
     prefix = names.fresh(c_identifier(spec.name))
-    planner = _Planner(spec, cores, names, prefix)
+    planner = _Planner(program, cores, names, prefix)
     planner.arguments()
     grads = planner.gradient_exprs()
     planner.forward(planner.live(grads))
@@ -557,7 +592,6 @@ def _plan(spec: t.TypedSpec, cores: list[AttentionCore], notes: list[str]) -> Pr
             if buffer.kind == "workspace" and buffer not in workspace:
                 workspace.append(buffer)
     workspace.sort(key=lambda buf: buf.phase != "forward")
-    return Program(spec, prefix, names, planner.dims, planner.batch, planner.workspace_arg, planner.stream_arg,
-                   planner.inputs, planner.outputs,
-                   planner.upstream, planner.gradients, workspace, forward, planner.kernels, cores, notes,
-                   planner.helpers)
+    return KernelPlan(spec, prefix, names, planner.dims, planner.batch, planner.workspace_arg, planner.stream_arg,
+                      planner.inputs, planner.outputs, planner.upstream, planner.gradients, workspace, forward,
+                      planner.kernels, cores, notes, planner.helpers)

@@ -9,13 +9,12 @@ aligning axes from the right); a tensor, a `grad(T)`, or a subexpression that
 another kernel materialised is read from memory through `source.read`.
 Index notation is printed with its index names; `sum(k, ...)` becomes a loop
 statement collected in `statements`, and the expression reads its
-accumulator. The operations form tables (`UNARY`, `BINARY`, `COMPARE`); a node
+accumulator. The operations form tables (`UNARY`, `BINARY`, `COMPARISON`); a node
 type without a rule is an error that names it.
 """
 
 from __future__ import annotations
 
-from functools import singledispatchmethod
 from typing import Callable, Protocol, Sequence
 
 import sympy
@@ -23,10 +22,11 @@ import sympy
 from ...ir.functions import table
 from ...ir import typed as t
 from ...ir.affine import pieces, signed_sum
+from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
 from ...errors import SymAttnError
 from .names import CNames
 
-__all__ = ["CudaCodegenError", "CPrinter", "Source", "UNARY", "BINARY", "COMPARE", "float_literal", "dim_c",
+__all__ = ["CudaCodegenError", "CPrinter", "Source", "UNARY", "BINARY", "COMPARISON", "float_literal", "dim_c",
            "quotients", "numel_c", "offset_c", "align"]
 
 
@@ -34,19 +34,11 @@ class CudaCodegenError(SymAttnError):
     """A spec (or part of one) that the CUDA generator cannot translate; the message says what."""
 
 
-# Loosest to tightest, as C parses them.
-TERNARY, COMPARE_PREC, ADD, MUL, UNARY_PREC, ATOM = range(6)
-
 # fn -> template over the operand (float32), read live from the function table
 UNARY = table("cuda", {"neg": "-{x}"})
-BINARY: dict[str, tuple[str, int]] = {
-    "add": ("{a} + {b}", ADD),
-    "sub": ("{a} - {b}", ADD),
-    "mul": ("{a} * {b}", MUL),
-    "div": ("{a} / {b}", MUL),
-    "pow": ("powf({a}, {b})", ATOM),
-}
-COMPARE = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+# The infix operators; `pow` is the call `powf(a, b)` (`sa_square(a)` for a square).
+BINARY: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+COMPARISON = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
 CONSTANT: dict[str, Callable[[Sequence[str], Sequence[str]], str]] = {
     "ones": lambda coords, args: "1.0f",
     "eye": lambda coords, args: f"({coords[0]} == {coords[1]} ? 1.0f : 0.0f)",
@@ -75,9 +67,10 @@ def dim_c(dim: sympy.Expr, names: CNames) -> str:
     """
     dim = sympy.sympify(dim)
     num, den = sympy.fraction(sympy.together(dim))
+    printer = CDimPrinter(names)
     if den != 1:
-        return f"({_polynomial_c(num, names)} / {_polynomial_c(den, names)})"
-    return _polynomial_c(dim, names)
+        return f"({printer.doprint(num).text} / {printer.doprint(den).text})"
+    return printer.doprint(dim).text
 
 
 def quotients(dims) -> list[tuple[str, sympy.Expr, sympy.Expr]]:
@@ -90,14 +83,28 @@ def quotients(dims) -> list[tuple[str, sympy.Expr, sympy.Expr]]:
     return [(dim, num, den) for dim, (num, den) in out.items()]
 
 
-def _polynomial_c(dim: sympy.Expr, names: CNames) -> str:
-    if dim.is_Integer:
-        return str(int(dim))
-    if dim.is_Symbol:
-        return names.spec("dim", str(dim))
-    if dim.is_Add:
-        return "(" + " + ".join(_polynomial_c(a, names) for a in dim.args) + ")"
-    if dim.is_Mul or dim.is_Rational or (dim.is_Pow and dim.exp.is_Integer):
+class CDimPrinter(Printer):
+    """Dim expressions (SymPy) as C int arithmetic, every sum and product in brackets."""
+
+    error = CudaCodegenError
+
+    def __init__(self, names: CNames) -> None:
+        self.names = names
+
+    def unknown(self, dim, *context) -> Printed:
+        raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
+
+    def _print_Integer(self, dim: sympy.Integer) -> Printed:
+        return Printed(str(int(dim)))
+
+    def _print_Symbol(self, dim: sympy.Symbol) -> Printed:
+        return Printed(self.names.spec("dim", str(dim)))
+
+    def _print_Add(self, dim: sympy.Add) -> Printed:
+        return Printed(self.fence(" + ".join(self.doprint(a).text for a in dim.args)))
+
+    def _print_Mul(self, dim: sympy.Expr) -> Printed:
+        """A product of integer powers, the factors with negative exponents (and denominators) divided out."""
         top, bottom = [], []
         for factor in sympy.Mul.make_args(dim):
             if factor.is_Rational:
@@ -107,12 +114,16 @@ def _polynomial_c(dim: sympy.Expr, names: CNames) -> str:
                     bottom.append(str(factor.q))
             elif factor.is_Pow and factor.exp.is_Integer:
                 side = top if factor.exp > 0 else bottom
-                side += [_polynomial_c(factor.base, names)] * abs(int(factor.exp))
+                side += [self.doprint(factor.base).text] * abs(int(factor.exp))
             else:
-                top.append(_polynomial_c(factor, names))
+                top.append(self.doprint(factor).text)
         text = " * ".join(top) or "1"
-        return f"({text} / ({' * '.join(bottom)}))" if bottom else f"({text})"
-    raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
+        return Printed(self.fence(f"{text} / {self.fence(' * '.join(bottom))}" if bottom else text))
+
+    _print_Rational = _print_Mul
+
+    def _print_Pow(self, dim: sympy.Pow) -> Printed:
+        return self._print_Mul(dim) if dim.exp.is_Integer else self.unknown(dim)
 
 
 def numel_c(shape: Sequence[sympy.Expr], names: CNames) -> str:
@@ -154,8 +165,17 @@ class Source(Protocol):
         """A memory read of `node` at `coords`, or None when `node` is computed inline."""
 
 
-class CPrinter:
-    """Prints one kernel's expressions; `statements` collects the loops of index sums."""
+class CPrinter(Printer):
+    """Prints one kernel's expressions; `statements` collects the loops of index sums.
+
+    A `Printer` whose rules take the entry's coordinates as context; C differs from the shared
+    precedence table only in `pow`, a call here. `special` names nodes whose value a kernel
+    already holds (an accumulator); `integer` is a second family of rules, `_integer_<Node>`.
+    """
+
+    precedence = {**PRECEDENCE, "pow": ATOM}
+    error = CudaCodegenError
+    rules = "CUDA"
 
     def __init__(self, names: CNames, source: Source, indices: dict[str, str] | None = None,
                  special: dict[t.Node, str] | None = None, indent: str = "        ") -> None:
@@ -168,14 +188,22 @@ class CPrinter:
         self._locals = 0
 
     def entry(self, node: t.Node, coords: Sequence[str] = ()) -> str:
-        return self._print(node, tuple(coords))[0]
+        return self.doprint(node, tuple(coords)).text
 
-    def _wrap(self, node: t.Node, coords, at_least: int) -> str:
-        text, prec = self._print(node, coords)
-        return f"({text})" if prec < at_least else text
+    def doprint(self, node, *context) -> Printed:
+        if self.special and node in self.special:
+            return Printed(self.special[node], ATOM)
+        return super().doprint(node, *context)
 
-    def _child(self, child: t.Node, parent: t.Node, coords, at_least: int) -> str:
-        return self._wrap(child, align(child.shape, parent.shape, coords), at_least)
+    def unknown(self, node, coords) -> Printed:
+        text = self.source.read(node, coords)  # a value the planner stored (a fused kernel's result)
+        if text is None:
+            return super().unknown(node, coords)
+        return Printed(text, ATOM)
+
+    def _child(self, child: t.Node, parent: t.Node, coords) -> Printed:
+        """An operand, at the coordinates it is read at when broadcast to `parent`."""
+        return self.doprint(child, align(child.shape, parent.shape, coords))
 
     def _dim(self, dim) -> str:
         return dim_c(dim, self.names)
@@ -184,116 +212,100 @@ class CPrinter:
 
     def integer(self, node: t.Node) -> str | None:
         """`node` as C int arithmetic when it is index/dim/integer arithmetic, else None."""
-        if isinstance(node, t.IndexVar):
-            return self.indices[node.name]
-        if isinstance(node, t.DimValue):
-            return self._dim(node.dim)
-        if isinstance(node, t.Scalar) and node.value.is_Integer:
-            return str(int(node.value))
-        if isinstance(node, t.Unary) and node.fn == "neg":
-            inner = self.integer(node.x)
-            return None if inner is None else f"(-{inner})"
-        if isinstance(node, t.Binary) and node.op in ("add", "sub", "mul"):
-            a, b = self.integer(node.a), self.integer(node.b)
-            if a is None or b is None:
-                return None
-            return f"({a} {BINARY[node.op][0][4]} {b})"
-        return None
+        rule = self.rule("_integer_", type(node))
+        return None if rule is None else rule(self, node)
+
+    def _integer_IndexVar(self, node: t.IndexVar) -> str | None:
+        return self.indices[node.name]
+
+    def _integer_DimValue(self, node: t.DimValue) -> str | None:
+        return self._dim(node.dim)
+
+    def _integer_Scalar(self, node: t.Scalar) -> str | None:
+        return str(int(node.value)) if node.value.is_Integer else None
+
+    def _integer_Unary(self, node: t.Unary) -> str | None:
+        inner = self.integer(node.x) if node.fn == "neg" else None
+        return None if inner is None else f"(-{inner})"
+
+    def _integer_Binary(self, node: t.Binary) -> str | None:
+        if node.op not in ("add", "sub", "mul"):
+            return None
+        a, b = self.integer(node.a), self.integer(node.b)
+        if a is None or b is None:
+            return None
+        return f"({a} {BINARY[node.op]} {b})"
 
     # --- the rules ------------------------------------------------------------------------
 
-    @singledispatchmethod
-    def _print(self, node, coords) -> tuple[str, int]:
-        text = self.source.read(node, coords)  # a value the planner stored (a fused kernel's result)
-        if text is None:
-            raise CudaCodegenError(f"no CUDA rule for {type(node).__name__}")
-        return text, ATOM
-
-    def _memory(self, node, coords) -> tuple[str, int]:
-        if node in self.special:
-            return self.special[node], ATOM
+    def _memory(self, node, coords) -> Printed:
         text = self.source.read(node, coords)
         if text is None:
             raise CudaCodegenError(f"no CUDA rule for {type(node).__name__} here")
-        return text, ATOM
+        return Printed(text, ATOM)
 
-    for _type in (t.Tensor, t.Grad, t.MatMul, t.Reduce, t.Softmax, t.SumTo, t.IndexDef):
-        _print.register(_type)(_memory)
-    del _type
+    _print_Tensor = _print_Grad = _print_MatMul = _print_Reduce = _print_Softmax = _print_SumTo = \
+        _print_IndexDef = _print_Scan = _memory
 
-    @_print.register
-    def _(self, node: t.Scalar, coords):
+    def _print_Scalar(self, node: t.Scalar, coords) -> Printed:
         text = float_literal(node.value)
-        return text, UNARY_PREC if text.startswith("-") else ATOM
+        return Printed(text, self.prec("neg") if text.startswith("-") else ATOM)
 
-    @_print.register
-    def _(self, node: t.DimValue, coords):
-        return f"(float){self._dim(node.dim)}", UNARY_PREC
+    def _print_DimValue(self, node: t.DimValue, coords) -> Printed:
+        return Printed(f"(float){self._dim(node.dim)}", self.prec("cast"))
 
-    @_print.register
-    def _(self, node: t.Unary, coords):
-        if node in self.special:
-            return self.special[node], ATOM
+    def _print_Unary(self, node: t.Unary, coords) -> Printed:
+        x = self._child(node.x, node, coords)
         if node.fn == "neg":
-            return "-" + self._child(node.x, node, coords, UNARY_PREC), UNARY_PREC
-        return UNARY[node.fn].format(x=self._child(node.x, node, coords, TERNARY)), ATOM
+            return Printed("-" + self.parenthesize(x, NEG), self.prec("neg"))
+        return Printed(UNARY[node.fn].format(x=x.text), self.prec("call"))
 
-    @_print.register
-    def _(self, node: t.Binary, coords):
-        if node in self.special:
-            return self.special[node], ATOM
-        template, prec = BINARY[node.op]
+    def _print_Binary(self, node: t.Binary, coords) -> Printed:
+        a = self._child(node.a, node, coords)
         if node.op == "pow" and isinstance(node.b, t.Scalar) and node.b.value == 2:
-            return f"sa_square({self._child(node.a, node, coords, TERNARY)})", ATOM
+            return Printed(f"sa_square({a.text})", self.prec("call"))
+        b = self._child(node.b, node, coords)
         if node.op == "pow":
-            return template.format(a=self._child(node.a, node, coords, TERNARY),
-                                   b=self._child(node.b, node, coords, TERNARY)), ATOM
-        left = self._child(node.a, node, coords, prec)
-        right = self._child(node.b, node, coords, prec + 1)
-        return template.format(a=left, b=right), prec
+            return Printed(f"powf({a.text}, {b.text})", self.prec("pow"))
+        level = self.prec(node.op)
+        return Printed(self.infix(a, BINARY[node.op], b, level), level)
 
-    @_print.register
-    def _(self, node: t.Compare, coords):
+    def _print_Compare(self, node: t.Compare, coords) -> Printed:
         a, b = self.integer(node.a), self.integer(node.b)
         if a is None or b is None:
-            a = self._child(node.a, node, coords, ADD)
-            b = self._child(node.b, node, coords, ADD)
-        return f"{a} {COMPARE[node.op]} {b}", COMPARE_PREC
+            a = self.parenthesize(self._child(node.a, node, coords), ADD)
+            b = self.parenthesize(self._child(node.b, node, coords), ADD)
+        return Printed(f"{a} {COMPARISON[node.op]} {b}", self.prec("compare"))
 
-    @_print.register
-    def _(self, node: t.Where, coords):
-        cond = self._child(node.cond, node, coords, COMPARE_PREC)
-        a = self._child(node.a, node, coords, TERNARY + 1)
-        b = self._child(node.b, node, coords, TERNARY)
-        return f"({cond} ? {a} : {b})", ATOM
+    def _print_Where(self, node: t.Where, coords) -> Printed:
+        level = self.prec("where")
+        cond = self.parenthesize(self._child(node.cond, node, coords), COMPARE)
+        a = self.parenthesize(self._child(node.a, node, coords), level + 1)
+        b = self.parenthesize(self._child(node.b, node, coords), level)
+        return Printed(self.fence(f"{cond} ? {a} : {b}"), ATOM)
 
-    @_print.register
-    def _(self, node: t.Transpose, coords):
+    def _print_Transpose(self, node: t.Transpose, coords) -> Printed:
         swapped = (*coords[:-2], coords[-1], coords[-2])
-        return self._print(node.x, swapped)
+        return self.doprint(node.x, swapped)
 
-    @_print.register
-    def _(self, node: t.MergeHeads, coords):
+    def _print_MergeHeads(self, node: t.MergeHeads, coords) -> Printed:
         # [..., h, N, k] -> [..., N, h * k]: column c is head c / k, entry c % k.
         *lead, row, col = coords
         per_head = self._dim(node.x.shape[-1])
-        return self._print(node.x, (*lead, f"{col} / {per_head}", row, f"{col} % {per_head}"))
+        return self.doprint(node.x, (*lead, f"{col} / {per_head}", row, f"{col} % {per_head}"))
 
-    @_print.register
-    def _(self, node: t.SplitHeads, coords):
+    def _print_SplitHeads(self, node: t.SplitHeads, coords) -> Printed:
         # [..., N, h * k] -> [..., h, N, k]: head hh, entry kk is column hh * k + kk.
         *lead, head, row, col = coords
         per_head = self._dim(node.shape[-1])
-        return self._print(node.x, (*lead, row, f"{head} * {per_head} + {col}"))
+        return self.doprint(node.x, (*lead, row, f"{head} * {per_head} + {col}"))
 
-    @_print.register
-    def _(self, node: t.Slice, coords):
+    def _print_Slice(self, node: t.Slice, coords) -> Printed:
         moved = list(coords)
         moved[node.axis] = f"({coords[node.axis]} + {self._dim(node.start)})"
-        return self._print(node.x, tuple(moved))
+        return self.doprint(node.x, tuple(moved))
 
-    @_print.register
-    def _(self, node: t.Concat, coords):
+    def _print_Concat(self, node: t.Concat, coords) -> Printed:
         axis = node.axis
         start = sympy.Integer(0)
         pieces = []
@@ -301,24 +313,22 @@ class CPrinter:
             shifted = list(coords)
             shifted[axis] = coords[axis] if start == 0 else f"({coords[axis]} - {self._dim(start)})"
             stop = start + part.shape[axis]
-            pieces.append((self._dim(stop), self._child(part, node, tuple(shifted), TERNARY)))
+            pieces.append((self._dim(stop), self._child(part, node, tuple(shifted)).text))
             start = stop
         text = pieces[-1][1]
         for stop, value in reversed(pieces[:-1]):
             text = f"{coords[axis]} < {stop} ? {value} : {text}"
-        return (f"({text})", ATOM) if len(pieces) > 1 else (text, ATOM)
+        return Printed(self.fence(text) if len(pieces) > 1 else text, ATOM)
 
-    @_print.register
-    def _(self, node: t.Constant, coords):
+    def _print_Constant(self, node: t.Constant, coords) -> Printed:
         if node.kind not in CONSTANT:
             raise CudaCodegenError(f"no CUDA rule for the constant {node.kind}")
-        return CONSTANT[node.kind](coords, [self._dim(a) for a in node.args]), ATOM
+        return Printed(CONSTANT[node.kind](coords, [self._dim(a) for a in node.args]), ATOM)
 
     # --- index notation -------------------------------------------------------------------
 
-    @_print.register
-    def _(self, node: t.IndexVar, coords):
-        return f"(float){self.indices[node.name]}", UNARY_PREC
+    def _print_IndexVar(self, node: t.IndexVar, coords) -> Printed:
+        return Printed(f"(float){self.indices[node.name]}", self.prec("cast"))
 
     def subscript(self, s) -> str:
         """A subscript (index name or Affine) as C int arithmetic on the index variables."""
@@ -328,17 +338,15 @@ class CPrinter:
                   else f"{p.coefficient} * {self.indices[p.index]}") for p in pieces(s)]
         return f"({signed_sum(parts) or '0'})"
 
-    @_print.register
-    def _(self, node: t.Entry, coords):
+    def _print_Entry(self, node: t.Entry, coords) -> Printed:
         at = tuple(self.subscript(i) for i in node.indices)
         target = t.Grad(node.tensor, ()) if node.grad else t.Tensor(node.tensor, ())
         text = self.source.read(target, at)
         if text is None:
             raise CudaCodegenError(f"cannot read {node.tensor}[{', '.join(map(str, node.indices))}]")
-        return text, ATOM
+        return Printed(text, ATOM)
 
-    @_print.register
-    def _(self, node: t.IndexSum, coords):
+    def _print_IndexSum(self, node: t.IndexSum, coords) -> Printed:
         self._locals += 1
         acc = f"sum{self._locals}_"
         var = self.names.spec("index", node.index.name)
@@ -354,4 +362,4 @@ class CPrinter:
         lines += ["\n".join("    " + line for line in s.split("\n")) for s in inner]
         lines += [f"{pad}    {acc} += {body};", f"{pad}}}"]
         self.statements.append("\n".join(lines))
-        return acc, ATOM
+        return Printed(acc, ATOM)

@@ -3,8 +3,9 @@
 Contract: `numpy_source(spec)` returns the text of a Python module that imports
 only NumPy and follows DESIGN.md's "Generated NumPy module" contract:
 `forward(**tensors) -> {output: array}`, `backward(**tensors, grad_O=...) ->
-{input or param: gradient}`, plus `forward_backward(...) -> (outputs,
-gradients)` from one forward pass. Sizes are read from the arrays (a dim that
+{input or param: gradient}` (a buffer is an argument of both, with no
+gradient), plus `forward_backward(...) -> (outputs, gradients)` from one
+forward pass. Sizes are read from the arrays (a dim that
 no input's shape has keeps the spec's default); extra leading batch axes
 broadcast; a shape that disagrees with the spec is a `ValueError` naming the
 tensor, the expected and the given shape; float32 stays float32 and float64
@@ -37,15 +38,15 @@ if TYPE_CHECKING:
     from .printer import NumPyPrinter
     from ..program import Program, Stmt
 
-__all__ = ["numpy_source", "load_module", "size_keywords"]
+__all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines"]
 
 
 def size_keywords(spec: t.TypedSpec) -> list[str]:
-    """Dims that no input's or param's shape has alone on an axis: the module takes them as keywords.
+    """Dims that no given tensor's shape has alone on an axis: the module takes them as keywords.
 
     (`split_heads(X, h)` with no tensor of shape [h, ...]: `forward(X=..., h=4)`, default the spec's size.)
     """
-    alone = {d for name in spec.leaves for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
+    alone = {d for name in spec.given for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
     return [name for name, info in spec.dims.items() if info.symbol not in alone]
 
 
@@ -62,20 +63,24 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     from ..program import CodegenError, build_program
 
     program = build_program(spec, derivation, reserved=RESERVED)
+    for out, keyword in program.upstream.items():
+        if keyword in spec.tensors:  # backward() takes grad(O) as the keyword grad_O
+            raise CodegenError(f"tensor {keyword} has the name of the keyword that passes grad({out}) to "
+                               f"backward(); rename it")
     printer = NumPyPrinter(program)
     order = list(spec.dims)
-    leaves = [program.tensor_vars[n] for n in spec.leaves]
+    leaves = [program.tensor_vars[n] for n in spec.given]
     keywords = [program.upstream[o] for o in spec.outputs]
     sizes = size_keywords(spec)
     for name in sizes:
         if name in keywords:
             raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
-    unsafe = [n for n in list(spec.leaves) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
+    unsafe = [n for n in list(spec.given) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
 
     body: list[str] = []
     body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream"})
-    body += _bind_dims(spec, program, printer)
+    body += bind_dims(spec, program, printer)
     body.append("")
     body.append("# forward pass")
     named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
@@ -88,7 +93,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         return [f"del {', '.join(dead)}"] if dead else []
 
     for k, stmt in enumerate(program.forward):
-        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
+        body += comment_lines(stmt, printer.statement(k, stmt), consumed()) + release(k)
     outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
     body.append(f"outputs = {{{outputs}}}")
     body.append(f"if {keywords[0]} is None:")
@@ -101,9 +106,9 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
     for k, stmt in enumerate(program.backward, start=program.forward_count):
-        body += _comment(stmt, printer.statement(k, stmt), consumed()) + release(k)
+        body += comment_lines(stmt, printer.statement(k, stmt), consumed()) + release(k)
     grads = []
-    for leaf in spec.leaves:
+    for leaf in spec.differentiable:
         var = program.leaf_grads[leaf]
         leaf_var = program.tensor_vars[leaf]
         if var is None:
@@ -127,7 +132,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
+def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
     """The formula a statement computes, where its code does not read as that formula already."""
     from ..index import IndexArray
 
@@ -142,7 +147,7 @@ def _comment(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
     return out + lines
 
 
-def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
+def bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
     """Read each dim's size from the first array that has it alone on an axis; check every array against them."""
     order = list(spec.dims)
     bound: set[sympy.Symbol] = set()
@@ -154,7 +159,7 @@ def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> li
         tail = "," if len(expected) == 1 else ""
         return f'_bind("{leaf}", {program.tensor_vars[leaf]}, "{shape}", ({", ".join(expected)}{tail}))'
 
-    for leaf in spec.leaves:
+    for leaf in spec.given:
         targets, expected, new = [], [], set()
         for d in map(sympy.sympify, spec.tensors[leaf].shape):
             if d.is_Symbol and d not in bound:
@@ -183,7 +188,7 @@ def _bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> li
     for leaf in later:
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
     ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
-                      for leaf in spec.leaves)
+                      for leaf in spec.given)
     lines.append(f"_batch_axes({ranks})")
     return lines
 
@@ -197,7 +202,7 @@ def _exact_dims(spec: t.TypedSpec, printer: NumPyPrinter) -> list[str]:
     from ...ir.sizes import constraints
 
     # split_heads checks its own width ("not a multiple of 3 heads"), unless an input's shape has it too
-    in_leaves = {d for name in spec.leaves for d in spec.tensors[name].shape}
+    in_leaves = {d for name in spec.given for d in spec.tensors[name].shape}
     seen = {n.shape[-1] for info in spec.tensors.values() if info.expr is not None for n in t.walk(info.expr)
             if isinstance(n, t.SplitHeads)} - in_leaves
     lines = []
@@ -216,11 +221,11 @@ def _header(spec: t.TypedSpec, program: Program) -> list[str]:
     order = list(spec.dims)
     name = _module_name(spec)
     rows = []
-    for tensor in list(spec.leaves) + list(spec.outputs):
+    for tensor in list(spec.given) + list(spec.outputs):
         info = spec.tensors[tensor]
         rows.append((info.kind if tensor not in spec.outputs else "output", tensor, format_shape(info.shape, order)))
     width = max(len(r[1]) for r in rows)
-    leaves = ", ".join(spec.leaves)
+    leaves = ", ".join(spec.given)
     grads = ", ".join(program.upstream[o] for o in spec.outputs)
     outs = ", ".join(f'"{o}": ...' for o in spec.outputs)
     lines = [
@@ -257,8 +262,8 @@ def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, print
     dims = [program.dim_vars[n] for n in sizes]
     if unsafe:  # a spec name that Python cannot take as a parameter: take keywords as a dict
         printer.helpers.add("_take")
-        names = ", ".join(f'"{n}"' for n in spec.leaves)
-        both = ", ".join(f'"{n}"' for n in list(spec.leaves) + keywords)
+        names = ", ".join(f'"{n}"' for n in spec.given)
+        both = ", ".join(f'"{n}"' for n in list(spec.given) + keywords)
         pops = [f'    {program.dim_vars[n]} = tensors.pop("{n}", {spec.sizes[n]})' for n in sizes]
         sig_f, sig_b = "**tensors", "**tensors"
         pre_f = pops + [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]

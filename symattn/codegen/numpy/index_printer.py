@@ -4,8 +4,9 @@ Contract: `IndexNotationPrinter` is the part of `NumPyPrinter` that prints the
 labelled-array nodes of `symattn.codegen.index` (`LEntry`, `LOp`, `LContract`,
 ...): `label(node)` gives code whose axes are the node's index labels in
 order, `label_aligned` aligns it to a target order, and a contraction becomes
-`@` when it is one, `np.einsum` otherwise. It relies on the printer's
-`print`, `dim` and `aligned` methods.
+`@` when it is one, `np.einsum` otherwise. It is a `Printer` whose second
+family of rules, `_label_<Node>`, prints a labelled node; it relies on the
+NumPy printer's `doprint`, `dim`, `batched` and `aligned` methods.
 """
 
 from __future__ import annotations
@@ -13,53 +14,66 @@ from __future__ import annotations
 import sympy
 
 from ...ir.affine import Affine, pieces, signed_sum
+from ...ir.printer import ADD, ATOM, MUL, NEG, POW, Printer
 from ..index import LConst, LContract, LEntry, LGather, LNode, LOp, LScalarTensor, LSum, LVar
 from ..program import CodegenError
-from .syntax import ADD, ATOM, BINARY, CMP, MUL, POW, UNARY, SCALAR_UNARY, UNARY_PREC, Code, einsum_letters, wrap
+from .syntax import BINARY, PYTHON_PRECEDENCE, UNARY, SCALAR_UNARY, Code, einsum_letters
 
 __all__ = ["IndexNotationPrinter"]
 
 
-class IndexNotationPrinter:
+class IndexNotationPrinter(Printer):
+
+    precedence = PYTHON_PRECEDENCE
+    error = CodegenError
+    rules = "NumPy printing"
 
     def label(self, node: LNode) -> Code:
         """A labelled node printed with its own labels, in their order."""
-        if isinstance(node, LGather):  # integer index arrays over the labels: a gather, O(entries read)
-            at = [self.index_array(s, node.labels, node.ranges) for s in node.indices]
-            dots = ["..."] if self.batched(node) else []
-            return Code(f"{node.var}[{', '.join(dots + at)}]", ATOM, False)
-        if isinstance(node, LEntry):
-            if len(set(node.indices)) == len(node.indices):
-                return Code(node.var, ATOM, False)
-            letters = einsum_letters(node.indices)
-            sub = "".join(letters[i] for i in node.indices)
-            out = "".join(letters[i] for i in node.labels)
-            dots = "..." if self.batched(node) else ""
-            return Code(f'np.einsum("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
-        if isinstance(node, (LVar, LScalarTensor)):
+        return self.dispatch("_label_", node)
+
+    def _label_LGather(self, node: LGather) -> Code:
+        """Integer index arrays over the labels: a gather, O(entries read)."""
+        at = [self.index_array(s, node.labels, node.ranges) for s in node.indices]
+        dots = ["..."] if self.batched(node) else []
+        return Code(f"{node.var}[{', '.join(dots + at)}]", ATOM, False)
+
+    def _label_LEntry(self, node: LEntry) -> Code:
+        if len(set(node.indices)) == len(node.indices):
             return Code(node.var, ATOM, False)
-        if isinstance(node, LConst):
-            return self.print(node.node)
-        if isinstance(node, LOp):
-            return self._label_op(node)
-        if isinstance(node, LContract):
-            return self._contract(node)
-        if isinstance(node, LSum):
-            x = self.label(node.x)
-            axis = node.x.labels.index(node.index) - len(node.x.labels)
-            return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
-        raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
+        letters = einsum_letters(node.indices)
+        sub = "".join(letters[i] for i in node.indices)
+        out = "".join(letters[i] for i in node.labels)
+        dots = "..." if self.batched(node) else ""
+        return Code(f'np.einsum("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
+
+    def _label_LVar(self, node: LVar | LScalarTensor) -> Code:
+        return Code(node.var, ATOM, False)
+
+    _label_LScalarTensor = _label_LVar
+
+    def _label_LConst(self, node: LConst) -> Code:
+        return self.doprint(node.node)
+
+    def _label_LSum(self, node: LSum) -> Code:
+        x = self.label(node.x)
+        axis = node.x.labels.index(node.index) - len(node.x.labels)
+        return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
+
+    def arange(self, size: str) -> str:
+        """The integers 0 .. size - 1 as an index array."""
+        return f"np.arange({size})"
 
     def index_array(self, s, labels: tuple[str, ...], ranges) -> str:
-        """A subscript (index name or Affine) as integer arithmetic on `np.arange`s, one axis per label:
+        """A subscript (index name or Affine) as integer arithmetic on `arange`s, one axis per label:
         `np.arange(N)[None, :] - np.arange(N)[:, None] + N - 1`."""
         parts = []
         for p in pieces(s if isinstance(s, Affine) else Affine((s,), (1,), sympy.Integer(0))):
             if p.index is None:
-                parts.append((p.negative, wrap(self.dim(p.dims), MUL)))
+                parts.append((p.negative, self.parenthesize(self.dim(p.dims), MUL)))
                 continue
             k = labels.index(p.index)
-            arange = f"np.arange({self.dim(ranges[k]).text})"
+            arange = self.arange(self.dim(ranges[k]).text)
             if len(labels) > 1:
                 arange += "[" + ", ".join(":" if j == k else "None" for j in range(len(labels))) + "]"
             parts.append((p.negative, arange if p.coefficient == 1 else f"{p.coefficient} * {arange}"))
@@ -73,7 +87,8 @@ class IndexNotationPrinter:
         if labels != present:  # same labels, other order: move the axes
             src = [labels.index(n) - len(labels) for n in present]
             if len(labels) == 2:
-                code = Code(f"{wrap(code, ATOM)}.swapaxes(-1, -2)", ATOM, False, code.carrying)
+                code = Code(f"{self.parenthesize(code, ATOM)}.swapaxes(-1, -2)", self.prec("transpose"), False,
+                        code.carrying)
             else:
                 dst = list(range(-len(labels), 0))
                 code = Code(f"np.moveaxis({code.text}, {src}, {dst})", ATOM, False, code.carrying)
@@ -88,9 +103,9 @@ class IndexNotationPrinter:
             index.insert(0, "...")
         if all(i == ":" for i in index):
             return code
-        return Code(f"{wrap(code, ATOM)}[{', '.join(index)}]", ATOM, False, code.carrying)
+        return Code(f"{self.parenthesize(code, ATOM)}[{', '.join(index)}]", self.prec("slice"), False, code.carrying)
 
-    def _label_op(self, node: LOp) -> Code:
+    def _label_LOp(self, node: LOp) -> Code:
         args = [self.label_aligned(a, node.labels) for a in node.args]
         carrying = any(a.carrying for a in args)
         if node.kind == "unary":
@@ -99,27 +114,35 @@ class IndexNotationPrinter:
                 self.helpers.add(helper)
             if not node.labels and not self.batched(node):  # a scalar: Python arithmetic
                 if node.op in SCALAR_UNARY:
-                    return Code(SCALAR_UNARY[node.op].format(x=wrap(args[0], POW + 1)), POW, carrying=False)
+                    return Code(SCALAR_UNARY[node.op].format(x=self.parenthesize(args[0], POW + 1)), POW,
+                                carrying=False)
                 return Code(f"float({template.format(x=args[0].text)})", carrying=False)
             if node.op == "neg":
-                return Code(f"-{wrap(args[0], UNARY_PREC)}", UNARY_PREC, True, carrying)
+                return Code(f"-{self.parenthesize(args[0], NEG)}", self.prec("neg"), True, carrying)
             return Code(template.format(x=args[0].text), ATOM, True, carrying)
         if node.kind == "binary":
-            symbol, prec = BINARY[node.op]
-            a, b = args
-            if node.op == "pow":
-                return Code(f"{wrap(a, ATOM)} ** {wrap(b, UNARY_PREC)}", POW, True, carrying)
-            return Code(f"{wrap(a, prec)} {symbol} {wrap(b, prec + 1)}", prec, True, carrying)
+            return self.binary(node.op, *args, carrying)
         if node.kind == "compare":
-            a, b = args
-            return Code(f"{wrap(a, ADD)} {node.op} {wrap(b, ADD)}", CMP, True, False)
-        c, a, b = args
+            return self.compare(node.op, *args)
+        return self.where(*args)
+
+    def binary(self, op: str, a: Code, b: Code, carrying: bool) -> Code:
+        """`a op b` for aligned operands; `**` binds tighter than a unary minus on its left, looser on its right."""
+        level = self.prec(op)
+        if op == "pow":
+            return Code(f"{self.parenthesize(a, ATOM)} ** {self.parenthesize(b, NEG)}", level, True, carrying)
+        return Code(self.infix(a, BINARY[op], b, level), level, True, carrying)
+
+    def compare(self, op: str, a: Code, b: Code) -> Code:
+        return Code(f"{self.parenthesize(a, ADD)} {op} {self.parenthesize(b, ADD)}", self.prec("compare"), True, False)
+
+    def where(self, c: Code, a: Code, b: Code) -> Code:
         text = f"np.where({c.text}, {a.text}, {b.text})"
-        if not (a.carrying or b.carrying):
+        if not (a.carrying or b.carrying):  # both branches Python numbers: the result is float64
             return Code(f"{text}.astype(dtype)", ATOM, True)
         return Code(text, ATOM, True)
 
-    def _contract(self, node: LContract) -> Code:
+    def _label_LContract(self, node: LContract) -> Code:
         operands = []
         for f in node.factors:
             if isinstance(f, LEntry) and not isinstance(f, LGather):
@@ -128,8 +151,8 @@ class IndexNotationPrinter:
                 operands.append((self.label(f), f.labels, self.batched(f)))
         code = self._matmul_form(operands, node) or self._einsum(operands, node)
         if node.coeff is not None:
-            c = self.print(node.coeff)
-            code = Code(f"{wrap(c, MUL)} * {wrap(code, MUL + 1)}", MUL, True, code.carrying)
+            c = self.doprint(node.coeff)
+            code = Code(self.infix(c, "*", code, MUL), MUL, True, code.carrying)
         return code
 
     def _matmul_form(self, operands, node: LContract) -> Code | None:
@@ -145,11 +168,11 @@ class IndexNotationPrinter:
             return None
 
         def oriented(code: Code, have, want) -> str:
-            return code.text if tuple(have) == want else f"{wrap(code, ATOM)}.swapaxes(-1, -2)"
+            return code.text if tuple(have) == want else f"{self.parenthesize(code, ATOM)}.swapaxes(-1, -2)"
 
         if node.labels == (fa, fb):
-            return Code(f"{oriented(a, ia, (fa, k))} @ {oriented(b, ib, (k, fb))}", MUL, True)
-        return Code(f"{oriented(b, ib, (fb, k))} @ {oriented(a, ia, (k, fa))}", MUL, True)
+            return Code(f"{oriented(a, ia, (fa, k))} @ {oriented(b, ib, (k, fb))}", self.prec("matmul"), True)
+        return Code(f"{oriented(b, ib, (fb, k))} @ {oriented(a, ia, (k, fa))}", self.prec("matmul"), True)
 
     def _einsum(self, operands, node: LContract) -> Code:
         names = [n for _, idx, _ in operands for n in idx] + list(node.labels)

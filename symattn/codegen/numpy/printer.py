@@ -3,7 +3,9 @@
 Contract: `NumPyPrinter(program).statement(k, stmt)` returns the lines of code
 for statement k, and records the runtime helpers they call in `.helpers`.
 The printer is a table from operation to NumPy syntax (`UNARY`, `BINARY`,
-`REDUCE`, `CONSTANT`, and one `_print` method per node type). Arrays keep
+`REDUCE`, `CONSTANT`) and a `Printer` (`symattn.ir.printer`) with one
+`_print_<Node>` method per node type and `_dim_<Expr>` per kind of dim
+expression, on the shared precedence table as Python binds it. Arrays keep
 their dtype: constants are Python numbers (NumPy treats them as "weak") or
 arrays made in the computation's dtype. Operands of a lower rank that may
 carry batch axes get axes inserted so that batch axes line up. Elementwise
@@ -15,15 +17,13 @@ softmax and its backward overwrite their input when nothing reads it later.
 
 from __future__ import annotations
 
-from functools import singledispatchmethod
-
 import sympy
 
 from ...ir import typed as t
+from ...ir.printer import ADD, ATOM, MUL, NEG, POW
 from ..index import IndexArray, LEntry, LScalarTensor, LVar
 from .index_printer import IndexNotationPrinter
-from .syntax import (ADD, ATOM, BINARY, CMP, CONSTANT, INPLACE, MUL, POW, REDUCE, RESERVED, SCALAR_UNARY, UNARY,
-                     UNARY_PREC, Code, wrap)
+from .syntax import BINARY, CONSTANT, INPLACE, REDUCE, RESERVED, SCALAR_UNARY, SCAN, UNARY, Code
 from ..program_ir import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, walk_labelled
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
@@ -54,41 +54,50 @@ class NumPyPrinter(IndexNotationPrinter):
         num, den = sympy.fraction(sympy.together(expr))
         if den != 1 and not expr.is_Rational:
             top, bottom = self._polynomial(num, integer), self._polynomial(den, integer)
-            text = f"{wrap(top, MUL)} {'//' if integer else '/'} {wrap(bottom, MUL + 1)}"
+            text = f"{self.parenthesize(top, MUL)} {'//' if integer else '/'} {self.parenthesize(bottom, MUL + 1)}"
             return Code(text, MUL, carrying=False)
         return self._polynomial(expr, integer)
 
     def _polynomial(self, expr, integer: bool) -> Code:
-        if expr.is_Integer:
-            return Code(str(int(expr)), ATOM if expr >= 0 else UNARY_PREC, carrying=False)
-        if expr.is_Rational:
-            return Code(f"{expr.p} / {expr.q}", MUL, carrying=False)
-        if expr.is_Symbol:
-            if expr not in self.dims:
-                raise CodegenError(f"unknown dim {expr}")
-            return Code(self.dims[expr], carrying=False)
-        if expr.is_Add:
-            terms = [self.dim(a, integer) for a in expr.as_ordered_terms()]
-            text = terms[0].text
-            for term in terms[1:]:
-                text += f" - {term.text[1:]}" if term.text.startswith("-") else f" + {wrap(term, ADD + 1)}"
-            return Code(text, ADD, carrying=False)
-        if expr.is_Mul:
-            coeff, rest = expr.as_coeff_Mul()
-            num, den = sympy.fraction(coeff)
-            factors = ([str(num)] if num != 1 else []) + [wrap(self.dim(f, integer), MUL + 1)
-                                                       for f in sympy.Mul.make_args(rest)]
-            text = " * ".join(factors) if factors else "1"
-            if den != 1:
-                text = f"{text} {'//' if integer else '/'} {den}"
-            return Code(text, MUL, carrying=False)
-        if expr.is_Pow:
-            base, exp = expr.as_base_exp()
-            if exp == sympy.Rational(1, 2):
-                return Code(f"{wrap(self.dim(base, integer), ATOM)} ** 0.5", POW, carrying=False)
-            return Code(f"{wrap(self.dim(base, integer), ATOM)} ** {wrap(self.dim(exp), UNARY_PREC)}", POW,
-                        carrying=False)
-        raise CodegenError(f"cannot print the dim expression {expr}")
+        rule = self.rule("_dim_", type(expr))
+        if rule is None:
+            raise CodegenError(f"cannot print the dim expression {expr}")
+        return rule(self, expr, integer)
+
+    def _dim_Integer(self, expr: sympy.Integer, integer: bool) -> Code:
+        return Code(str(int(expr)), ATOM if expr >= 0 else self.prec("neg"), carrying=False)
+
+    def _dim_Rational(self, expr: sympy.Rational, integer: bool) -> Code:
+        return Code(f"{expr.p} / {expr.q}", self.prec("div"), carrying=False)
+
+    def _dim_Symbol(self, expr: sympy.Symbol, integer: bool) -> Code:
+        if expr not in self.dims:
+            raise CodegenError(f"unknown dim {expr}")
+        return Code(self.dims[expr], carrying=False)
+
+    def _dim_Add(self, expr: sympy.Add, integer: bool) -> Code:
+        terms = [self.dim(a, integer) for a in expr.as_ordered_terms()]
+        text = terms[0].text
+        for term in terms[1:]:
+            text += f" - {term.text[1:]}" if term.text.startswith("-") else f" + {self.parenthesize(term, ADD + 1)}"
+        return Code(text, self.prec("add"), carrying=False)
+
+    def _dim_Mul(self, expr: sympy.Mul, integer: bool) -> Code:
+        coeff, rest = expr.as_coeff_Mul()
+        num, den = sympy.fraction(coeff)
+        factors = ([str(num)] if num != 1 else []) + [self.parenthesize(self.dim(f, integer), MUL + 1)
+                                                   for f in sympy.Mul.make_args(rest)]
+        text = " * ".join(factors) if factors else "1"
+        if den != 1:
+            text = f"{text} {'//' if integer else '/'} {den}"
+        return Code(text, self.prec("mul"), carrying=False)
+
+    def _dim_Pow(self, expr: sympy.Pow, integer: bool) -> Code:
+        base, exp = expr.as_base_exp()
+        if exp == sympy.Rational(1, 2):
+            return Code(f"{self.parenthesize(self.dim(base, integer), ATOM)} ** 0.5", POW, carrying=False)
+        return Code(f"{self.parenthesize(self.dim(base, integer), ATOM)} ** {self.parenthesize(self.dim(exp), NEG)}",
+                    self.prec("pow"), carrying=False)
 
     def shape_tuple(self, shape) -> str:
         parts = [self.dim(d).text for d in shape]
@@ -100,15 +109,15 @@ class NumPyPrinter(IndexNotationPrinter):
         if value == sympy.oo:
             return Code("np.inf", carrying=False)
         if value == -sympy.oo:
-            return Code("-np.inf", UNARY_PREC, carrying=False)
+            return Code("-np.inf", NEG, carrying=False)
         if value == sympy.pi:
             return Code("np.pi", carrying=False)
         if value.is_Integer:
-            return Code(str(int(value)), ATOM if value >= 0 else UNARY_PREC, carrying=False)
+            return Code(str(int(value)), ATOM if value >= 0 else NEG, carrying=False)
         if value.is_Rational:
             as_float = float(value)
             if sympy.Rational(repr(as_float)) == value:
-                return Code(repr(as_float), ATOM if as_float >= 0 else UNARY_PREC, carrying=False)
+                return Code(repr(as_float), ATOM if as_float >= 0 else NEG, carrying=False)
             return Code(f"{value.p} / {value.q}", MUL, carrying=False)
         return Code(repr(float(value)), ATOM, carrying=False)
 
@@ -127,125 +136,115 @@ class NumPyPrinter(IndexNotationPrinter):
 
     def aligned(self, node: t.Node, rank: int) -> Code:
         """`node` printed, with axes inserted before its own so that its batch axes line up at `rank`."""
-        code = self.print(node)
+        code = self.doprint(node)
         own = len(node.shape)
         if own >= rank or not self.batched(node):
             return code
-        index = ", ".join(["..."] + ["None"] * (rank - own) + [":"] * own)
-        return Code(f"{wrap(code, ATOM)}[{index}]", ATOM, False, code.carrying)
+        return self.new_axes(code, rank - own, own)
 
-    def print(self, node) -> Code:
-        return self._print(node)
+    def new_axes(self, code: Code, new: int, own: int) -> Code:
+        """`code[..., None, :]`: `new` axes of size 1 inserted before the last `own` ones."""
+        index = ", ".join(["..."] + ["None"] * new + [":"] * own)
+        return Code(f"{self.parenthesize(code, ATOM)}[{index}]", self.prec("slice"), False, code.carrying)
 
-    @singledispatchmethod
-    def _print(self, node) -> Code:
-        raise CodegenError(f"no NumPy printing rule for {type(node).__name__}")
-
-    @_print.register
-    def _(self, node: Var) -> Code:
+    def _print_Var(self, node: Var) -> Code:
         return Code(node.name, ATOM, fresh=False)
 
-    @_print.register
-    def _(self, node: t.Scalar) -> Code:
+    def _print_Scalar(self, node: t.Scalar) -> Code:
         return self.number(node.value)
 
-    @_print.register
-    def _(self, node: t.DimValue) -> Code:
+    def _print_DimValue(self, node: t.DimValue) -> Code:
         return self.dim(node.dim, integer=False)
 
     def reciprocal(self, node: t.Node) -> Code:
         """1 / node for a constant scalar, as Python arithmetic: `d_k ** -0.5` for sqrt(d_k)."""
         if isinstance(node, t.Unary) and node.fn == "sqrt":
-            return Code(f"{wrap(self.print(node.x), POW + 1)} ** -0.5", POW, carrying=False)
+            return Code(f"{self.parenthesize(node.x, POW + 1)} ** -0.5", POW, carrying=False)
         if isinstance(node, t.Scalar) and node.value != 0:
             return self.number(1 / node.value)
-        return Code(f"1 / {wrap(self.print(node), MUL + 1)}", MUL, carrying=False)
+        return Code(f"1 / {self.parenthesize(node, MUL + 1)}", MUL, carrying=False)
 
     def _constant_scalar(self, node: t.Node) -> bool:
         return node.shape == () and not self.batched(node) and not any(
             isinstance(n, (Var, t.Constant, IndexArray)) for n in _nodes(node))
 
-    @_print.register
-    def _(self, node: t.Unary) -> Code:
-        x = self.print(node.x)
+    def _print_Unary(self, node: t.Unary) -> Code:
+        x = self.doprint(node.x)
         if self._constant_scalar(node):  # Python arithmetic keeps the scalar "weak": no upcast of float32
             if node.fn in SCALAR_UNARY:
-                need = POW + 1 if node.fn == "sqrt" else UNARY_PREC
-                return Code(SCALAR_UNARY[node.fn].format(x=wrap(x, need)),
-                            POW if node.fn == "sqrt" else UNARY_PREC, carrying=False)
+                need = POW + 1 if node.fn == "sqrt" else NEG
+                return Code(SCALAR_UNARY[node.fn].format(x=self.parenthesize(x, need)),
+                            POW if node.fn == "sqrt" else NEG, carrying=False)
             return Code(f"float({UNARY[node.fn][0].format(x=x.text)})", carrying=False)
         template, helper = UNARY[node.fn]
         if helper:
             self.helpers.add(helper)
         if node.fn == "neg":
-            return Code(f"-{wrap(x, UNARY_PREC)}", UNARY_PREC, True, x.carrying)
+            return Code(f"-{self.parenthesize(x, NEG)}", self.prec("neg"), True, x.carrying)
         return Code(template.format(x=x.text), ATOM, True, x.carrying)
 
-    @_print.register
-    def _(self, node: t.Binary) -> Code:
+    def _print_Binary(self, node: t.Binary) -> Code:
         rank = len(node.shape)
         if node.op == "div" and node.a.shape and self._constant_scalar(node.b):
             # an array divided by a constant is multiplied by its reciprocal: a multiplication is cheaper
             a = self.aligned(node.a, rank)
-            return Code(f"{wrap(a, MUL)} * {wrap(self.reciprocal(node.b), MUL + 1)}", MUL, True, a.carrying)
+            return Code(self.infix(a, "*", self.reciprocal(node.b), MUL), MUL, True, a.carrying)
         a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
-        symbol, prec = BINARY[node.op]
-        if node.op == "pow":
-            text = f"{wrap(a, ATOM)} ** {wrap(b, UNARY_PREC)}"
-        else:
-            text = f"{wrap(a, prec)} {symbol} {wrap(b, prec + 1)}"
-        return Code(text, prec, True, a.carrying or b.carrying)
+        return self.binary(node.op, a, b, a.carrying or b.carrying)
 
-    @_print.register
-    def _(self, node: t.MatMul) -> Code:
+    def _print_MatMul(self, node: t.MatMul) -> Code:
         a_node, b_node = node.a, node.b
-        a, b = self.print(a_node), self.print(b_node)
+        a, b = self.doprint(a_node), self.doprint(b_node)
         ra, rb = len(a_node.shape), len(b_node.shape)
         squeeze = ""
         if ra == 1 and self.batched(a_node):  # a batched vector: make it a row, take the row back after
-            a, ra, squeeze = Code(f"{wrap(a, ATOM)}[..., None, :]", ATOM, False), 2, "[..., 0, :]"
+            a, ra, squeeze = Code(f"{self.parenthesize(a, ATOM)}[..., None, :]", ATOM, False), 2, "[..., 0, :]"
         if rb == 1 and self.batched(b_node):
-            b, rb = Code(f"{wrap(b, ATOM)}[..., :, None]", ATOM, False), 2
+            b, rb = Code(f"{self.parenthesize(b, ATOM)}[..., :, None]", ATOM, False), 2
             squeeze = "[..., 0, 0]" if squeeze else "[..., 0]"
         rank = max(ra, rb)
         if ra < rank and self.batched(a_node):
-            a = Code(f"{wrap(a, ATOM)}[{', '.join(['...'] + ['None'] * (rank - ra) + [':'] * ra)}]", ATOM, False)
+            a = self.new_axes(a, rank - ra, ra)
         if rb < rank and self.batched(b_node):
-            b = Code(f"{wrap(b, ATOM)}[{', '.join(['...'] + ['None'] * (rank - rb) + [':'] * rb)}]", ATOM, False)
-        left = f"({a.text})" if a.prec == MUL else wrap(a, MUL)  # `(Q / c) @ K`, not `Q / c @ K`
-        text = f"{left} @ {wrap(b, MUL + 1)}"
+            b = self.new_axes(b, rank - rb, rb)
+        level = self.prec("matmul")
+        left = self.fence(a.text) if a.prec == MUL else self.parenthesize(a, level)  # `(Q / c) @ K`, not `Q / c @ K`
+        text = f"{left} @ {self.parenthesize(b, level + 1)}"
         if squeeze:
-            return Code(f"({text}){squeeze}", ATOM, False)
-        return Code(text, MUL, True)
+            return Code(f"{self.fence(text)}{squeeze}", ATOM, False)
+        return Code(text, level, True)
 
-    @_print.register
-    def _(self, node: t.Transpose) -> Code:
-        x = self.print(node.x)
-        return Code(f"{wrap(x, ATOM)}.swapaxes(-1, -2)", ATOM, False, x.carrying)
+    def _print_Transpose(self, node: t.Transpose) -> Code:
+        x = self.doprint(node.x)
+        return Code(f"{self.parenthesize(x, ATOM)}.swapaxes(-1, -2)", self.prec("transpose"), False, x.carrying)
 
     def _axis(self, axis, rank) -> str:
         if axis is None:
             return "(" + ", ".join(str(k) for k in range(-rank, 0)) + ("," if rank == 1 else "") + ")"
         return str(axis - rank)
 
-    @_print.register
-    def _(self, node: t.Reduce) -> Code:
+    def _print_Reduce(self, node: t.Reduce) -> Code:
         rank = len(node.x.shape)
         inner = node.x
         if node.kind == "sum" and node.axis == rank - 1 and isinstance(inner, t.Binary) and inner.op == "mul" \
                 and inner.a.shape == inner.b.shape == inner.shape and rank >= 1:
             self.helpers.add("_rowdot")  # no array of the products
-            a, b = self.print(inner.a), self.print(inner.b)
+            a, b = self.doprint(inner.a), self.doprint(inner.b)
             return Code(f"_rowdot({a.text}, {b.text})", ATOM, True, a.carrying or b.carrying)
-        x = self.print(inner)
+        x = self.doprint(inner)
         if node.kind == "logsumexp":
             self.helpers.add("_logsumexp")
         return Code(REDUCE[node.kind].format(x=x.text, axis=self._axis(node.axis, rank)), ATOM, True, x.carrying)
 
-    @_print.register
-    def _(self, node: t.Softmax) -> Code:
+    def _print_Scan(self, node: t.Scan) -> Code:
+        x = self.doprint(node.x)
+        if node.reverse:
+            self.helpers.add("_reverse_cumsum")
+        return Code(SCAN[node.reverse].format(x=x.text, axis=node.axis - len(node.x.shape)), ATOM, True, x.carrying)
+
+    def _print_Softmax(self, node: t.Softmax) -> Code:
         axis = node.axis - len(node.x.shape)
-        x = self.print(node.x)
+        x = self.doprint(node.x)
         if x.fresh or self._dead(node.x):
             self.helpers.add("_softmax_")
             self.consumed = getattr(node.x, "name", None)
@@ -253,10 +252,9 @@ class NumPyPrinter(IndexNotationPrinter):
         self.helpers.update({"_softmax", "_softmax_"})
         return Code(f"_softmax({x.text}, axis={axis})", ATOM, True, x.carrying)
 
-    @_print.register
-    def _(self, node: SoftmaxGrad) -> Code:
-        p, rowdot = self.print(node.p), self.print(node.rowdot)
-        g = self.print(node.g)
+    def _print_SoftmaxGrad(self, node: SoftmaxGrad) -> Code:
+        p, rowdot = self.doprint(node.p), self.doprint(node.rowdot)
+        g = self.doprint(node.g)
         if g.fresh or self._dead(node.g):
             self.helpers.add("_softmax_backward_")
             self.consumed = getattr(node.g, "name", None)
@@ -264,48 +262,37 @@ class NumPyPrinter(IndexNotationPrinter):
         self.helpers.add("_softmax_backward")
         return Code(f"_softmax_backward({p.text}, {g.text}, {rowdot.text})", ATOM, True)
 
-    @_print.register
-    def _(self, node: t.Compare) -> Code:
+    def _print_Compare(self, node: t.Compare) -> Code:
         rank = len(node.shape)
         a, b = self.aligned(node.a, rank), self.aligned(node.b, rank)
-        return Code(f"{wrap(a, ADD)} {node.op} {wrap(b, ADD)}", CMP, True, False)
+        return self.compare(node.op, a, b)
 
-    @_print.register
-    def _(self, node: t.Where) -> Code:
+    def _print_Where(self, node: t.Where) -> Code:
         rank = len(node.shape)
-        c, a, b = (self.aligned(n, rank) for n in (node.cond, node.a, node.b))
-        text = f"np.where({c.text}, {a.text}, {b.text})"
-        if not (a.carrying or b.carrying):
-            return Code(f"{text}.astype(dtype)", ATOM, True)
-        return Code(text, ATOM, True)
+        return self.where(*(self.aligned(n, rank) for n in (node.cond, node.a, node.b)))
 
-    @_print.register
-    def _(self, node: t.MergeHeads) -> Code:
+    def _print_MergeHeads(self, node: t.MergeHeads) -> Code:
         self.helpers.add("_merge_heads")
-        return Code(f"_merge_heads({self.print(node.x).text})", ATOM, False)
+        return Code(f"_merge_heads({self.doprint(node.x).text})", ATOM, False)
 
-    @_print.register
-    def _(self, node: t.SplitHeads) -> Code:
+    def _print_SplitHeads(self, node: t.SplitHeads) -> Code:
         self.helpers.add("_split_heads")
-        return Code(f"_split_heads({self.print(node.x).text}, {self.dim(node.heads).text})", ATOM, False)
+        return Code(f"_split_heads({self.doprint(node.x).text}, {self.dim(node.heads).text})", ATOM, False)
 
-    @_print.register
-    def _(self, node: t.Concat) -> Code:
+    def _print_Concat(self, node: t.Concat) -> Code:
         self.helpers.add("_concat")
-        parts = ", ".join(self.print(p).text for p in node.parts)
+        parts = ", ".join(self.doprint(p).text for p in node.parts)
         return Code(f"_concat([{parts}], axis={node.axis - len(node.shape)})", ATOM, True)
 
-    @_print.register
-    def _(self, node: t.Constant) -> Code:
+    def _print_Constant(self, node: t.Constant) -> Code:
         template, helper = CONSTANT[node.kind]
         if helper:
             self.helpers.add(helper)
         args = ", ".join(self.dim(a).text for a in node.args)
         return Code(template.format(args=args), ATOM, True)
 
-    @_print.register
-    def _(self, node: t.SumTo) -> Code:
-        x = self.print(node.x)
+    def _print_SumTo(self, node: t.SumTo) -> Code:
+        x = self.doprint(node.x)
         rank = len(node.x.shape)
         lead = rank - len(node.shape)
         kept = tuple(a - rank for a in node.axes if a >= lead)
@@ -317,23 +304,21 @@ class NumPyPrinter(IndexNotationPrinter):
             text = f"np.sum({text}, axis={axes[0] if len(axes) == 1 else axes})"
         return Code(text, ATOM, True, x.carrying)
 
-    @_print.register
-    def _(self, node: t.Slice) -> Code:
-        x = self.print(node.x)
+    def _print_Slice(self, node: t.Slice) -> Code:
+        x = self.doprint(node.x)
         cut = f"{self.dim(node.start).text}:{self.dim(node.stop).text}"
         after = len(node.x.shape) - 1 - node.axis
-        return Code(f"{wrap(x, ATOM)}[{', '.join(['...', cut] + [':'] * after)}]", ATOM, False, x.carrying)
+        index = ", ".join(["...", cut] + [":"] * after)
+        return Code(f"{self.parenthesize(x, ATOM)}[{index}]", self.prec("slice"), False, x.carrying)
 
-    @_print.register
-    def _(self, node: t.Scatter) -> Code:
+    def _print_Scatter(self, node: t.Scatter) -> Code:
         self.helpers.add("_scatter")
-        values = self.print(node.x)
+        values = self.doprint(node.x)
         at = [self.index_array(s, node.x.indices, node.x.ranges) for s in node.targets]
         return Code(f"_scatter({values.text}, ({', '.join(at)},), {self.shape_tuple(node.shape)}, "
                     f"{len(node.x.indices)})", ATOM, True, values.carrying)
 
-    @_print.register
-    def _(self, node: IndexArray) -> Code:
+    def _print_IndexArray(self, node: IndexArray) -> Code:
         root = node.root
         target = node.indices
         if not root.labels and not self.batched(root):
@@ -345,7 +330,7 @@ class NumPyPrinter(IndexNotationPrinter):
             self.helpers.add("_expand")
             code = Code(f"_expand({code.text}, {self.shape_tuple(node.ranges)})", ATOM, False, code.carrying)
         if not code.carrying:
-            code = Code(f"{wrap(code, ATOM)}.astype(dtype)", ATOM, True)
+            code = Code(f"{self.parenthesize(code, ATOM)}.astype(dtype)", ATOM, True)
         return code
 
     # --- buffers: which arrays a statement may overwrite --------------------------------
@@ -385,11 +370,11 @@ class NumPyPrinter(IndexNotationPrinter):
             code = self.label(stmt.node)
             self._record(var, stmt, code.fresh)
             if not code.carrying:
-                return [f"{var} = {wrap(code, ATOM)}.astype(dtype)"]
+                return [f"{var} = {self.parenthesize(code, ATOM)}.astype(dtype)"]
             return [f"{var} = {code.text}"]
         lines = self._in_place(var, stmt)
         if lines is None:
-            code = self.print(stmt.node)
+            code = self.doprint(stmt.node)
             lines = [f"{var} = {code.text}"]
             self._record(var, stmt, code.fresh)
         return lines
@@ -433,7 +418,7 @@ class NumPyPrinter(IndexNotationPrinter):
                 break
         if not ops:
             return None
-        base = self.print(node)
+        base = self.doprint(node)
         if not base.carrying:
             return None
         if not base.fresh:

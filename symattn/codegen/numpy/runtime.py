@@ -149,6 +149,11 @@ def _logsumexp(x, axis):
         return np.log(np.exp(x - top).sum(axis=axis, keepdims=True)) + top
 
 
+def _reverse_cumsum(x, axis):
+    """The suffix sum along `axis`: entry i holds x[i] + x[i + 1] + ... (the adjoint of np.cumsum)."""
+    return np.flip(np.cumsum(np.flip(x, axis), axis=axis), axis)
+
+
 def _sigmoid(x):
     """1 / (1 + exp(-x)), stably: exp only of -|x|, so it neither overflows nor underflows early.
 
@@ -207,10 +212,10 @@ def _scatter(values, at, shape, rank):
     return out
 
 
-
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
-    "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_sigmoid",
+    "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
+    "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}  # helper -> the helpers it calls

@@ -1,0 +1,93 @@
+"""`spec.torch()`: a spec as a `torch.nn.Module` whose parameters are the spec's params.
+
+Contract: `AttentionModule(spec, generated, backend)` holds every param of the
+spec as an `nn.Parameter` of the spec's shape at its sizes (drawn from a normal
+distribution with standard deviation 1 / sqrt(fan in), the size of the
+param's second-to-last axis, or its only one), and is called with the inputs
+and buffers as keywords (`module(X=x, keep=k)`, any leading batch axes, size
+keywords too) returning the outputs as a dict. `.double()`, `.to(device)`,
+state dicts, DDP and FSDP see ordinary parameters. The computation is the
+generated torch module's differentiable `forward` (the derived backward) for
+the "eager" backend; "triton" runs the kernels of `symattn.codegen.triton`,
+looked up when first called (a `SymAttnError` says so when that target is not
+there, or when the tensors are on the CPU and `TRITON_INTERPRET=1` is not set);
+"auto" takes Triton for CUDA tensors where that target is there, eager otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import torch
+
+from ...errors import SymAttnError, UsageError
+from ...ir import typed as t
+
+__all__ = ["AttentionModule", "BACKENDS", "triton_target"]
+
+BACKENDS = ("auto", "triton", "eager")
+
+
+def triton_target():
+    """The Triton target's package, or None when this installation has none (or no triton)."""
+    try:
+        return importlib.import_module("symattn.codegen.triton")
+    except ImportError:
+        return None
+
+
+class AttentionModule(torch.nn.Module):
+    """The spec's forward pass as an nn.Module: params are parameters, inputs and buffers are keywords."""
+
+    def __init__(self, spec: t.TypedSpec, generated, backend: str = "auto") -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise UsageError(f"torch: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        self.spec = spec
+        self.generated = generated
+        self.backend = backend
+        self._triton = None
+        for name in spec.params:
+            shape = spec.concrete_shape(spec.tensors[name].shape)
+            fan_in = shape[-2] if len(shape) >= 2 else (shape[-1] if shape else 1)
+            value = torch.randn(shape) / math.sqrt(max(fan_in, 1))
+            self.register_parameter(name, torch.nn.Parameter(value))
+
+    def extra_repr(self) -> str:
+        inputs = ", ".join(list(self.spec.inputs) + list(self.spec.buffers))
+        return f"spec={self.spec.name}, inputs=({inputs}), outputs=({', '.join(self.spec.outputs)}), " \
+               f"backend={self.backend}"
+
+    def forward(self, **inputs) -> dict:
+        wanted = set(self.spec.inputs) | set(self.spec.buffers)
+        unknown = sorted(set(inputs) - wanted - set(self.spec.dims))
+        if unknown:
+            raise TypeError(f"{self.spec.name}: unexpected keywords {unknown}; expected {sorted(wanted)}")
+        missing = sorted(wanted - set(inputs))
+        if missing:
+            raise TypeError(f"{self.spec.name}: missing inputs {missing}")
+        params = {name: getattr(self, name) for name in self.spec.params}
+        return self._target(inputs).forward(**inputs, **params)
+
+    def _target(self, inputs: dict):
+        device = next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        if self.backend == "eager":
+            return self.generated
+        if self.backend == "auto" and (device.type != "cuda" or triton_target() is None):
+            return self.generated
+        return self._triton_module(device)
+
+    def _triton_module(self, device: torch.device):
+        package = triton_target()
+        if package is None:
+            raise SymAttnError("torch(backend='triton'): this installation has no Triton target "
+                               "(symattn.codegen.triton, with the triton package); use backend='eager' or 'auto'")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SymAttnError(f"torch(backend='triton'): the tensors are on {device.type}, and Triton kernels run "
+                               "on CUDA devices; set TRITON_INTERPRET=1 to run them in Triton's interpreter on the "
+                               "CPU, or use backend='eager'")
+        if self._triton is None:
+            self._triton = package.triton_module(self.spec)
+        return self._triton

@@ -1,0 +1,303 @@
+"""The PyTorch target (`symattn emit torch`, `spec.torch()`): every spec in derivations/.
+
+Compared with independent computations: the generated NumPy module (itself
+checked against the reference evaluator), a plain torch forward with torch
+autograd written here, torch's gradcheck (finite differences in float64), and
+the single-process gradients for the distributed test.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'symattn[torch]')")
+
+import symattn  # noqa: E402
+from conftest import REPO, run_cli  # noqa: E402
+from symattn.check.numpy import relative_error  # noqa: E402
+from symattn.codegen.torch import load_torch_module as load_module  # noqa: E402
+from symattn.errors import SymAttnError, UsageError  # noqa: E402
+from symattn.symbolic.evaluate import random_leaves  # noqa: E402
+
+SPECS = sorted(p.stem for p in (REPO / "derivations").glob("*.attn"))
+
+
+@pytest.fixture(scope="module")
+def modules():
+    """name -> (spec, generated torch module, generated NumPy module)."""
+    out = {}
+    for name in SPECS:
+        spec = symattn.load(REPO / "derivations" / f"{name}.attn")
+        out[name] = (spec, load_module(spec.emit("torch"), f"torch_{name}"), spec.numpy())
+    return out
+
+
+def _leaves(spec, seed=0, batch=(2,)):
+    rng = np.random.default_rng(seed)
+    typed = spec.typed
+    data = set(typed.inputs) | set(typed.buffers)
+    return {n: random_leaves(typed, rng, batch if n in data else (), typed.sizes)[n] for n in typed.given}, rng
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_outputs_and_gradients_equal_the_numpy_module(name, modules):
+    spec, tm, nm = modules[name]
+    leaves, rng = _leaves(spec)
+    want = nm.forward(**leaves)
+    upstream = {f"grad_{o}": rng.standard_normal(want[o].shape) for o in spec.outputs}
+    want_grads = nm.backward(**leaves, **upstream)
+    # autograd through the custom op
+    tensors = {n: torch.tensor(v, requires_grad=n in spec.typed.differentiable) for n, v in leaves.items()}
+    got = tm.forward(**tensors)
+    for o in spec.outputs:
+        assert got[o].dtype == torch.float64
+        assert relative_error(got[o].detach().numpy(), want[o]) < 1e-12
+    loss = sum((got[o] * torch.tensor(upstream[f"grad_{o}"])).sum() for o in spec.outputs)
+    loss.backward()
+    direct = tm.backward(**{n: torch.tensor(v) for n, v in leaves.items()},
+                         **{k: torch.tensor(v) for k, v in upstream.items()})
+    assert set(direct) == set(spec.typed.differentiable) == set(want_grads)
+    for n in spec.typed.differentiable:
+        assert tensors[n].grad.shape == tensors[n].shape
+        assert relative_error(tensors[n].grad.numpy(), want_grads[n]) < 1e-10, n
+        assert relative_error(direct[n].numpy(), want_grads[n]) < 1e-10, n
+    for n in spec.typed.buffers:
+        assert tensors[n].grad is None
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_gradcheck_float64(name, modules):
+    spec, tm, _ = modules[name]
+    leaves, _ = _leaves(spec, seed=1, batch=())
+    tensors = [torch.tensor(leaves[n], requires_grad=n in spec.typed.differentiable) for n in spec.typed.given]
+    # a dim that no array has as an axis of its own (h of Q[N, 2 * h]) follows the tensors, as a number
+    keywords = [spec.typed.dims[n].default for n in inspect.signature(tm._op).parameters
+                if n not in spec.typed.given]
+    assert torch.autograd.gradcheck(lambda *a: tuple(tm.op(*a, *keywords)[: len(spec.outputs)]), tensors,
+                                    eps=1e-6, atol=1e-7, rtol=1e-5)
+    assert torch.autograd.gradcheck(lambda *a: tm.Function.apply(*a, *keywords), tensors, eps=1e-6, atol=1e-7,
+                                    rtol=1e-5)
+
+
+def test_self_attention_against_plain_torch_autograd(modules):
+    spec, tm, _ = modules["self_attention"]
+    g = torch.Generator().manual_seed(3)
+    X, W_q, W_k, W_v = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+                        for s in [(3, 5, 4), (4, 2), (4, 2), (4, 2)])
+    grad_O = torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
+
+    def plain(X, W_q, W_k, W_v):
+        Q, K, V = X @ W_q, X @ W_k, X @ W_v
+        return torch.softmax(Q @ K.transpose(-1, -2) / 2 ** 0.5, dim=-1) @ V
+
+    want = plain(X, W_q, W_k, W_v)
+    want_grads = torch.autograd.grad(want, (X, W_q, W_k, W_v), grad_O)
+    got = tm.forward(X=X, W_q=W_q, W_k=W_k, W_v=W_v)["O"]
+    got_grads = torch.autograd.grad(got, (X, W_q, W_k, W_v), grad_O)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+STRICT_CAUSAL = """
+attention strict_causal
+dim N = 4, d = 3
+input Q[N, d], K[N, d], V[N, d]
+M[i:N, j:N] = where(j < i, 0, -inf)   # row 0 sees nothing
+O = softmax(Q @ K.T + M, axis=-1) @ V
+output O
+"""
+
+
+def test_fully_masked_rows_give_zero_not_nan():
+    spec = symattn.load(STRICT_CAUSAL)
+    tm = load_module(spec.emit("torch"), "torch_strict_causal")
+    q, k, v = (torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = tm.forward(Q=q, K=k, V=v)["O"]
+    assert torch.equal(out[:, 0], torch.zeros(2, 3, dtype=torch.float64))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert torch.equal(q.grad[:, 0], torch.zeros(2, 3, dtype=torch.float64))
+    # key padding with every key padded: every row masked
+    spec, kp = symattn.load(REPO / "derivations" / "key_padding.attn"), None
+    kp = load_module(spec.emit("torch"), "torch_kp_masked")
+    X = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    params = {n: torch.randn(3, 2, dtype=torch.float64, requires_grad=True) for n in ("W_q", "W_k", "W_v")}
+    O = kp.forward(X=X, keep=-torch.ones(4, dtype=torch.float64), **params)["O"]
+    assert torch.equal(O, torch.zeros(4, 2, dtype=torch.float64))
+    O.sum().backward()
+    assert torch.isfinite(X.grad).all() and all(torch.isfinite(p.grad).all() for p in params.values())
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
+def test_low_precision_dtypes_are_kept(dtype, tolerance, modules):
+    spec, tm, _ = modules["causal"]
+    leaves, _ = _leaves(spec, seed=2)
+    exact = tm.forward_backward(**{n: torch.tensor(v) for n, v in leaves.items()},
+                                grad_O=torch.ones(2, 4, 2, dtype=torch.float64))
+    tensors = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in leaves.items()}
+    out = tm.forward(**tensors)["O"]
+    assert out.dtype == dtype
+    out.sum().backward()
+    assert relative_error(out.detach().double().numpy(), exact[0]["O"].numpy()) < tolerance
+    for n, t in tensors.items():
+        assert t.grad.dtype == dtype
+        assert relative_error(t.grad.double().numpy(), exact[1][n].numpy()) < 4 * tolerance, n
+
+
+def test_shape_errors_are_value_errors(modules):
+    spec, tm, _ = modules["self_attention"]
+    with pytest.raises(ValueError, match=r"W_q: expected shape \[d, d_k\]"):
+        tm.forward(X=torch.randn(4, 3), W_q=torch.randn(5, 2), W_k=torch.randn(3, 2), W_v=torch.randn(3, 2))
+
+
+def test_recomputes_softmax_from_the_row_logsumexp(modules):
+    spec = modules["self_attention"][0]
+    source = spec.emit("torch")
+    assert "P, P_lse = _softmax_lse_(S, axis=-1)" in source
+    assert "return [O], [Q, K, V, P_lse]" in source  # no [N, N] tensor is saved
+    assert "np." not in source
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile_keeps_the_custom_op(backend, modules):
+    torch._dynamo.reset()
+    spec, tm, _ = modules["key_padding"]
+    leaves, _ = _leaves(spec, seed=4)
+
+    def loss(**tensors):
+        return (tm.forward(**tensors)["O"] ** 2).sum()
+
+    compiled = torch.compile(loss, backend=backend, fullgraph=True)
+    results = []
+    for fn in (loss, compiled):
+        tensors = {n: torch.tensor(v, requires_grad=n in spec.typed.differentiable) for n, v in leaves.items()}
+        value = fn(**tensors)
+        value.backward()
+        results.append((value.detach(), [tensors[n].grad for n in spec.typed.differentiable]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b)
+
+
+def test_spec_torch_module_trains():
+    torch.manual_seed(0)
+    spec = symattn.load(REPO / "derivations" / "key_padding.attn")
+    model = spec.torch(backend="eager")
+    assert sorted(n for n, _ in model.named_parameters()) == ["W_k", "W_q", "W_v"]
+    assert model.W_q.shape == (3, 2)
+    X = torch.randn(8, 4, 3)
+    keep = torch.ones(8, 4)
+    keep[:, -1] = 0
+    target = torch.randn(8, 4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    losses = []
+    for _ in range(20):
+        loss = ((model(X=X, keep=keep)["O"] - target) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0]
+    model = model.double()
+    assert model(X=X.double(), keep=keep.double())["O"].dtype == torch.float64
+    assert model.to("cpu") is model
+
+
+def test_spec_torch_backends_and_errors():
+    spec = symattn.load(REPO / "derivations" / "self_attention.attn")
+    with pytest.raises(UsageError, match="unknown backend"):
+        spec.torch(backend="cuda")
+    model = spec.torch(backend="triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(SymAttnError, match="Triton|TRITON_INTERPRET"):
+            model(X=torch.randn(4, 3))
+    with pytest.raises(TypeError, match="missing inputs"):
+        spec.torch()()
+    assert spec.torch(backend="auto")(X=torch.randn(4, 3))["O"].shape == (4, 2)  # CPU: eager
+
+
+def test_cli_emit_torch(tmp_path):
+    out = tmp_path / "causal_torch.py"
+    result = run_cli("emit", "torch", str(REPO / "derivations" / "causal.attn"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "import torch" in out.read_text()
+
+
+def test_verify_torch_report(modules):
+    from symattn.check.torch import verify_torch
+
+    report = verify_torch(modules["self_attention"][0].typed)
+    assert report.ok and len(report.rows) >= 10
+    assert {r.phase for r in report.rows} == {"forward", "backward"}
+
+
+@pytest.mark.slow
+def test_cli_verify_torch():
+    result = run_cli("verify", str(REPO / "derivations" / "causal.attn"), "--target", "torch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tensors within tolerance" in result.stdout and "FAIL" not in result.stdout
+
+
+def test_readme_training_example(monkeypatch):
+    readme = (REPO / "README.md").read_text("utf-8")
+    start = readme.index("import torch, symattn")
+    code = readme[start: readme.index("```", start)]
+    assert len(code.strip().splitlines()) <= 10
+    monkeypatch.chdir(REPO)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["loss"].item() < 1.0
+
+
+def _ddp_worker(rank, world, path, X, keep, target, result):
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(path)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = symattn.load(REPO / "derivations" / "key_padding.attn").torch(backend="eager").double()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    half = X.shape[0] // world
+    part = slice(rank * half, (rank + 1) * half)
+    loss = ((ddp(X=X[part], keep=keep[part])["O"] - target[part]) ** 2).mean()
+    loss.backward()
+    if rank == 0:
+        result.put({n: p.grad.clone() for n, p in model.named_parameters()})
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_gloo_averaged_gradients_equal_single_process():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(4, 4, 3, generator=g, dtype=torch.float64)
+    keep = (torch.rand(4, 4, generator=g) > 0.3).double()
+    target = torch.randn(4, 4, 2, generator=g, dtype=torch.float64)
+    torch.manual_seed(0)
+    single = symattn.load(REPO / "derivations" / "key_padding.attn").torch(backend="eager").double()
+    ((single(X=X, keep=keep)["O"] - target) ** 2).mean().backward()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, X, keep, target, result)) for r in range(2)]
+    for p in procs:
+        p.start()
+    grads = result.get(timeout=120)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for n, p in single.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-12, atol=1e-14)
