@@ -118,10 +118,13 @@ def test_every_equality_in_the_examples_is_proved_for_all_sizes(path, line):
     typed = symattn.load(path).typed
     (check,) = [c for c in typed.checks if c.line == line]
     (verdict,) = check_spec(dataclasses.replace(typed, checks=(check,)))
-    assert verdict.line == line and verdict.claim == check.text
-    # Every equality in the examples is stated as a fact (none is negated), and each is a
-    # matrix identity, so the all-sizes rung should settle it.
-    assert not check.negated
+    assert verdict.line == line and verdict.claim == ("not " if check.negated else "") + check.text
+    if check.negated:  # a false claim stated as such: proved by a counterexample to the claim it negates
+        assert verdict.verdict == "proved" and "the claim it negates is refuted" in verdict.method, verdict.method
+        assert verdict.counterexample is not None
+        return
+    # Every other equality in the examples is a matrix identity, so the all-sizes rung should
+    # settle it.
     assert verdict.verdict == "proved", verdict.method
     assert "for all sizes" in verdict.method
     assert verdict.counterexample is None

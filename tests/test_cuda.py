@@ -35,7 +35,8 @@ CXX = find_cxx()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found: the compile gate needs the CUDA toolkit")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found: running the kernels on the CPU needs C++20")
 
-FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attention": "O", "multi_head": "Z"}
+FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attention": "O", "multi_head": "Z",
+         "rope_interleaved": "O", "rope_half": "O"}
 STEMS = [p.stem for p in EXAMPLES]
 
 

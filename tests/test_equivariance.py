@@ -139,6 +139,9 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("causal", "O", "X", False, "refuted", None),
     ("positional", "O", "X", False, "refuted", None),
     ("key_padding", "O", "X", False, "refuted", None),  # keep stays put; the group (X, keep): tests/test_buffer.py
+    ("relative_bias", "O", "X", False, "refuted", None),
+    ("rope_interleaved", "O", "X", False, "refuted", None),
+    ("rope_half", "O", "X", False, "refuted", None),
 ]
 
 

@@ -222,8 +222,33 @@ def _torch_forwards():
                 + torch.sqrt(2 + torch.sin(A)) * torch.cos(A) + torch.exp(-A * A)
                 + X @ torch.ones(d, d, dtype=X.dtype) / n)
 
+    def relative_bias(X, W_q, W_k, W_v, b):
+        n = X.shape[0]
+        B = torch.stack([torch.stack([b[j - i + n - 1] for j in range(n)]) for i in range(n)])  # B[i, j]
+        q, k = X @ W_q, X @ W_k
+        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]) + B, dim=-1) @ (X @ W_v)
+
+    def angles(n, h, dtype):
+        return torch.arange(n, dtype=dtype)[:, None] * 10000.0 ** (-torch.arange(h, dtype=dtype)[None, :] / h)
+
+    def rope_interleaved(X, W_q, W_k, W_v):
+        def rotate(x):                                                       # pairs (2c, 2c + 1)
+            a = angles(x.shape[0], x.shape[1] // 2, x.dtype)
+            even, odd = x[:, 0::2], x[:, 1::2]
+            return torch.stack([even * a.cos() - odd * a.sin(), even * a.sin() + odd * a.cos()], dim=-1).flatten(1)
+        q, k = rotate(X @ W_q), rotate(X @ W_k)
+        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ (X @ W_v)
+
+    def rope_half(X, W_q, W_k, W_v):
+        def rotate(x):                                                       # x * cos + rotate_half(x) * sin
+            a = angles(x.shape[0], x.shape[1] // 2, x.dtype).repeat(1, 2)
+            half = x.shape[1] // 2
+            return x * a.cos() + torch.cat([-x[:, half:], x[:, :half]], dim=-1) * a.sin()
+        q, k = rotate(X @ W_q), rotate(X @ W_k)
+        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ (X @ W_v)
+
     return {f.__name__: f for f in (self_attention, causal, cross_attention, multi_head, positional, key_padding,
-                                    additive, beyond)}
+                                    additive, beyond, relative_bias, rope_interleaved, rope_half)}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)

@@ -230,6 +230,14 @@ def check_concat(n: int) -> None:
         assert same((c * pi.T).col_join(d * pi.T), c.col_join(d) * pi.T)  # concat(.., axis=0), columns permuted
 
 
+def check_slice(n: int) -> None:
+    a = mat("a", n, 3)
+    for p in perms(n):
+        pi = pmat(p)
+        assert same((pi * a)[:, 0:2], pi * a[:, 0:2])      # slicing the columns of row-permuted A
+        assert same((a.T * pi.T)[0:2, :], a.T[0:2, :] * pi.T)  # slicing the rows of column-permuted A.T
+
+
 def check_constant(n: int) -> None:
     ones = sympy.ones(n, 3)
     square = sympy.ones(n, n)
@@ -294,6 +302,7 @@ CHECKS = {
     "reduce": check_reduce,
     "heads": check_heads,
     "concat": check_concat,
+    "slice": check_slice,
     "constant": check_constant,
     "index": check_index,
 }

@@ -5,12 +5,15 @@ an `IndexArray`, a tree of *labelled* array operations: every value carries
 the index names of its trailing axes (its labels) in a fixed order, after any
 leading batch axes. No value ever loops over an index:
 
-- `X[i, k]` is the array X read with labels (i, k) (`LEntry`);
+- `X[i, k]` is the array X read with labels (i, k) (`LEntry`); a read at
+  computed subscripts, `b[j - i + N - 1]`, is a gather with integer index
+  arrays over the indices it reads (`LGather`: an [N, N] array of positions,
+  never a one-hot [N, N, 2N - 1] tensor);
 - an index used as a value is an `arange` over its range (`LVar`, hoisted);
 - elementwise operations broadcast their operands to the union of their
   labels (`LOp`); a label names one axis of one range, so sibling sums that
   reuse an index name are first given distinct names
-  (`typed.scope_sum_indices`);
+  (`index_scope.scope_sum_indices`);
 - `sum(k, ...)` over a product of factors is one contraction (`LContract`,
   printed as `@` or `einsum`): nested sums under a product are pulled out
   first, so `sum(j, a[l, j] * sum(c, b[l, j, c] * w[m, c]))` contracts over
@@ -34,11 +37,14 @@ import sympy
 
 from ..ir import build as b
 from ..ir import typed as t
+from ..ir.affine import renamed as renamed_subscript
+from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError
 
 __all__ = [
     "LNode",
     "LEntry",
+    "LGather",
     "LVar",
     "LConst",
     "LOp",
@@ -67,6 +73,14 @@ class LEntry(LNode):
 
     var: str
     indices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LGather(LEntry):
+    """Entries of `var` at computed subscripts: `indices` holds an index name or an `Affine` per
+    axis, `labels` the distinct index names they read, `ranges` the range of each label."""
+
+    ranges: tuple[sympy.Expr, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +146,7 @@ class IndexArray(t.Node):
 def _rename(node: t.Node, mapping: dict[str, str]) -> t.Node:
     """`node` with every index name (free and bound) replaced through `mapping`."""
     if isinstance(node, t.Entry):
-        return t.Entry(node.tensor, tuple(mapping.get(i, i) for i in node.indices), grad=node.grad)
+        return t.Entry(node.tensor, tuple(renamed_subscript(i, mapping) for i in node.indices), grad=node.grad)
     if isinstance(node, t.IndexVar):
         return t.IndexVar(mapping.get(node.name, node.name))
     if isinstance(node, t.IndexSum):
@@ -149,7 +163,7 @@ def _rename(node: t.Node, mapping: dict[str, str]) -> t.Node:
 
 def _walk_names(node: t.Node, bound: set[str], free: list[str], binders: list[str]) -> None:
     if isinstance(node, t.Entry):
-        free.extend(i for i in node.indices if i not in bound and i not in free)
+        free.extend(i for i in t.entry_names(node) if i not in bound and i not in free)
     elif isinstance(node, t.IndexVar):
         if node.name not in bound and node.name not in free:
             free.append(node.name)
@@ -195,7 +209,7 @@ def _worth_sharing(node: t.Node) -> bool:
 
 
 def _ranges_of(node: t.IndexDef) -> dict[str, sympy.Expr]:
-    """The range of every index name of `node` (one per name: run on `t.scope_sum_indices(node)`)."""
+    """The range of every index name of `node` (one per name: run on `scope_sum_indices(node)`)."""
     ranges = {i.name: i.range for i in node.indices}
     stack = [node.body]
     while stack:
@@ -219,7 +233,7 @@ def count_shared(defs: list[t.IndexDef]) -> set[tuple]:
         for child in node.children:
             visit(child, ranges)
 
-    for node in map(t.scope_sum_indices, defs):
+    for node in map(scope_sum_indices, defs):
         visit(node.body, _ranges_of(node))
     return {key for key, n in counts.items() if n > 1}
 
@@ -278,7 +292,7 @@ class IndexLowering:
         self.shared = shared
 
     def lower_def(self, node: t.IndexDef) -> IndexArray:
-        node = t.scope_sum_indices(node)  # one range per index name: sibling sums may reuse a name
+        node = scope_sum_indices(node)  # one range per index name: sibling sums may reuse a name
         cx = _Context(node)
         root = self.lower(node.body, cx)
         return IndexArray(root, tuple(i.name for i in node.indices), tuple(i.range for i in node.indices),
@@ -300,6 +314,9 @@ class IndexLowering:
             var = self.host.entry_var(node.tensor, node.grad)
             if not node.indices:
                 return LScalarTensor((), var)
+            if not all(isinstance(i, str) for i in node.indices):
+                labels = cx.sort(t.entry_names(node))
+                return LGather(labels, var, node.indices, tuple(cx.ranges[n] for n in labels))
             return LEntry(tuple(dict.fromkeys(node.indices)), var, node.indices)
         if isinstance(node, (t.Tensor, t.Grad)):
             if node.shape:

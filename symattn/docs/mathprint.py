@@ -23,6 +23,8 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
+from ..ir.affine import pieces
+from ..ir.gather import gather_form, gather_forms
 from ..ir.printer import ADD, ATOM, MUL, NEG, POSTFIX, PRECEDENCE, Printed, Printer
 from .mathbox import Box, Fence, Frac, Func, Ident, Num, Op, Row, Sqrt, Sub, Sup, Text, ident, row
 
@@ -242,6 +244,9 @@ class MatrixTypesetter(BoxPrinter):
         return Printed(Sub(self.parenthesize(node.x, POSTFIX), Row((Text(f"axis {node.axis}: "), cut))),
                        self.prec("slice"))
 
+    def _print_Scatter(self, node: t.Scatter) -> Printed:
+        return self.doprint(gather_form(node))
+
     def _print_IndexDef(self, node: t.IndexDef) -> Printed:
         return self.doprint(node.body)
 
@@ -304,7 +309,18 @@ def _commas(items: Sequence[Box]) -> Box:
     return row(*[x for item in items for x in (item, Op(",", ","))][:-1])
 
 
-def _index(name: str) -> Box:
+def _index(name) -> Box:
+    """A subscript: an index name, or index arithmetic (`j − i + N − 1`)."""
+    if isinstance(name, t.Affine):
+        items: list[Box] = []
+        for k, p in enumerate(pieces(name)):
+            if k or p.negative:
+                items.append(Op("−", "-") if p.negative else Op("+", "+"))
+            if p.index is None:
+                items.append(dim_box(p.dims))
+            else:
+                items.append(ident(p.index) if p.coefficient == 1 else row(Num(str(p.coefficient)), ident(p.index)))
+        return row(*items) if items else Num("0")
     return Num(name) if name.isdigit() else ident(name)
 
 
@@ -394,6 +410,9 @@ class EntryTypesetter(BoxPrinter):
         parts = tuple(self.operand(p, idx).text for p in (node.cond, node.a, node.b))
         return Printed(Func("where", parts), self.prec("call"))
 
+    def _print_Scatter(self, node: t.Scatter, idx) -> Printed:
+        return self.doprint(gather_form(node), idx)
+
     def _print_IndexDef(self, node: t.IndexDef, idx) -> Printed:
         from ..symbolic.index_adjoint import rename_indices
 
@@ -430,6 +449,7 @@ def definition_box(name: str, info: t.TensorInfo, dims: Sequence[str] = ()) -> B
 
 def gradient_box(name: str, expr: t.Node, spec: t.TypedSpec) -> Box:
     """`dT = ...` for a derived gradient; entry by entry when the result uses index notation."""
+    expr = gather_forms(expr)  # a scatter is written entry by entry, as what reaches each entry
     index_part = next((n for n in t.walk(expr) if isinstance(n, t.IndexDef)), None)
     if index_part is None:
         return equation(grad_box(name), matrix_box(expr, list(spec.dims)))

@@ -120,8 +120,14 @@ def _cumsum(v, call, scope):
 
 def _index_sum(v, call, scope):
     args = [a for a in call.args]
+    explicit = None  # `sum(c:h, ...)`: the range given, for an index read only in subscript arithmetic
+    if len(args) == 2 and isinstance(args[0], ir.SliceItem) and isinstance(args[0].start, ir.Name) \
+            and args[0].stop is not None:
+        explicit = args[0].stop
+        args = [args[0].start, args[1]]
     if len(args) != 2 or not isinstance(args[0], ir.Name) or isinstance(args[1], ir.Keyword):
-        raise _err(SpecShapeError, "in index notation, sum takes an index and a term: sum(k, expr)", call.pos)
+        raise _err(SpecShapeError, "in index notation, sum takes an index and a term: sum(k, expr)", call.pos,
+                   "give the index a range, as sum(k:N, expr), when it is read only in subscript arithmetic")
     index = args[0]
     if index.id in scope.ranges:
         raise _err(SpecNameError, f"index '{index.id}' is already in use here", index.pos,
@@ -131,12 +137,19 @@ def _index_sum(v, call, scope):
                    index.pos)
     scope.ranges[index.id] = None
     scope.seen_at[index.id] = index.pos
+    if explicit is not None:
+        scope.ranges[index.id] = v.dim_expr(explicit, f"the range of {index.id}")
+        v.check_size(scope.ranges[index.id], explicit.pos)
     try:
         body = v.expr(args[1], scope)
         rng = scope.ranges[index.id]
         if rng is None:
             raise _err(SpecShapeError, f"cannot infer the range of the summed index '{index.id}'", index.pos,
-                       f"use {index.id} as a subscript, as in X[i, {index.id}]")
+                       f"use {index.id} as a subscript, as in X[i, {index.id}], or give its range: "
+                       f"sum({index.id}:N, ...)")
+        for pending in scope.pending:  # computed subscripts that read the summed index: its range, now known
+            if index.id in pending.value.indices and index.id not in pending.ranges:
+                pending.ranges[index.id] = rng
     finally:
         scope.ranges.pop(index.id, None)
     return t.IndexSum(t.Index(index.id, rng), body, pos=call.pos)

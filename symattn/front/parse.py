@@ -138,14 +138,27 @@ class ToIR(Transformer):
         return ir.Call(str(func), args, pos=_pos_of(meta), func_pos=_pos_of(func))
 
     def subscript(self, meta, children):
-        tok, args = children
-        return ir.Subscript(str(tok), tuple(args), pos=_pos_of(meta))
+        base, args = children
+        if isinstance(base, ir.Name):
+            return ir.Subscript(base.id, tuple(args), pos=_pos_of(meta))
+        if isinstance(base, ir.Call):  # grad(S)[i, j] in index notation, grad(Q)[:, 0:h] in matrix notation
+            return ir.CallSubscript(base, tuple(args), pos=_pos_of(meta))
+        return ir.Sliced(base, tuple(args), pos=_pos_of(meta))
 
-    def call_subscript(self, meta, children):
-        func, *rest = children
-        args, indices = (rest[0], rest[1]) if len(rest) == 2 else ([], rest[0])
-        call = ir.Call(str(func), tuple(args), pos=_pos_of(meta), func_pos=_pos_of(func))
-        return ir.CallSubscript(call, tuple(indices), pos=_pos_of(meta))
+    def slice(self, meta, children):
+        start, stop = children
+        return ir.SliceItem(start, stop, pos=_pos_of(meta))
+
+    def slice_to(self, meta, children):
+        (stop,) = children
+        return ir.SliceItem(None, stop, pos=_pos_of(meta))
+
+    def slice_from(self, meta, children):
+        (start,) = children
+        return ir.SliceItem(start, None, pos=_pos_of(meta))
+
+    def slice_all(self, meta, children):
+        return ir.SliceItem(None, None, pos=_pos_of(meta))
 
     def arguments(self, meta, children):
         return list(children)

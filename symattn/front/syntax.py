@@ -21,6 +21,8 @@ __all__ = [
     "Call",
     "Keyword",
     "Subscript",
+    "SliceItem",
+    "Sliced",
     "CallSubscript",
     "BinOp",
     "UnaryOp",
@@ -86,9 +88,27 @@ class Call(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Subscript(Expr):
-    """`X[i, k]`: one entry of a tensor, in index notation."""
+    """`X[i, k]`: one entry of a tensor, in index notation; or `X[:, 0:h]`, a slice of it."""
 
     name: str
+    indices: tuple[Expr, ...]
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class SliceItem(Expr):
+    """`start:stop` inside brackets; either bound may be missing (`:`, `:h`, `1:`)."""
+
+    start: Expr | None
+    stop: Expr | None
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Sliced(Expr):
+    """`(expr)[...]` or `grad(X)[...]`: brackets after something that is not a name (slicing only)."""
+
+    base: Expr
     indices: tuple[Expr, ...]
     pos: Pos = _pos()
 

@@ -32,7 +32,9 @@ from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
 from .claim_forms import symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
+from . import subscripts
 from .parse import KEYWORDS
+from ..ir.printing import to_spec
 from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
 
 __all__ = ["validate", "BUILTINS"]
@@ -100,6 +102,7 @@ class _IndexScope:
 
     ranges: dict[str, sympy.Expr | None] = field(default_factory=dict)
     seen_at: dict[str, ir.Pos] = field(default_factory=dict)
+    pending: list = field(default_factory=list)  # computed subscripts to range-check (subscripts.Pending)
 
 
 class _Validator:
@@ -379,9 +382,13 @@ class _Validator:
         for item in stmt.indices:
             rng = scope.ranges[item.name.id]
             if rng is None:
-                raise _err(SpecShapeError, f"cannot infer the range of index '{item.name.id}'", item.name.pos,
-                           f"give it explicitly, as {item.name.id}:N")
+                computed = any(item.name.id in p.value.indices for p in scope.pending)
+                raise _err(SpecShapeError, f"cannot infer the range of index '{item.name.id}'"
+                           + (" (it appears only inside subscript arithmetic)" if computed else ""),
+                           item.name.pos, f"give it explicitly, as {item.name.id}:N")
             indices.append(t.Index(item.name.id, rng))
+        for pending in scope.pending:
+            subscripts.check_subscript(self, pending, {n: r for n, r in scope.ranges.items() if r is not None})
         return t.IndexDef(tuple(indices), body, tuple(i.range for i in indices), pos=stmt.pos)
 
     def _what(self, name: str) -> str:
@@ -498,8 +505,11 @@ class _Validator:
     @expr.register
     def _(self, node: ir.Subscript, scope) -> t.Node:
         if scope is None:
-            raise _err(SpecShapeError, f"{node.name}[...] picks one entry, which is index notation",
-                       node.pos, f"define an index-notation tensor: T[i, j] = ... {node.name}[i, j] ...")
+            if not any(isinstance(i, ir.SliceItem) for i in node.indices):
+                raise _err(SpecShapeError, f"{node.name}[...] picks one entry, which is index notation",
+                           node.pos, f"define an index-notation tensor: T[i, j] = ... {node.name}[i, j] ...")
+            return subscripts.sliced(self, self.expr(ir.Name(node.name, pos=node.pos), None), node.indices,
+                                     node.name, node.pos)
         if node.name not in self.tensors:
             raise self.unknown(node.name, node.pos, tuple(scope.ranges))
         shape = self.tensors[node.name].shape
@@ -513,12 +523,29 @@ class _Validator:
                 raise _err(SpecNameError, f"unknown index '{index.id}'", index.pos,
                            f"an index must appear on the left (T[{index.id}, ...] = ...) or be summed: "
                            f"sum({index.id}, ...)")
-            if not isinstance(index, ir.Name) or index.id not in scope.ranges:
-                raise _err(SpecShapeError, "a subscript must be an index name from the left side or a sum(k, ...)",
-                           index.pos)
-            self.bind_range(scope, index.id, shape[axis], index.pos, f"axis {axis} of {node.name}")
-            names.append(index.id)
+            value = subscripts.subscript(self, index, scope)
+            if isinstance(value, str):  # a plain index: it gives the index its range
+                self.bind_range(scope, value, shape[axis], index.pos, f"axis {axis} of {node.name}")
+            else:
+                scope.pending.append(subscripts.Pending(value, node.name, axis, shape[axis], index.pos))
+            names.append(value)
         return t.Entry(node.name, tuple(names), pos=node.pos)
+
+    @expr.register
+    def _(self, node: ir.Sliced, scope) -> t.Node:
+        if scope is not None:
+            raise _err(SpecShapeError, "slicing works on whole tensors (matrix notation); in index notation "
+                       "write the subscripts of one entry", node.pos)
+        base = self.expr(node.base, None)
+        if isinstance(base, t.Compare):
+            raise _err(SpecShapeError, "a comparison is only allowed as the condition of where(cond, a, b)",
+                       base.pos)
+        return subscripts.sliced(self, base, node.indices, to_spec(base, self.order), node.pos)
+
+    @expr.register
+    def _(self, node: ir.SliceItem, scope) -> t.Node:
+        raise _err(SpecShapeError, "a slice start:stop goes inside the brackets after a tensor, as in X[:, 0:h]",
+                   node.pos)
 
     @expr.register
     def _(self, node: ir.Group, scope) -> t.Node:
@@ -527,6 +554,8 @@ class _Validator:
 
     @expr.register
     def _(self, node: ir.CallSubscript, scope) -> t.Node:
+        if scope is None and any(isinstance(i, ir.SliceItem) for i in node.indices):  # grad(Q)[:, 0:h]
+            return self.expr(ir.Sliced(node.call, node.indices, pos=node.pos), None)
         return grad_entry(self, node, scope)
 
     @expr.register

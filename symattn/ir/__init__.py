@@ -1,7 +1,9 @@
 """Stage ir: the typed IR every other stage reads and writes.
 
 Contract: `typed` is the closed set of frozen, slotted typed nodes (with
-`walk`, `tensors_read`, `scope_sum_indices`) and `TypedSpec`; `position`
+`walk`, `tensors_read`) and `TypedSpec`; `index_scope` one index name per
+binding (`scope_sum_indices`); `affine` and `gather` computed subscripts
+and the gather form of a scatter; `position`
 the source spans every node carries; `shapes` symbolic shapes (NumPy
 broadcasting, formatting); `build` the node builders that simplify as they
 build, recording each rule in a `Recorder`; `printer` the base every printer

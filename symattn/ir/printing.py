@@ -16,6 +16,8 @@ from typing import Sequence
 import sympy
 
 from . import typed as t
+from .affine import Affine, text as subscript_text
+from .gather import gather_form
 from .printer import ADD, ATOM, MUL, NEG, POSTFIX, Printed, Printer
 from .shapes import format_dim
 
@@ -147,16 +149,27 @@ class SpecPrinter(Printer):
         return Printed(f"{self.parenthesize(node.x, POSTFIX)}[{', '.join([':'] * node.axis + [cut])}]",
                        self.prec("slice"))
 
+    def _print_Scatter(self, node: t.Scatter) -> Printed:
+        return self.doprint(gather_form(node))
+
     def _print_IndexDef(self, node: t.IndexDef) -> Printed:
         indices = ", ".join(i.name for i in node.indices)
         return Printed(f"[{indices}] -> {self.text(node.body)}", self.prec("index_def"))
 
     def _print_Entry(self, node: t.Entry) -> Printed:
         name = f"grad({node.tensor})" if node.grad else node.tensor
-        return Printed(f"{name}[{', '.join(node.indices)}]", ATOM)
+        return Printed(f"{name}[{', '.join(subscript_text(i, self.dims) for i in node.indices)}]", ATOM)
 
     def _print_IndexVar(self, node: t.IndexVar) -> Printed:
         return Printed(node.name, self.prec("name"))
 
     def _print_IndexSum(self, node: t.IndexSum) -> Printed:
-        return self.call("sum", node.index.name, self.text(node.body))
+        return self.call("sum", self.summed(node), self.text(node.body))
+
+    def summed(self, node: t.IndexSum) -> str:
+        """`k`, or `c:h` when the body reads c only in computed subscripts (its range cannot be inferred)."""
+        name = node.index.name
+        entries = [n for n in t.walk(node.body) if isinstance(n, t.Entry)]
+        plain = any(name in n.indices for n in entries)
+        computed = any(isinstance(s, Affine) and name in s.indices for n in entries for s in n.indices)
+        return f"{name}:{self.dim(node.index.range)}" if computed and not plain else name

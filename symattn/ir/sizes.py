@@ -337,7 +337,18 @@ def fit_sizes(spec: t.TypedSpec, budget: int, sizes: Mapping[str, int] | None = 
 def reads_sizes(spec: t.TypedSpec, nodes: Iterable[t.Node]) -> bool:
     """Whether values computed from `nodes` depend on the sizes themselves, not only on which
     entries exist: a dim used as a value, a mean, an index value, a sinusoidal table, in the
-    nodes or any definition they read (every definition, when they read a gradient). Work on
-    such values at sizes `fit_sizes` picked answers another question than at the spec's."""
+    nodes or any definition they read (every definition, when they read a gradient), a subscript
+    or a slice bound with a dim term (which entry `b[j - i + N - 1]` or `X[N - 1:N]` reads moves
+    with N). Work on such values at sizes `fit_sizes` picked answers another question than at
+    the spec's."""
     return any(isinstance(n, (t.DimValue, t.IndexVar)) or (isinstance(n, t.Reduce) and n.kind == "mean")
-               or (isinstance(n, t.Constant) and n.kind == "sinusoidal") for n in t.depends_on(spec, nodes))
+               or (isinstance(n, t.Constant) and n.kind == "sinusoidal") or _sized_subscripts(n)
+               for n in t.depends_on(spec, nodes))
+
+
+def _sized_subscripts(node: t.Node) -> bool:
+    if isinstance(node, t.Slice):
+        return bool(sympy.sympify(node.start).free_symbols or sympy.sympify(node.stop - node.x.shape[node.axis])
+                    .free_symbols)
+    subscripts = node.indices if isinstance(node, t.Entry) else node.targets if isinstance(node, t.Scatter) else ()
+    return any(isinstance(s, t.Affine) and s.offset.free_symbols for s in subscripts)

@@ -12,11 +12,12 @@ so one printer (`symattn.ir.printing`) shows specs, derivations and claims.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 import sympy
 
+from .affine import Affine, names as subscript_names
 from .position import NOWHERE, Pos
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "Grad",
     "SumTo",
     "Slice",
+    "Scatter",
+    "Affine",
     "Index",
     "IndexDef",
     "Entry",
@@ -55,7 +58,7 @@ __all__ = [
     "walk",
     "tensors_read",
     "depends_on",
-    "scope_sum_indices",
+    "entry_names",
 ]
 
 Shape = tuple  # tuple[sympy.Expr, ...]
@@ -321,7 +324,7 @@ class SumTo(Node):
 
 @dataclass(frozen=True, slots=True)
 class Slice(Node):
-    """`x` restricted to `start <= index < stop` along `axis`; made by the backward of concat."""
+    """`x` restricted to `start <= index < stop` along `axis`: `X[:, 0:h]`, and the backward of concat."""
 
     x: Node
     axis: int
@@ -362,10 +365,11 @@ class IndexDef(Node):
 
 @dataclass(frozen=True, slots=True)
 class Entry(Node):
-    """`X[i, k]`: one entry of a tensor at index variables."""
+    """`X[i, k]`: one entry of a tensor. A subscript is an index name (`str`, the common case)
+    or a computed one, affine in the indices (`Affine`: `b[j - i + N - 1]`, `Q[i, 2 * c + 1]`)."""
 
     tensor: str
-    indices: tuple[str, ...]
+    indices: tuple[str | Affine, ...]
     shape: Shape = ()
     grad: bool = False  # an entry of grad(tensor), made by the backward pass
     pos: Pos = _pos()
@@ -394,6 +398,28 @@ class IndexSum(Node):
         return (self.body,)
 
 
+@dataclass(frozen=True, slots=True)
+class Scatter(Node):
+    """Zeros of `shape`, to which each entry of `x` over its index box is added at `targets`
+    (one subscript per axis, in `x`'s index names): `out[targets(i, j)] += x[i, j]`. The
+    gradient of a read at computed subscripts (`b[j - i + N - 1]`), made by the backward pass;
+    entries that no box point reaches stay 0."""
+
+    x: IndexDef
+    targets: tuple[str | Affine, ...]
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+def entry_names(node: Entry) -> list[str]:
+    """The index names an entry's subscripts read, each once, in order."""
+    return list(dict.fromkeys(n for s in node.indices for n in subscript_names(s)))
+
+
 def walk(node: Node) -> Iterator[Node]:
     """Every node of a tree, in preorder, left to right (a shared subtree is visited each time)."""
     stack = [node]
@@ -411,52 +437,6 @@ def tensors_read(node: Node) -> list[str]:
         if name is not None and name not in found:
             found.append(name)
     return found
-
-
-def scope_sum_indices(node: IndexDef) -> IndexDef:
-    """The same definition with one index name per binding, so a name means one axis.
-
-    Each `sum(k, ...)` scopes its own k: sibling sums may reuse a name over
-    different ranges (`sum(k, X[i, k] * W1[k, j]) + sum(k, Y[i, k] * W2[k, j])`).
-    Code that gives every index name one axis or one range (the reference
-    evaluator's grid, the vectorised lowering) runs on this form: a sum whose
-    name an index of the left side or an earlier sum already took is renamed
-    to a fresh `k_1`, `k_2`, ... (a name used nowhere in the definition) in its
-    own body. A definition without reuse comes back unchanged, equal and with
-    the same names.
-    """
-    taken = {i.name for i in node.indices}
-    used = taken | {n.index.name if isinstance(n, IndexSum) else n.name for n in walk(node.body)
-                    if isinstance(n, (IndexSum, IndexVar))}
-    used |= {i for n in walk(node.body) if isinstance(n, Entry) for i in n.indices}
-
-    def fresh(name: str) -> str:
-        k = 1
-        while f"{name}_{k}" in used:
-            k += 1
-        used.add(f"{name}_{k}")
-        return f"{name}_{k}"
-
-    def scoped(n: Node, names: dict[str, str]) -> Node:
-        if isinstance(n, IndexSum):
-            name = n.index.name if n.index.name not in taken else fresh(n.index.name)
-            taken.add(name)
-            body = scoped(n.body, {**names, n.index.name: name})
-            return replace(n, index=Index(name, n.index.range), body=body)
-        if isinstance(n, IndexVar):
-            return replace(n, name=names.get(n.name, n.name))
-        if isinstance(n, Entry):
-            return replace(n, indices=tuple(names.get(i, i) for i in n.indices))
-        changes = {}
-        for f in fields(n):
-            value = getattr(n, f.name)
-            if isinstance(value, Node):
-                changes[f.name] = scoped(value, names)
-            elif isinstance(value, tuple) and value and all(isinstance(v, Node) for v in value):
-                changes[f.name] = tuple(scoped(v, names) for v in value)
-        return replace(n, **changes) if changes else n
-
-    return replace(node, body=scoped(node.body, {}))
 
 
 def depends_on(spec: "TypedSpec", nodes: Iterable[Node]) -> Iterator[Node]:

@@ -192,6 +192,11 @@ class _Session:
             def convert(array):
                 return np.vectorize(lambda v: sympy.Float(v, digits + 10), otypes=[object])(
                     np.asarray(array, dtype=object))
+
+            def settle(array):  # every entry a number: exact constants such as cos(1/100) do not pile up
+                return np.vectorize(lambda v: sympy.sympify(v).evalf(digits + 10), otypes=[object])(
+                    np.asarray(array, dtype=object))
+            ev.settle = settle
         ev.run({n: convert(v) for n, v in values.items()})
         ev.grads = {n: convert(v) for n, v in upstream.items()}
         if not grads:  # a claim that reads no gradient needs none (and no derivation)
@@ -204,6 +209,8 @@ class _Session:
             if derivation is not None and name in derivation.gradients:
                 expr = derivation.gradients[name].expr
                 value = np.zeros(shape, dtype=object) if expr is None else ev.evaluate(expr)
+                if ev.settle is not None:
+                    value = ev.settle(value)
             elif subs is not None:
                 value = np.array([_number(subs[s]) for s in self.model.upstream[name].flat]).reshape(shape)
             else:

@@ -34,6 +34,7 @@ import sympy
 
 from ..ir import typed as t
 from .verdicts import Verdict
+from ..ir.index_scope import scope_sum_indices
 from ..ir.printing import to_spec
 from ..ir.shapes import ONE, same_dim
 from ..ir.sizes import reads_sizes
@@ -68,6 +69,8 @@ LEMMAS = {
                           "cumsum(Pi A, axis=-1) = Pi cumsum(A, axis=-1)"),
     "heads": Lemma("heads", "merge_heads and split_heads move whole rows: they commute with permuting N"),
     "concat": Lemma("concat", "concat(Pi A, Pi B) = Pi concat(A, B) along an axis that is not permuted"),
+    "slice": Lemma("slice", "a slice along an axis that is not permuted commutes with the permutation: "
+                            "(Pi A)[:, a:b] = Pi (A[:, a:b])"),
     "constant": Lemma("constant", "ones(...) is unchanged by any permutation; Pi eye Pi^T = eye"),
     "index": Lemma("index", "index notation commutes with relabeling a permuted index "
                             "when the entry formula does not use the index values themselves"),
@@ -303,6 +306,14 @@ def _(node: t.Concat, ty):
 
 
 @_rule.register
+def _(node: t.Slice, ty):
+    out = frozenset(p for p in _rule(node.x, ty)[0] if not p[node.axis])
+    if not out:
+        raise _Broken(f"{ty.text(node)}: the sliced axis is permuted")
+    return out, "slice"
+
+
+@_rule.register
 def _(node: t.IndexDef, ty):
     return _index_rule(node, ty), "index"
 
@@ -310,11 +321,14 @@ def _(node: t.IndexDef, ty):
 def _index_uses(node: t.Node):
     """(entries, names whose values are used) in an index-notation body."""
     nodes = list(t.walk(node))
-    return [n for n in nodes if isinstance(n, t.Entry)], {n.name for n in nodes if isinstance(n, t.IndexVar)}
+    values = {n.name for n in nodes if isinstance(n, t.IndexVar)}
+    values |= {i for n in nodes if isinstance(n, t.Entry) for s in n.indices if isinstance(s, t.Affine)
+               for i in s.indices}  # a computed subscript uses its indices' values
+    return [n for n in nodes if isinstance(n, t.Entry)], values
 
 
 def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
-    node = t.scope_sum_indices(node)  # sibling sums may reuse a name for different axes
+    node = scope_sum_indices(node)  # sibling sums may reuse a name for different axes
     entries, values = _index_uses(node.body)
     tensors = sorted({e.tensor for e in entries})
     lhs = [i.name for i in node.indices]
@@ -327,6 +341,11 @@ def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
         for entry in entries:
             for axis, index in enumerate(entry.indices):
                 flag = chosen[entry.tensor][axis]
+                if isinstance(index, t.Affine):
+                    if flag:
+                        ok = False
+                        reason = f"axis {axis} of {entry.tensor} is permuted but read at the position {index}"
+                    continue
                 if flags.setdefault(index, flag) != flag:
                     ok = False
                     reason = (f"index {index} is used along a permuted axis of {entry.tensor} in one place "

@@ -129,6 +129,9 @@ class Converter:
         info = self.spec.tensors.get(node.tensor)
         if info is None or len(info.shape) != len(node.indices):
             raise Unsupported(f"unknown tensor {node.tensor}")
+        if not all(isinstance(i, str) for i in node.indices):
+            # index arithmetic has no canonical form here: the element level decides such claims
+            raise Unsupported(f"{node.tensor} is read at a computed subscript")
         try:
             tokens = tuple(env[i] for i in node.indices)
         except KeyError:

@@ -48,6 +48,8 @@ def _own_flops(node: t.Node) -> sympy.Expr:
         return _numel(node.x.shape)
     if isinstance(node, t.IndexDef):
         return _numel(node.shape) * _body_flops(node.body)
+    if isinstance(node, t.Scatter):  # one addition per point of the index box
+        return _numel(node.x.shape)
     return sympy.Integer(0)
 
 

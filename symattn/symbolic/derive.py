@@ -33,6 +33,7 @@ import sympy
 from ..ir import build as b
 from ..ir import typed as t
 from ..ir.functions import table
+from ..ir.gather import entry_form
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
 from .index_adjoint import Part, index_adjoint
@@ -185,6 +186,8 @@ class Derivation(Mapping):
             return f"grad({name}) = 0    (L does not depend on {name})"
         if isinstance(expr, t.Grad) and name in self.spec.outputs:
             return f"grad({name})        (the upstream gradient of output {name})"
+        if any(isinstance(n, t.Scatter) for n in t.walk(expr)):  # entry by entry: what reaches each entry
+            expr = entry_form(expr) or expr
         if isinstance(expr, t.IndexDef):
             idx = ", ".join(i.name for i in expr.indices)
             head = f"grad({name})[{idx}]" if idx else f"grad({name})"
@@ -372,6 +375,22 @@ def _(node: t.Concat, g, cx):
         out.append(Part(part, "concat: each part gets its slice of G", lambda r, piece=piece: piece))
         start = stop
     return out
+
+
+@_adjoint.register
+def _(node: t.Slice, g, cx):
+    # grad(C) in the slice and zeros on either side, written as the spec language writes it:
+    # concat(0 * ones(...), grad(C), 0 * ones(...)), each zero block present where it has entries
+    x, axis = node.x, node.axis
+
+    def zeros(size) -> t.Node:
+        shape = tuple(size if k == axis else d for k, d in enumerate(x.shape))
+        return t.Binary("mul", b.scalar(0), t.Constant("ones", shape, shape), shape)
+
+    after = sympy.expand(x.shape[axis] - node.stop)
+    parts = ([zeros(node.start)] if node.start != 0 else []) + [g] + ([zeros(after)] if after != 0 else [])
+    grad = t.Concat(tuple(parts), axis, tuple(x.shape)) if len(parts) > 1 else g
+    return [Part(x, "C = A[start:stop]: grad(A) is grad(C) in the slice, 0 elsewhere", lambda r: grad)]
 
 
 @_adjoint.register

@@ -11,7 +11,7 @@ of the spec op by op, written for obviousness rather than speed, and
   generated code; stable softmax, a fully masked row gives zeros).
 
 Index notation is evaluated on a grid with one axis per index; every
-`sum(k, ...)` gets an axis of its own (`typed.scope_sum_indices`), so sibling
+`sum(k, ...)` gets an axis of its own (`index_scope.scope_sum_indices`), so sibling
 sums may reuse a name over different ranges.
 
 Extra leading batch axes on the leaves broadcast through every operation.
@@ -27,7 +27,9 @@ import numpy as np
 import sympy
 
 from ..ir import typed as t
+from ..ir.affine import value as subscript_value
 from ..ir.functions import FUNCTIONS, table
+from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
 
@@ -240,6 +242,9 @@ class Evaluator:
         self.subs = {spec.dims[n].symbol: s for n, s in self.sizes.items()}
         self.values: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
+        # Applied to each tensor `run` computes: the digits mode of claims rounds every entry to a
+        # number there, so exact constants (cos(1/100)) do not grow into huge expressions downstream.
+        self.settle = None
 
     def size(self, dim) -> int:
         """A dim expression at these sizes; division is exact, so `(N + 1) / 2` at an even N is an error."""
@@ -264,7 +269,8 @@ class Evaluator:
         self.grads = dict(grads or {})
         for name, info in self.spec.tensors.items():
             if info.expr is not None:
-                self.values[name] = self.evaluate(info.expr)
+                value = self.evaluate(info.expr)
+                self.values[name] = value if self.settle is None else self.settle(value)
         return self.values
 
     def evaluate(self, node: t.Node):
@@ -418,11 +424,34 @@ class Evaluator:
         index[axis] = slice(self.size(node.start), self.size(node.stop))
         return x[tuple(index)]
 
+    @_eval.register
+    def _(self, node: t.Scatter):
+        values = np.asarray(self._eval(node.x))
+        box = [i.name for i in node.x.indices]
+        ranges = [self.size(i.range) for i in node.x.indices]
+        grid = dict(zip(box, np.meshgrid(*[np.arange(r, dtype=np.int64) for r in ranges], indexing="ij")))
+        at = tuple(np.broadcast_to(subscript_value(s, grid, self._offset(s)), tuple(ranges)) for s in node.targets)
+        lead = values.shape[: values.ndim - len(box)]
+        out = self._zeros(lead + tuple(self.size(d) for d in node.shape), values)
+        np.add.at(out, (Ellipsis, *at), values)  # entries that several box points reach get their sum
+        return out
+
+    def _zeros(self, shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
+        if self.backend.exact:
+            out = np.empty(shape, dtype=object)
+            out.fill(sympy.Integer(0))
+            return out
+        return np.zeros(shape, dtype=np.result_type(like, np.float64))
+
+    def _offset(self, s) -> int | None:
+        """The offset of a computed subscript at these sizes (None for a plain index)."""
+        return None if isinstance(s, str) else self.size(s.offset)
+
     # --- index notation: each index owns one trailing axis of a grid -------------
 
     @_eval.register
     def _(self, node: t.IndexDef):
-        node = t.scope_sum_indices(node)  # one grid axis per index name, so one name per sum
+        node = scope_sum_indices(node)  # one grid axis per index name, so one name per sum
         names = [i.name for i in node.indices]
         ranges = {i.name: self.size(i.range) for i in node.indices}
         for n in _sum_indices(node.body):
@@ -465,7 +494,10 @@ class _Grid:
     def eval(self, node: t.Node):
         if isinstance(node, t.Entry):
             source = np.asarray(self.ev.grads[node.tensor] if node.grad else self.ev.values[node.tensor])
-            index = tuple(self.arange(i).astype(np.int64) for i in node.indices)
+            values = {n: self.arange(n).astype(np.int64) for n in t.entry_names(node)}
+            index = tuple(np.broadcast_to(subscript_value(s, values, self.ev._offset(s)), (1,) * self.rank)
+                          if isinstance(s, t.Affine) and not s.indices else
+                          subscript_value(s, values, self.ev._offset(s)) for s in node.indices)
             return source[(Ellipsis, *index)]
         if isinstance(node, t.IndexVar):
             values = self.arange(node.name)

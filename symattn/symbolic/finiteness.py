@@ -214,6 +214,9 @@ class Finiteness:
                 exponent = const_value(n.b)
                 if exponent is not None and exponent.is_Integer and exponent >= 0 and a == FINITE:
                     return FINITE
+                base = const_value(n.a)  # a positive number to a finite power: 10000^(-c / h)
+                if base is not None and finite_real(base) and base.is_positive and b == FINITE:
+                    return FINITE
                 return ANY
         if isinstance(n, t.MatMul):
             return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY
@@ -224,7 +227,8 @@ class Finiteness:
             return FINITE if self.node(n.x) <= MINUS_INF else ANY
         if isinstance(n, t.Where):
             return max(self.node(n.a), self.node(n.b))
-        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum, t.Scan)):
+        if isinstance(n, (t.Transpose, t.SumTo, t.Slice, t.MergeHeads, t.SplitHeads, t.IndexSum, t.Scan,
+                          t.Scatter)):  # sums, moves and zeros: the class of what is moved or summed
             return self.node(n.children[0])
         if isinstance(n, t.Concat):
             return max(self.node(p) for p in n.parts)

@@ -9,6 +9,8 @@ before it:
 - an index-notation part, as `dX_1[l:N, m:d] = sum(j, grad(S)[l, j] * ...)`
   (every index with its range), then `grad(X) = dX_1 + P.T @ grad(O) @ W_v.T`;
   a scalar one gets an index over a single entry, `dc_1[z_1:1] = sum(i, ...)`;
+- a scatter (the gradient of a read at computed subscripts), in its gather
+  form: `db_1[l:2 * N - 1] = sum(i, sum(j, where(j - i + N - 1 == l, ...)))`;
 - the slice of an upstream gradient (concat's backward), as `dV_1 = grad(C)`,
   then `grad(V) = dV_1[:, 0:d]` (a slice of a name).
 
@@ -29,6 +31,7 @@ from typing import Mapping, Sequence
 from ..front.parse import KEYWORDS
 from ..front.validate import BUILTINS
 from ..ir import typed as t
+from ..ir.gather import gather_form
 from ..ir.printing import to_spec
 from ..ir.shapes import format_dim
 
@@ -62,7 +65,7 @@ class _Names:
                 elif isinstance(n, (t.IndexSum, t.IndexVar)):
                     self.taken.add(n.index.name if isinstance(n, t.IndexSum) else n.name)
                 elif isinstance(n, t.Entry):
-                    self.taken |= set(n.indices)
+                    self.taken |= set(t.entry_names(n))
 
     def fresh(self, tensor: str) -> str:
         return self.first_free(f"d{tensor}_{{}}")
@@ -97,6 +100,8 @@ class _Writer:
         """`node` with every index-notation part and every sliced expression named."""
         if isinstance(node, t.IndexDef):
             return self.define(node)
+        if isinstance(node, t.Scatter):  # entry by entry: what reaches each entry
+            return self.define(gather_form(node))
         if isinstance(node, t.Slice):
             x = self.matrix(node.x)
             return replace(node, x=x if isinstance(x, t.Tensor) else self.define(x))

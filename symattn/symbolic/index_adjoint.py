@@ -12,21 +12,32 @@ delta(p, l) delta(q, m), which are eliminated as they meet the sum that binds
 the index (`sum(k, ... X[i, k] ...)` collapses to the term at k = m) or, for
 the indices of T, by substituting into grad(T)[i, j]. So the result has no
 deltas and no more sums than the entry formula itself.
+
+A read at computed subscripts (`b[j - i + N - 1]`, `Q[i, 2 * c + 1]`) or
+with a repeated index (`X[i, i]`) has no such elimination: its terms keep
+the subscripts, the sums over indices they use are lifted out, and the
+contribution is a `Scatter`: every point (i, j) of T's index box (with the
+lifted sums) adds grad(T)[i, j] * d body / d b[...] to grad(b) at the entry
+it read, grad(b)[t] = sum over (i, j) with j - i + N - 1 == t of grad(B)[i, j].
+Terms that read the same entry are added into one scatter.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import singledispatch
 from typing import Callable
 
 from ..ir import build as b
 from ..ir import typed as t
+from ..ir.affine import names as subscript_names, renamed as renamed_subscript
 from ..errors import SymbolicError
 
 __all__ = ["Part", "index_adjoint", "rename_indices"]
 
 _FRESH = ("l", "m", "n", "p", "q", "r", "s", "u", "v", "a", "b", "e", "f", "g", "i", "j", "k")
+
+
 
 @dataclass(frozen=True)
 class Part:
@@ -43,10 +54,24 @@ class Part:
     build: Callable[[b.Recorder], t.Node | None]
 
 
-# A term of a derivative: index -> target index constraints (deltas), and the expression. The
-# expression is None where it is the bare delta, d X[l, m] / d X[l, m] = 1: the chain and product
-# rules then write v, not 1 * v, so no redundant node is built and no `1 * A = A` step recorded.
-Term = tuple[dict[str, str], t.Node | None]
+@dataclass(frozen=True)
+class Term:
+    """One term of a derivative by X[targets]: `expr` times the deltas of the read it comes from.
+
+    A read of distinct index names carries `deltas` (read index -> target index), eliminated
+    as the sums close; any other read keeps its subscripts `at` (None for the first kind)
+    and the sum indices they use, `lifted` out of their sums, and becomes a scatter. `expr` is
+    None where it is the bare delta, d X[l, m] / d X[l, m] = 1: the chain and product rules then
+    write v, not 1 * v, so no redundant node is built and no `1 * A = A` step recorded.
+    """
+
+    deltas: dict[str, str]
+    expr: t.Node | None
+    at: tuple | None = None
+    lifted: tuple[t.Index, ...] = field(default=())
+
+    def but(self, expr: t.Node | None) -> "Term":
+        return replace(self, expr=expr)
 
 
 def _unit(e: t.Node | None) -> t.Node:
@@ -67,7 +92,7 @@ def _index_names(node: t.Node) -> set[str]:
         if isinstance(n, t.IndexVar):
             names.add(n.name)
         elif isinstance(n, t.Entry):
-            names.update(n.indices)
+            names.update(t.entry_names(n))
         elif isinstance(n, t.IndexSum):
             names.add(n.index.name)
     return names
@@ -94,7 +119,7 @@ def _(node: t.IndexVar, mapping):
 
 @rename_indices.register
 def _(node: t.Entry, mapping):
-    return t.Entry(node.tensor, tuple(mapping.get(i, i) for i in node.indices), grad=node.grad)
+    return t.Entry(node.tensor, tuple(renamed_subscript(i, mapping) for i in node.indices), grad=node.grad)
 
 
 @rename_indices.register
@@ -138,15 +163,12 @@ class _Differentiator:
         if isinstance(node, t.Entry):
             if node.tensor != self.tensor or node.grad:
                 return []
-            deltas: dict[str, str] = {}
-            for index, target in zip(node.indices, self.targets):
-                if deltas.get(index, target) != target:
-                    raise SymbolicError(f"{node.tensor}[{', '.join(node.indices)}] repeats an index; the gradient "
-                                        "of a diagonal read is not derived yet")
-                deltas[index] = target
-            return [(deltas, None)]
+            plain = all(isinstance(i, str) for i in node.indices) and len(set(node.indices)) == len(node.indices)
+            if not plain:  # computed subscripts or a repeated index: a scatter
+                return [Term({}, None, at=tuple(node.indices))]
+            return [Term(dict(zip(node.indices, self.targets)), None)]
         if isinstance(node, t.Tensor):  # a scalar tensor read whole, as in `w * (j - i)`
-            return [({}, None)] if node.name == self.tensor else []
+            return [Term({}, None)] if node.name == self.tensor else []
         if isinstance(node, (t.Scalar, t.DimValue, t.IndexVar)):
             return []
         if isinstance(node, t.Unary):
@@ -154,23 +176,26 @@ class _Differentiator:
             # f'(u) read off the function's adjoint at G = 1: the `1 * A` that reading makes is
             # how the table is read, not a step of the derivation, so it is recorded nowhere.
             factor = make(node.x, node, b.scalar(1), None)
-            return [(c, _times(factor, e, self.rec)) for c, e in self.d(node.x)]
+            return [c.but(_times(factor, c.expr, self.rec)) for c in self.d(node.x)]
         if isinstance(node, t.Binary):
             return self._binary(node)
         if isinstance(node, t.Where):
             zero = b.scalar(0)
-            return ([(c, b.where(node.cond, _unit(e), zero)) for c, e in self.d(node.a)]
-                    + [(c, b.where(node.cond, zero, _unit(e))) for c, e in self.d(node.b)])
+            return ([c.but(b.where(node.cond, _unit(c.expr), zero)) for c in self.d(node.a)]
+                    + [c.but(b.where(node.cond, zero, _unit(c.expr))) for c in self.d(node.b)])
         if isinstance(node, t.IndexSum):
             out: list[Term] = []
-            for deltas, expr in self.d(node.body):
-                name = node.index.name
-                if name in deltas:
-                    deltas = dict(deltas)
+            name = node.index.name
+            for term in self.d(node.body):
+                if term.at is not None and any(name in subscript_names(s) for s in term.at):
+                    out.append(replace(term, lifted=(node.index, *term.lifted)))  # summed by the scatter
+                elif name in term.deltas:
+                    deltas = dict(term.deltas)
                     target = deltas.pop(name)
-                    out.append((deltas, None if expr is None else rename_indices(expr, {name: target})))  # collapses
+                    expr = None if term.expr is None else rename_indices(term.expr, {name: target})
+                    out.append(Term(deltas, expr))  # the sum collapses
                 else:
-                    out.append((deltas, t.IndexSum(node.index, _unit(expr))))
+                    out.append(term.but(t.IndexSum(node.index, _unit(term.expr))))
             return out
         raise SymbolicError(f"cannot differentiate {type(node).__name__} in index notation")
 
@@ -180,12 +205,12 @@ class _Differentiator:
         if op == "add":
             return du + dv
         if op == "sub":
-            return du + [(c, b.scalar(-1) if e is None else b.neg(e, r)) for c, e in dv]
+            return du + [c.but(b.scalar(-1) if c.expr is None else b.neg(c.expr, r)) for c in dv]
         if op == "mul":
-            return [(c, _times(v, e, r, left=True)) for c, e in du] + [(c, _times(u, e, r)) for c, e in dv]
+            return [c.but(_times(v, c.expr, r, left=True)) for c in du] + [c.but(_times(u, c.expr, r)) for c in dv]
         if op == "div":
-            return ([(c, b.div(_unit(e), v, r)) for c, e in du]
-                    + [(c, b.neg(b.div(_times(u, e, r), b.power(v, b.scalar(2), r), r), r)) for c, e in dv])
+            return ([c.but(b.div(_unit(c.expr), v, r)) for c in du]
+                    + [c.but(b.neg(b.div(_times(u, c.expr, r), b.power(v, b.scalar(2), r), r), r)) for c in dv])
         if op == "pow":
             if dv:
                 raise SymbolicError("a power whose exponent depends on a tensor is not derived in index notation")
@@ -193,7 +218,7 @@ class _Differentiator:
                 factor = b.mul(v, b.power(u, b.scalar(v.value - 1), r), r)
             else:
                 factor = b.mul(v, b.power(u, b.sub(v, b.scalar(1), r), r), r)
-            return [(c, _times(factor, e, r)) for c, e in du]
+            return [c.but(_times(factor, c.expr, r)) for c in du]
         raise SymbolicError(f"cannot differentiate {op} in index notation")
 
 
@@ -209,17 +234,31 @@ def index_adjoint(node: t.IndexDef, g: t.Node, spec: t.TypedSpec, reserved: set[
             continue
         tensor = t.Tensor(name, spec.tensors[name].shape)
         targets = _fresh(len(tensor.shape), used)
-        parts.append(Part(tensor, f"{g.name}[...] = f({name}[...]): differentiate the entry formula",
-                          lambda rec, x=tensor, targets=targets: _gradient(node, g, x, targets, unary_rules, rec)))
+        # which kinds of terms there are (plain reads, and scatters by what they read), unrecorded
+        terms = _Differentiator(name, targets, unary_rules, None).d(node.body)
+        scatters = list(dict.fromkeys((term.at, term.lifted) for term in terms if term.at is not None))
+        if any(term.at is None for term in terms) or not scatters:
+            parts.append(Part(tensor, f"{g.name}[...] = f({name}[...]): differentiate the entry formula",
+                              lambda rec, x=tensor, targets=targets: _gradient(node, g, x, targets, unary_rules,
+                                                                               rec)))
+        for key in scatters:
+            read = ", ".join(map(str, key[0]))
+            parts.append(Part(tensor, f"{g.name}[...] = f({name}[{read}]): each entry read gets its share, "
+                              "scattered back", lambda rec, x=tensor, targets=targets, key=key:
+                              _scatter(node, g, x, targets, unary_rules, rec, key)))
     return parts
 
 
 def _gradient(node: t.IndexDef, g: t.Grad, x: t.Tensor, targets: list[str],
               unary_rules: dict[str, tuple[str, Callable]], rec: b.Recorder | None) -> t.IndexDef | None:
-    """grad(x)[targets] through `node` with upstream `g`, as index notation; None when it is zero."""
+    """grad(x)[targets] through `node` with upstream `g` from x's plain reads, as index notation; None when
+    it is zero."""
     lhs = {i.name for i in node.indices}
     total = None
-    for deltas, expr in _Differentiator(x.name, targets, unary_rules, rec).d(node.body):
+    for term in _Differentiator(x.name, targets, unary_rules, rec).d(node.body):
+        if term.at is not None:
+            continue
+        deltas, expr = term.deltas, term.expr
         stray = [k for k in deltas if k not in lhs]
         if stray:
             raise SymbolicError(f"index {stray[0]} of {x.name} is not bound where it is read")
@@ -232,3 +271,20 @@ def _gradient(node: t.IndexDef, g: t.Grad, x: t.Tensor, targets: list[str],
     if total is None:
         return None
     return t.IndexDef(tuple(t.Index(n, d) for n, d in zip(targets, x.shape)), total, x.shape)
+
+
+def _scatter(node: t.IndexDef, g: t.Grad, x: t.Tensor, targets: list[str],
+             unary_rules: dict[str, tuple[str, Callable]], rec: b.Recorder | None, key: tuple) -> t.Scatter:
+    """grad(x) from the reads of x at the subscripts `key` names (with the sums lifted out of them):
+    every point of the index box adds its term at the entry it read."""
+    at, lifted = key
+    exprs = [term.expr for term in _Differentiator(x.name, targets, unary_rules, rec).d(node.body)
+             if term.at is not None and (term.at, term.lifted) == key]
+    total = None
+    for expr in exprs:
+        total = b.add(total, _unit(expr), rec)
+    box = (*node.indices, *lifted)
+    upstream = t.Entry(g.name, tuple(i.name for i in node.indices), grad=True)
+    body = upstream if exprs == [None] else b.mul(upstream, total, rec)
+    values = t.IndexDef(box, body, tuple(i.range for i in box))
+    return t.Scatter(values, at, x.shape)

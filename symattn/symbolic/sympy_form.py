@@ -43,6 +43,8 @@ from sympy import (FunctionMatrix, HadamardPower, HadamardProduct, Identity, Lam
                    OneMatrix, Piecewise, Symbol)
 
 from ..ir import typed as t
+from ..ir.affine import as_sympy
+from ..ir.gather import gather_form
 from ..ir.functions import table
 from ..errors import SymbolicError
 from ..ir.printing import to_spec
@@ -324,6 +326,11 @@ def _(node: t.Slice, cv):
 
 
 @_matrix.register
+def _(node: t.Scatter, cv):
+    return _matrix(gather_form(node), cv)  # each entry: the sum of what reaches it
+
+
+@_matrix.register
 def _(node: t.Constant, cv):
     rows, cols = _rows_cols(node.shape)
     if node.kind == "ones":
@@ -387,7 +394,7 @@ def _scalar(node, cv: _Converter, env) -> sympy.Expr:
 def _(node: t.Entry, cv, env):
     shape = cv.spec.tensors[node.tensor].shape
     symbol = tensor_symbol(node.tensor, shape, grad=node.grad)
-    return _element(symbol, shape, [env[i] for i in node.indices])
+    return _element(symbol, shape, [env[i] if isinstance(i, str) else as_sympy(i, env) for i in node.indices])
 
 
 @_scalar.register

@@ -41,6 +41,7 @@ from typing import Sequence
 
 from ...ir import build as b
 from ...ir import typed as t
+from ...ir.gather import gather_forms
 from ...ir.printing import to_spec
 from ..program import build_program
 from ..program_ir import Program, Stmt
@@ -418,12 +419,13 @@ class _Planner:
                 # The program has no statement for a leaf's gradient of zero (None), nor for a gradient
                 # that no leaf's gradient reads (M of `where(X @ W > 0, 0, -inf)`: the comparison passes
                 # nothing on to X); for those the derivation's expression stands in.
-                exprs[name] = self.derived.get(name, gradient.expr)
+                expr = self.derived.get(name, gradient.expr)  # a scatter in its gather form, one entry a thread
+                exprs[name] = None if expr is None else gather_forms(expr, solve=True)
                 continue
             total = None
             for owner, part in gradient.paths:
-                if owner not in self.core_of:
-                    total = b.add(total, part)
+                if owner not in self.core_of:  # a scatter is computed in its gather form, one entry a thread
+                    total = b.add(total, gather_forms(part, solve=True))
             for core in self.cores.values():
                 if any(owner in self.core_of and self.core_of[owner] is core for owner, _ in gradient.paths):
                     for role in "qkv":

@@ -21,6 +21,7 @@ import sympy
 
 from ...ir.functions import table
 from ...ir import typed as t
+from ...ir.affine import pieces, signed_sum
 from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
 from ...errors import SymAttnError
 from .names import CNames
@@ -329,12 +330,20 @@ class CPrinter(Printer):
     def _print_IndexVar(self, node: t.IndexVar, coords) -> Printed:
         return Printed(f"(float){self.indices[node.name]}", self.prec("cast"))
 
+    def subscript(self, s) -> str:
+        """A subscript (index name or Affine) as C int arithmetic on the index variables."""
+        if isinstance(s, str):
+            return self.indices[s]
+        parts = [(p.negative, self._dim(p.dims) if p.index is None else self.indices[p.index] if p.coefficient == 1
+                  else f"{p.coefficient} * {self.indices[p.index]}") for p in pieces(s)]
+        return f"({signed_sum(parts) or '0'})"
+
     def _print_Entry(self, node: t.Entry, coords) -> Printed:
-        at = tuple(self.indices[i] for i in node.indices)
+        at = tuple(self.subscript(i) for i in node.indices)
         target = t.Grad(node.tensor, ()) if node.grad else t.Tensor(node.tensor, ())
         text = self.source.read(target, at)
         if text is None:
-            raise CudaCodegenError(f"cannot read {node.tensor}[{', '.join(node.indices)}]")
+            raise CudaCodegenError(f"cannot read {node.tensor}[{', '.join(map(str, node.indices))}]")
         return Printed(text, ATOM)
 
     def _print_IndexSum(self, node: t.IndexSum, coords) -> Printed:

@@ -11,8 +11,11 @@ NumPy printer's `doprint`, `dim`, `batched` and `aligned` methods.
 
 from __future__ import annotations
 
+import sympy
+
+from ...ir.affine import Affine, pieces, signed_sum
 from ...ir.printer import ADD, ATOM, MUL, NEG, POW, Printer
-from ..index import LConst, LContract, LEntry, LNode, LOp, LScalarTensor, LSum, LVar
+from ..index import LConst, LContract, LEntry, LGather, LNode, LOp, LScalarTensor, LSum, LVar
 from ..program import CodegenError
 from .syntax import BINARY, PYTHON_PRECEDENCE, UNARY, SCALAR_UNARY, Code, einsum_letters
 
@@ -28,6 +31,12 @@ class IndexNotationPrinter(Printer):
     def label(self, node: LNode) -> Code:
         """A labelled node printed with its own labels, in their order."""
         return self.dispatch("_label_", node)
+
+    def _label_LGather(self, node: LGather) -> Code:
+        """Integer index arrays over the labels: a gather, O(entries read)."""
+        at = [self.index_array(s, node.labels, node.ranges) for s in node.indices]
+        dots = ["..."] if self.batched(node) else []
+        return Code(f"{node.var}[{', '.join(dots + at)}]", ATOM, False)
 
     def _label_LEntry(self, node: LEntry) -> Code:
         if len(set(node.indices)) == len(node.indices):
@@ -50,6 +59,25 @@ class IndexNotationPrinter(Printer):
         x = self.label(node.x)
         axis = node.x.labels.index(node.index) - len(node.x.labels)
         return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
+
+    def arange(self, size: str) -> str:
+        """The integers 0 .. size - 1 as an index array."""
+        return f"np.arange({size})"
+
+    def index_array(self, s, labels: tuple[str, ...], ranges) -> str:
+        """A subscript (index name or Affine) as integer arithmetic on `arange`s, one axis per label:
+        `np.arange(N)[None, :] - np.arange(N)[:, None] + N - 1`."""
+        parts = []
+        for p in pieces(s if isinstance(s, Affine) else Affine((s,), (1,), sympy.Integer(0))):
+            if p.index is None:
+                parts.append((p.negative, self.parenthesize(self.dim(p.dims), MUL)))
+                continue
+            k = labels.index(p.index)
+            arange = self.arange(self.dim(ranges[k]).text)
+            if len(labels) > 1:
+                arange += "[" + ", ".join(":" if j == k else "None" for j in range(len(labels))) + "]"
+            parts.append((p.negative, arange if p.coefficient == 1 else f"{p.coefficient} * {arange}"))
+        return signed_sum(parts) or "0"
 
     def label_aligned(self, node: LNode, target: tuple[str, ...], keep_missing: bool = False) -> Code:
         """`node` with its axes permuted and new axes inserted so that its labels line up with `target`."""
@@ -117,7 +145,7 @@ class IndexNotationPrinter(Printer):
     def _label_LContract(self, node: LContract) -> Code:
         operands = []
         for f in node.factors:
-            if isinstance(f, LEntry):
+            if isinstance(f, LEntry) and not isinstance(f, LGather):
                 operands.append((Code(f.var, ATOM, False), f.indices, self.batched(f)))
             else:
                 operands.append((self.label(f), f.labels, self.batched(f)))

@@ -311,6 +311,13 @@ class NumPyPrinter(IndexNotationPrinter):
         index = ", ".join(["...", cut] + [":"] * after)
         return Code(f"{self.parenthesize(x, ATOM)}[{index}]", self.prec("slice"), False, x.carrying)
 
+    def _print_Scatter(self, node: t.Scatter) -> Code:
+        self.helpers.add("_scatter")
+        values = self.doprint(node.x)
+        at = [self.index_array(s, node.x.indices, node.x.ranges) for s in node.targets]
+        return Code(f"_scatter({values.text}, ({', '.join(at)},), {self.shape_tuple(node.shape)}, "
+                    f"{len(node.x.indices)})", ATOM, True, values.carrying)
+
     def _print_IndexArray(self, node: IndexArray) -> Code:
         root = node.root
         target = node.indices

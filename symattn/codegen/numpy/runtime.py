@@ -202,12 +202,21 @@ def _causal_mask(n, dtype):
     return np.triu(np.full((n, n), -np.inf, dtype=dtype), k=1)
 
 
+def _scatter(values, at, shape, rank):
+    """Zeros of `shape` (after the leading batch axes of `values`) to which each entry of `values` over
+    its last `rank` axes is added at the position the index arrays `at` give it (np.add.at: a position
+    reached several times gets the sum)."""
+    box = values.shape[values.ndim - rank:]
+    out = np.zeros(values.shape[:values.ndim - rank] + tuple(shape), dtype=values.dtype)
+    np.add.at(out, (Ellipsis, *(np.broadcast_to(a, box) for a in at)), values)
+    return out
+
 
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid",
-    "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask",
+    "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}  # helper -> the helpers it calls
 

@@ -167,6 +167,9 @@ class TorchPrinter(NumPyPrinter):
 
     # --- index notation -------------------------------------------------------------------
 
+    def arange(self, size: str) -> str:
+        return f"torch.arange({size}, device=device)"
+
     def _label_LEntry(self, node: LEntry) -> Code:
         if len(set(node.indices)) == len(node.indices):
             return Code(node.var, ATOM, False)

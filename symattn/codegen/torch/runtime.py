@@ -225,6 +225,20 @@ def _causal_mask(n, dtype, device):
     return torch.triu(torch.full((n, n), -math.inf, dtype=dtype, device=device), diagonal=1)
 
 
+def _scatter(values, at, shape, rank):
+    """Zeros of `shape` (after the leading batch axes of `values`) to which each entry of `values` over
+    its last `rank` axes is added at the position the index tensors `at` give it (index_put_ with
+    accumulate: a position reached several times gets the sum)."""
+    lead = tuple(values.shape[:values.dim() - rank])
+    box = tuple(values.shape[values.dim() - rank:])
+    flat = values.reshape((-1,) + box)
+    out = flat.new_zeros((flat.shape[0],) + tuple(shape))
+    batch = torch.arange(flat.shape[0], device=values.device).reshape((-1,) + (1,) * rank)
+    positions = [torch.as_tensor(a, device=values.device).broadcast_to(box) for a in at]
+    out.index_put_((batch, *positions), flat, accumulate=True)
+    return out.reshape(lead + tuple(shape))
+
+
 def _own(values, inputs):
     """What a custom op returns may alias neither its inputs nor each other: a view or an input is copied."""
     seen = []
@@ -240,8 +254,8 @@ def _own(values, inputs):
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
-    "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat", "_expand",
-    "_sinusoidal", "_causal_mask", "_own",
+    "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
+    "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}
 
