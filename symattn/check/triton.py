@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir import typed as t
-from ..codegen.triton import TritonCode, emit_triton
+from ..codegen.triton import TritonCode, emit_triton, load_source
 from .numpy import finite_difference_gradients, reference_forward, relative_error
 
 __all__ = ["TOLERANCE", "Report", "load_module", "core_spec", "verify_triton"]
@@ -63,22 +63,7 @@ def load_module(text: str, interpret: bool | None = None, name: str = "symattn_t
     if interpret != interpreting():
         raise RuntimeError("triton was imported with TRITON_INTERPRET=" + ("1" if interpreting() else "0")
                            + "; set it " + ("to 1" if interpret else "to 0") + " before triton is first imported")
-    # triton.jit reads its functions' source through inspect: the module must be a file
-    import hashlib
-    import importlib.util
-    import tempfile
-
-    directory = Path(tempfile.gettempdir()) / "symattn-triton"
-    directory.mkdir(exist_ok=True)
-    path = directory / f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
-    if not path.exists():
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_source(text, name)
 
 
 @dataclass
