@@ -34,11 +34,11 @@ import sympy
 from ...ir import typed as t
 from ..cuda.core import AttentionCore, find_cores
 from .kernels import CoreKernels, core_kernels
-from .module import module_text, segments
+from .module import load_source, module_text, segments
 from .printer import TritonCodegenError
 from .runtime import PRELUDE, RUNTIME
 
-__all__ = ["TritonCode", "emit_triton", "core_names"]
+__all__ = ["TritonCode", "emit_triton", "core_names", "triton_module"]
 
 
 @dataclass(frozen=True)
@@ -140,3 +140,8 @@ def emit_triton(spec: t.TypedSpec) -> TritonCode:
         text += "\n\n" + made.source + "\n\n" + launchers
     text += module_text(spec, named, segments(named, cores, names))
     return TritonCode(text, tuple(cores), tuple(names), tuple(kernels))
+
+
+def triton_module(spec: t.TypedSpec):
+    """The spec's full Triton module, loaded (`spec.torch(backend="triton")` calls its `forward`)."""
+    return load_source(emit_triton(spec).text)

@@ -39,7 +39,7 @@ import sympy
 from ...ir import typed as t
 from ..cuda.core import AttentionCore
 
-__all__ = ["Segment", "CoreStep", "segments", "module_text", "load_source", "triton_module"]
+__all__ = ["Segment", "CoreStep", "segments", "module_text", "load_source"]
 
 
 @dataclass(frozen=True)
@@ -248,9 +248,3 @@ def load_source(text: str, name: str = "symattn_triton") -> types.ModuleType:
     spec.loader.exec_module(module)
     return module
 
-
-def triton_module(spec: t.TypedSpec) -> types.ModuleType:
-    """The spec's full Triton module, loaded (`spec.torch(backend="triton")` calls its `forward`)."""
-    from .emit import emit_triton
-
-    return load_source(emit_triton(spec).text)
