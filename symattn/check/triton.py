@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
-from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
