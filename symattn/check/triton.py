@@ -13,7 +13,9 @@ Contract:
   and compares O, dQ, dK, dV and the gradient of each learned score tensor
   with the float64 reference evaluator run on the core alone (O =
   softmax(score) @ V, forward op by op, gradients by central differences),
-  equal meaning `relative_error`'s within `TOLERANCE`. Returns a `Report`.
+  equal meaning `relative_error`'s within `TOLERANCE`; then the full module's
+  outputs and the gradient of every input and param, against the reference
+  evaluator on the whole spec. Returns a `Report`.
 - `compile_sm90(code)` compiles every kernel for sm_90 ahead of time
   (`triton.compile`, bf16, the first autotune config the head dim keeps) and
   returns per-kernel `KernelStats` (registers, shared memory, spills, whether
@@ -26,13 +28,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
-from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..ir import typed as t
-from ..codegen.triton import TritonCode, emit_triton
+from ..codegen.triton import TritonCode, emit_triton, load_source
 from .numpy import finite_difference_gradients, reference_forward, relative_error
 
 __all__ = ["TOLERANCE", "Report", "load_module", "core_spec", "verify_triton"]
@@ -63,22 +64,7 @@ def load_module(text: str, interpret: bool | None = None, name: str = "symattn_t
     if interpret != interpreting():
         raise RuntimeError("triton was imported with TRITON_INTERPRET=" + ("1" if interpreting() else "0")
                            + "; set it " + ("to 1" if interpret else "to 0") + " before triton is first imported")
-    # triton.jit reads its functions' source through inspect: the module must be a file
-    import hashlib
-    import importlib.util
-    import tempfile
-
-    directory = Path(tempfile.gettempdir()) / "symattn-triton"
-    directory.mkdir(exist_ok=True)
-    path = directory / f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
-    if not path.exists():
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_source(text, name)
 
 
 @dataclass
@@ -161,4 +147,30 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
                 continue
             report.rows.append(Row(f"grad({role}) through {core.output}",
                                    relative_error(got.cpu().double().numpy(), grads[role])))
+    _verify_full(spec, module, rng, sizes, device, report)
     return report
+
+
+def _verify_full(spec, module, rng, sizes, device, report) -> None:
+    """The full module (torch segments around the cores): outputs and the gradient of every input and param
+    against the reference evaluator on the whole spec (forward op by op, gradients by central differences)."""
+    import torch
+
+    leaves = {}
+    for leaf in spec.given:
+        info = spec.tensors[leaf]
+        value = rng.standard_normal(((2,) if info.kind != "param" else ()) + spec.concrete_shape(info.shape))
+        if info.kind == "buffer" and value.ndim:
+            value[..., 0] = np.abs(value[..., 0])  # a mask keeps its first key: no row is fully masked
+        leaves[leaf] = value
+    want = reference_forward(spec, leaves, sizes)
+    upstream = {o: rng.standard_normal(np.shape(want[o])) for o in spec.outputs}
+    grads = finite_difference_gradients(spec, leaves, upstream, sizes)
+    tensor = {n: torch.tensor(a, dtype=torch.float32, device=device) for n, a in leaves.items()}
+    outs, got = module.forward_backward(**tensor, **{f"grad_{o}": torch.tensor(u, dtype=torch.float32, device=device)
+                                                     for o, u in upstream.items()})
+    for o in spec.outputs:
+        report.rows.append(Row(f"{o} (full module)", relative_error(outs[o].cpu().double().numpy(), want[o])))
+    for leaf in spec.differentiable:
+        report.rows.append(Row(f"grad({leaf}) (full module)",
+                               relative_error(got[leaf].cpu().double().numpy(), grads[leaf])))

@@ -18,9 +18,11 @@ module defines:
 q, k, v are [*batch, *heads, N, d] (the spec's shapes with any leading batch
 axes); score tensors have their spec shapes, with batch axes where the data
 has them (a key-padding buffer per batch entry). Dims no shape determines (a
-window width) are keywords, defaulting to the spec's sizes. The spec's
-projections and other non-fused parts are not in this module: the torch
-target generates them around these calls.
+window width) are keywords, defaulting to the spec's sizes. After the cores, the
+module has the whole spec with the NumPy module's calling convention:
+`forward(**tensors) -> {output: tensor}`, `backward(**tensors, grad_O=...)`
+and `forward_backward`, the non-fused parts as generated torch code around
+these calls (see `module`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import sympy
 from ...ir import typed as t
 from ..cuda.core import AttentionCore, find_cores
 from .kernels import CoreKernels, core_kernels
+from .module import load_source, module_text, segments
 from .printer import TritonCodegenError
 from .runtime import PRELUDE, RUNTIME
 
-__all__ = ["TritonCode", "emit_triton", "core_names"]
+__all__ = ["TritonCode", "emit_triton", "core_names", "triton_module"]
 
 
 @dataclass(frozen=True)
@@ -135,4 +138,10 @@ def emit_triton(spec: t.TypedSpec) -> TritonCode:
             d_ops="".join(f", d{n}" for n in core.reads), cls=f"{made.prefix[1:].capitalize()}AttentionFunction",
             learned_text="".join(f", {n}" for n in learned), ops_call="".join(f", {n}" for n in core.reads))
         text += "\n\n" + made.source + "\n\n" + launchers
+    text += module_text(spec, named, segments(named, cores, names))
     return TritonCode(text, tuple(cores), tuple(names), tuple(kernels))
+
+
+def triton_module(spec: t.TypedSpec):
+    """The spec's full Triton module, loaded (`spec.torch(backend="triton")` calls its `forward`)."""
+    return load_source(emit_triton(spec).text)
