@@ -142,6 +142,21 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("relative_bias", "O", "X", False, "refuted", None),
     ("rope_interleaved", "O", "X", False, "refuted", None),
     ("rope_half", "O", "X", False, "refuted", None),
+    # The variants. Masks and biases indexed by position (causal, sliding window, ALiBi's j - i)
+    # and prefix sums (causal linear) tie outputs to positions: refuted. Elementwise changes
+    # to the scores (tanh cap, sigmoid with a constant shift, a second softmax map subtracted),
+    # a row max subtracted (stable softmax) and heads sharing K and V (GQA) keep the chain.
+    ("alibi", "O", "X", False, "refuted", None),
+    ("causal_linear", "O", "X", False, "refuted", None),
+    ("cosine", "O", "Q", False, "proved", "O(Pi Q) = Pi O(Q)"),  # row norms of Q permute with Q
+    ("cosine", "O", "K", True, "refuted", None),   # K alone: P's columns move, V's rows don't (the group
+                                                   # (K, V) is invariant: cosine.attn's own check)
+    ("differential", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("gqa", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("sigmoid", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("sliding_window", "O", "X", False, "refuted", None),
+    ("softcap", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("stable_softmax", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
 ]
 
 

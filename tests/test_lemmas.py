@@ -211,6 +211,29 @@ def check_reduce(n: int) -> None:
         assert same(col_sum, sympy.Matrix(1, 2, lambda _, j: sum(a.T[k, j] for k in range(n))))
 
 
+def check_scan(n: int) -> None:
+    """cumsum (forward and reverse) along an axis that is not permuted commutes with permuting
+    another axis; along the permuted axis it does not (why the lemma names the axis)."""
+
+    def cumsum(m: sympy.Matrix, axis: int, reverse: bool = False) -> sympy.Matrix:
+        def entry(i, j):
+            if axis == 1:
+                cols = range(j, m.cols) if reverse else range(j + 1)
+                return sum(m[i, k] for k in cols)
+            rows = range(i, m.rows) if reverse else range(i + 1)
+            return sum(m[k, j] for k in rows)
+        return sympy.Matrix(m.rows, m.cols, entry)
+
+    a = mat("a", n, 3)
+    for p in perms(n):
+        pi = pmat(p)
+        for reverse in (False, True):
+            assert same(cumsum(pi * a, 1, reverse), pi * cumsum(a, 1, reverse))        # rows permuted, scan columns
+            assert same(cumsum(a.T * pi.T, 0, reverse), cumsum(a.T, 0, reverse) * pi.T)  # columns permuted, scan rows
+            if list(p) != list(range(n)):                                                # along the permuted axis: no
+                assert not same(cumsum(pi * a, 0, reverse), pi * cumsum(a, 0, reverse))
+
+
 def check_heads(n: int) -> None:
     h, k = 2, 2
     z = arr("z", h, n, k)
@@ -300,6 +323,7 @@ CHECKS = {
     "elementwise": check_elementwise,
     "softmax": check_softmax,
     "reduce": check_reduce,
+    "scan": check_scan,
     "heads": check_heads,
     "concat": check_concat,
     "slice": check_slice,

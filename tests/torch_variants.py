@@ -1,0 +1,155 @@
+"""Hand-written torch versions of the attention variants in derivations/, written from the
+.attn files' text alone (nothing from symattn is imported).
+
+Each takes the spec's inputs and params as torch tensors, by name, and returns the output.
+`keep`, when given, receives the named intermediates (with `retain_grad`, so that after a
+backward pass `keep[name].grad` is grad(name)): tests/test_claims.py re-evaluates the
+counterexamples of negated claims with them, tests/test_gradients_numeric.py compares
+symattn's leaf gradients against torch autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _keep(keep: dict | None, name: str, value: torch.Tensor) -> torch.Tensor:
+    if keep is not None:
+        if value.requires_grad:
+            value.retain_grad()
+        keep[name] = value
+    return value
+
+
+def _causal_bias(n: int, dtype, window: int | None = None) -> torch.Tensor:
+    """0 where query i sees key j (j <= i, and i - j < window if given), -inf elsewhere."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    visible = j <= i if window is None else (j <= i) & (i - j < window)
+    zero = torch.zeros(n, n, dtype=dtype)
+    return torch.where(visible, zero, torch.full_like(zero, float("-inf")))
+
+
+def alibi(X, W_q, W_k, W_v, m, keep=None):
+    n = X.shape[0]
+    d_k = W_q.shape[-1]
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v                                  # [h, N, d_k]
+    distance = (torch.arange(n)[None, :] - torch.arange(n)[:, None]).to(X.dtype)   # j - i
+    scores = Q @ K.transpose(-1, -2) / math.sqrt(d_k) + m * distance + _causal_bias(n, X.dtype)
+    P = _keep(keep, "P", torch.softmax(scores, dim=-1))
+    return P @ _keep(keep, "V", V)
+
+
+def causal_linear(X, W_q, W_k, W_v, keep=None):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    Fq = _keep(keep, "Fq", torch.relu(Q) + 1)
+    Fk = _keep(keep, "Fk", torch.relu(K) + 1)
+    KV_step = _keep(keep, "KV_step", Fk[:, :, None] * V[:, None, :])    # [N, d_k, d_k]
+    KV = _keep(keep, "KV", torch.cumsum(KV_step, dim=0))
+    Z = _keep(keep, "Z", torch.cumsum(Fk, dim=0))
+    num = _keep(keep, "num", torch.einsum("ia,iac->ic", Fq, KV))
+    den = _keep(keep, "den", (Fq * Z).sum(dim=-1, keepdim=True))
+    _keep(keep, "V", V)
+    return _keep(keep, "O", num / den)
+
+
+def cosine(Q, K, V, tau, keep=None):
+    Q, K = _keep(keep, "Q", Q), _keep(keep, "K", K)
+    Qn = _keep(keep, "Qn", Q / torch.sqrt((Q * Q).sum(dim=-1, keepdim=True)))
+    Kn = K / torch.sqrt((K * K).sum(dim=-1, keepdim=True))
+    P = _keep(keep, "P", torch.softmax(tau * (Qn @ Kn.T), dim=-1))
+    return P @ V
+
+
+def differential(X, W_q1, W_k1, W_q2, W_k2, W_v, lam, keep=None):
+    d_k = W_q1.shape[-1]
+    P1 = torch.softmax((X @ W_q1) @ (X @ W_k1).T / math.sqrt(d_k), dim=-1)
+    P2 = _keep(keep, "P2", torch.softmax((X @ W_q2) @ (X @ W_k2).T / math.sqrt(d_k), dim=-1))
+    D = _keep(keep, "D", P1 - lam * P2)
+    return D @ (X @ W_v)
+
+
+def gqa(X, W_q, W_k, W_v, keep=None):
+    d_k = W_q.shape[-1]
+    Q = _keep(keep, "Q", X @ W_q)                                        # [g, r, N, d_k]
+    K = _keep(keep, "K", X @ W_k)                                        # [g, 1, N, d_k]
+    V = X @ W_v
+    S = _keep(keep, "S", Q @ K.transpose(-1, -2) / math.sqrt(d_k))       # K broadcast over r
+    return torch.softmax(S, dim=-1) @ V
+
+
+def sigmoid(X, W_q, W_k, W_v, keep=None):
+    n = X.shape[0]
+    d_k = W_q.shape[-1]
+    S = _keep(keep, "S", (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k))
+    P = _keep(keep, "P", torch.sigmoid(S - math.log(n)))
+    return P @ (X @ W_v)
+
+
+def sliding_window(X, W_q, W_k, W_v, keep=None):
+    n = X.shape[0]
+    d_k = W_q.shape[-1]
+    window = 2                                                           # dim w = 2
+    scores = (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k) + _causal_bias(n, X.dtype, window)
+    return torch.softmax(scores, dim=-1) @ (X @ W_v)
+
+
+def softcap(X, W_q, W_k, W_v, keep=None):
+    d_k = W_q.shape[-1]
+    S = _keep(keep, "S", (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k))
+    R = _keep(keep, "R", 50 * torch.tanh(S / 50))
+    return torch.softmax(R, dim=-1) @ (X @ W_v)
+
+
+def stable_softmax(X, W_q, W_k, W_v, keep=None):
+    d_k = W_q.shape[-1]
+    S = _keep(keep, "S", (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k))
+    top = _keep(keep, "top", torch.amax(S, dim=-1, keepdim=True))       # ties share the gradient
+    E = _keep(keep, "E", torch.exp(S - top))
+    P = E / E.sum(dim=-1, keepdim=True)
+    return P @ (X @ W_v)
+
+
+def relative_bias(X, W_q, W_k, W_v, b, keep=None):
+    n = X.shape[0]
+    b = _keep(keep, "b", b)
+    B = torch.stack([torch.stack([b[j - i + n - 1] for j in range(n)]) for i in range(n)])   # B[i, j]
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    S = _keep(keep, "S", Q @ K.T / math.sqrt(Q.shape[-1]) + B)
+    return torch.softmax(S, dim=-1) @ V
+
+
+def _rope_angles(n: int, h: int, dtype) -> torch.Tensor:
+    """angle[i, c] = i * 10000^(-c / h)"""
+    return torch.arange(n, dtype=dtype)[:, None] * 10000.0 ** (-torch.arange(h, dtype=dtype)[None, :] / h)
+
+
+def rope_half(X, W_q, W_k, W_v, keep=None):
+    h = W_q.shape[-1] // 2
+    a = _rope_angles(X.shape[0], h, X.dtype)
+    Cos, Sin = _keep(keep, "Cos", a.cos()), _keep(keep, "Sin", a.sin())
+    Q, K, V = _keep(keep, "Q", X @ W_q), X @ W_k, X @ W_v
+    Q1, Q2, K1, K2 = _keep(keep, "Q1", Q[:, :h]), Q[:, h:], K[:, :h], K[:, h:]
+    Qr = _keep(keep, "Qr", torch.cat([Q1 * Cos - Q2 * Sin, Q2 * Cos + Q1 * Sin], dim=-1))
+    Kr = torch.cat([K1 * Cos - K2 * Sin, K2 * Cos + K1 * Sin], dim=-1)
+    return torch.softmax(Qr @ Kr.T / math.sqrt(2 * h), dim=-1) @ V
+
+
+def rope_interleaved(X, W_q, W_k, W_v, keep=None):
+    h = W_q.shape[-1] // 2
+    a = _rope_angles(X.shape[0], h, X.dtype)
+    Cos, Sin = _keep(keep, "Cos", a.cos()), _keep(keep, "Sin", a.sin())
+    Q, K, V = _keep(keep, "Q", X @ W_q), X @ W_k, X @ W_v
+
+    def rotate(x):                                   # pairs (2c, 2c + 1) rotated by angle[i, c]
+        even, odd = x[:, 0::2], x[:, 1::2]
+        return torch.stack([even * Cos - odd * Sin, even * Sin + odd * Cos], dim=-1).flatten(1)
+
+    Qr = _keep(keep, "Qr", rotate(Q))
+    return torch.softmax(Qr @ rotate(K).T / math.sqrt(2 * h), dim=-1) @ V
+
+
+FORWARDS = {f.__name__: f for f in (alibi, causal_linear, cosine, differential, gqa, sigmoid, sliding_window,
+                                    softcap, stable_softmax, relative_bias, rope_half, rope_interleaved)}
