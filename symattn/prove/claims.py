@@ -495,7 +495,7 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
         progress.step(f"check, line {check.line}", number, len(spec.checks))
         try:
             with time_budget(budget):
-                if check.kind == "equal":
+                if check.kind in ("equal", "relative"):
                     verdict = _check_equal(session, check)
                 else:
                     verdict = _check_symmetry(session, check)
