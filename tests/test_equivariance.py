@@ -142,6 +142,7 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("relative_bias", "O", "X", False, "refuted", None),
     ("rope_interleaved", "O", "X", False, "refuted", None),
     ("rope_half", "O", "X", False, "refuted", None),
+    ("kv_cache_decode", "O", "K_cache", True, "refuted", None),  # keys reordered without their values
 ]
 
 
