@@ -336,7 +336,10 @@ def format_typed(spec: t.TypedSpec) -> str:
         lines += ["", "checks"]
         for check in spec.checks:
             neg = "not " if check.negated else ""
-            if check.kind == "equal":
+            if check.kind == "relative":
+                lines.append(f"  line {check.line}: {neg}{check.text}    "
+                             f"{format_shape(check.lhs.shape, order)} windows, shifted by one row and column")
+            elif check.kind == "equal":
                 shapes = f"{format_shape(check.lhs.shape, order)} == {format_shape(check.rhs.shape, order)}"
                 lines.append(f"  line {check.line}: {neg}{check.text}    {shapes}")
             else:

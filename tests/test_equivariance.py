@@ -157,6 +157,7 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("sliding_window", "O", "X", False, "refuted", None),
     ("softcap", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
     ("stable_softmax", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("kv_cache_decode", "O", "K_cache", True, "refuted", None),  # keys reordered without their values
 ]
 
 

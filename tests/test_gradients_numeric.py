@@ -251,10 +251,16 @@ def _torch_forwards():
         q, k = rotate(X @ W_q), rotate(X @ W_k)
         return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ (X @ W_v)
 
+    def kv_cache_decode(x, W_q, W_k, W_v, K_cache, V_cache):
+        K = torch.cat([K_cache, x @ W_k], dim=0)                             # the new key as the last row
+        V = torch.cat([V_cache, x @ W_v], dim=0)
+        return torch.softmax((x @ W_q) @ K.T / math.sqrt(W_q.shape[-1]), dim=-1) @ V
+
     from torch_variants import FORWARDS as variants      # alibi, causal_linear, cosine, ... (tests/)
 
     return {f.__name__: f for f in (self_attention, causal, cross_attention, multi_head, positional, key_padding,
-                                    additive, beyond, relative_bias, rope_interleaved, rope_half)} | variants
+                                    additive, beyond, relative_bias, rope_interleaved, rope_half,
+                                    kv_cache_decode)} | variants
 
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)

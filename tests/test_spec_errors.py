@@ -148,7 +148,7 @@ CASES = [
     ("check_shapes_differ", BASE + "output X\ncheck grad(X) == Y\n", Check, 4, 15,
      r"^the two sides have different shapes: \[N, d\] == \[e, d\]$"),
     ("check_not_a_claim", BASE + "output X\ncheck X\n", Check, 4, 7,
-     r"^a check is `A == B`, `equivariant\(O, X\)` or `invariant\(O, Y\)`$"),
+     r"^a check is `A == B`, `equivariant\(O, X\)`, `invariant\(O, Y\)` or `relative\(B\)`$"),
     ("equivariant_of_computed", BASE + "Z = X\noutput Z\ncheck equivariant(Z, Z)\n", Check, 5, 22,
      r"^'Z' is computed, not declared; permute an input, param or buffer$"),
     ("equivariant_unknown", BASE + "output X\ncheck equivariant(O, X)\n", Name, 4, 19, r"^unknown name 'O'$"),

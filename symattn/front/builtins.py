@@ -296,6 +296,7 @@ RULES: dict[str, Callable] = {
     "grad": _grad,
     "equivariant": _symmetry,
     "invariant": _symmetry,
+    "relative": _symmetry,
 }
 
 
@@ -311,5 +312,5 @@ def validate_call(v, call: ir.Call, scope) -> t.Node:
         close = get_close_matches(call.func, list(RULES), n=1, cutoff=0.75)
         raise _err(SpecNameError, f"unknown function '{call.func}'", call.func_pos,
                    f"did you mean '{close[0]}'?" if close else
-                   "the builtins are " + ", ".join(sorted([*FUNCTIONS, *(n for n in RULES if n not in ("equivariant", "invariant"))])))
+                   "the builtins are " + ", ".join(sorted([*FUNCTIONS, *(n for n in RULES if n not in ("equivariant", "invariant", "relative"))])))
     return rule(v, call, scope)

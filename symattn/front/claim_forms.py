@@ -1,4 +1,5 @@
-"""Symmetry claims: `check equivariant(O, X)`, `invariant(O, Y, DIM)`, groups `(X, keep)`.
+"""Symmetry claims: `check equivariant(O, X)`, `invariant(O, Y, DIM)`, groups `(X, keep)`;
+and `check relative(B)`.
 
 Contract: `symmetry_check(v, stmt, claim)` types one such claim for the validator `v`
 (`symattn.front.validate`) and returns its `typed.CheckInfo` (kind, output, the
@@ -6,6 +7,10 @@ tensors permuted together, the dim), or raises a located `SpecCheckError`: the
 output and every grouped tensor must exist, grouped tensors are declared (input,
 param or buffer), named once, and each has an axis of the permuted dim; without
 a DIM the first tensor's first axis must be a single dim.
+`relative_check(v, stmt, claim)` types `relative(B)`, B any expression of rank >= 2
+with at least two rows and two columns, as the equality of two windows,
+`B[..., 0:R-1, 0:C-1] == B[..., 1:R, 1:C]` (B[..., i, j] == B[..., i + 1, j + 1]),
+so that the claim climbs the same ladder as `A == B` (kind 'relative').
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from __future__ import annotations
 from . import syntax as ir
 from ..errors import SpecCheckError
 from ..ir import typed as t
+import sympy
+
 from ..ir.shapes import same_dim
 
-__all__ = ["symmetry_check"]
+__all__ = ["symmetry_check", "relative_check"]
 
 
 def _err(message: str, pos: ir.Pos, hint: str | None = None) -> SpecCheckError:
@@ -76,3 +83,38 @@ def symmetry_check(v, stmt: ir.Check, claim: ir.Call) -> t.CheckInfo:
                        where if where is not None and len(group) == 1 else item.pos)
     return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, claim.func, stmt.pos,
                        output=out.id, sources=tuple(i.id for i in group), dim=chosen)
+
+
+def _window(node: t.Node, start: int, pos: ir.Pos) -> t.Node:
+    """The last two axes of `node` from `start` to `start + size - 1`: one of the two windows of relative(B)."""
+    rank = len(node.shape)
+    out = node
+    for axis in (rank - 2, rank - 1):
+        size = node.shape[axis]
+        stop = sympy.expand(size - 1 + start)
+        shape = tuple(sympy.expand(size - 1) if k == axis else d for k, d in enumerate(out.shape))
+        out = t.Slice(out, axis, sympy.Integer(start), stop, shape, pos=pos)
+    return out
+
+
+def relative_check(v, stmt: ir.Check, claim: ir.Call) -> t.CheckInfo:
+    """Type `relative(B)`: B an expression of rank >= 2, compared with itself shifted by one row and column."""
+    usage = "relative takes one tensor expression of rank >= 2, as in relative(B) or relative(Qr @ Kr.T)"
+    if len(claim.args) != 1 or isinstance(claim.args[0], (ir.Keyword, ir.Group)):
+        raise _err(usage, claim.pos)
+    arg = claim.args[0]
+    node = v.expr(arg, None)
+    if isinstance(node, t.Compare):
+        raise _err("a comparison is only allowed as the condition of where(cond, a, b)", arg.pos)
+    shape = node.shape
+    if len(shape) < 2:
+        raise _err(f"relative(...) needs rank >= 2 (rows i and columns j); this has shape "
+                   f"{v.shape_text(shape)}", arg.pos, usage)
+    sizes = v.sizes
+    for axis, what in ((-2, "row"), (-1, "column")):
+        size = shape[axis].xreplace({info.symbol: sympy.Integer(sizes[n]) for n, info in v.dims.items()})
+        if size.is_number and size < 2:
+            raise _err(f"relative(...) compares B[..., i, j] with B[..., i + 1, j + 1], but this has one "
+                       f"{what} (shape {v.shape_text(shape)})", arg.pos)
+    return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, "relative", stmt.pos,
+                       lhs=_window(node, 0, claim.pos), rhs=_window(node, 1, claim.pos))

@@ -30,7 +30,7 @@ from . import syntax as ir
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
-from .claim_forms import symmetry_check
+from .claim_forms import relative_check, symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
 from . import subscripts
 from .parse import KEYWORDS
@@ -42,7 +42,7 @@ __all__ = ["validate", "BUILTINS"]
 _MATRIX_FUNCTIONS = (
     "softmax", "where", "merge_heads", "split_heads", "concat", "transpose",
 ) + t.REDUCTIONS + t.CONSTANTS
-_CHECK_FUNCTIONS = ("grad", "equivariant", "invariant")
+_CHECK_FUNCTIONS = ("grad", "equivariant", "invariant", "relative")
 class _Builtins:
     """Every builtin name, the elementwise functions read live from `symattn.ir.functions`."""
 
@@ -354,7 +354,10 @@ class _Validator:
             return t.CheckInfo(stmt.pos.line, stmt.text, stmt.negated, "equal", stmt.pos, lhs=lhs, rhs=rhs)
         if isinstance(claim, ir.Call) and claim.func in ("equivariant", "invariant"):
             return symmetry_check(self, stmt, claim)
-        raise _err(SpecCheckError, "a check is `A == B`, `equivariant(O, X)` or `invariant(O, Y)`", claim.pos,
+        if isinstance(claim, ir.Call) and claim.func == "relative":
+            return relative_check(self, stmt, claim)
+        raise _err(SpecCheckError, "a check is `A == B`, `equivariant(O, X)`, `invariant(O, Y)` or `relative(B)`",
+                   claim.pos,
                    "prefix with `not` to claim that a counterexample exists")
 
     # --- index notation ----------------------------------------------------------------

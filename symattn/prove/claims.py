@@ -497,6 +497,8 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
             with time_budget(budget):
                 if check.kind == "equal":
                     verdict = _check_equal(session, check)
+                elif check.kind == "relative":
+                    verdict = _relative_note(_check_equal(session, check))
                 else:
                     verdict = _check_symmetry(session, check)
         except OutOfTime as err:
@@ -504,6 +506,24 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
                               "raise it with --budget)")
         verdicts.append(_negate(verdict) if check.negated else verdict)
     return verdicts
+
+
+def _relative_note(verdict: Verdict) -> Verdict:
+    """`relative(B)` is checked as B[..., :-1, :-1] == B[..., 1:, 1:]: say which pair of entries differs."""
+    counter = verdict.counterexample
+    if counter is None or not counter.note.startswith("largest gap at entry ["):
+        return verdict
+    index = [int(k) for k in counter.note[len("largest gap at entry ["):].split("]")[0].split(", ")]
+    left, right = counter.lhs, counter.rhs
+    for k in index:
+        left, right = left[k], right[k]
+    head, (i, j) = index[:-2], index[-2:]
+    at = ", ".join(map(str, head + [i, j]))
+    shifted = ", ".join(map(str, head + [i + 1, j + 1]))
+    note = (f"entry [{at}] is {left:.6g} but entry [{shifted}] is {right:.6g} in float64 (0-based): "
+            "not a function of j - i")
+    return dataclasses.replace(verdict, counterexample=dataclasses.replace(
+        counter, note=note, lhs=None, rhs=None, extra={**counter.extra, "pair": [head + [i, j], head + [i + 1, j + 1]]}))
 
 
 def _check_symmetry(session: _Session, check: t.CheckInfo) -> Verdict:

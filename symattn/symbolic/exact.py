@@ -104,7 +104,7 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
 
 # sin(a + b) is expanded by angle addition only for angles of a few terms (sin of a matrix product's
 # entry would expand into 2^d terms), and n * x by repeated addition, at most _MAX_MULTIPLE base
-# angles in all; a larger angle is one base angle of its own.
+# angles in all; a larger angle is one base angle of its own. A rational angle p/q is p times 1/q.
 _MAX_ANGLE_TERMS = 4
 _MAX_MULTIPLE = 6
 
@@ -116,7 +116,9 @@ def _base_angles(angle: sympy.Expr) -> list[tuple[sympy.Expr, int]]:
         if term == 0:
             continue
         coeff, rest = term.as_coeff_Mul()
-        if term.is_number or not coeff.is_Integer:
+        if term.is_Rational:  # p/q = p * (1/q): cos(2) and cos(1) share the base 1, as cos(3/100) and cos(1/100)
+            out.append((sympy.Rational(1, term.q), int(term.p)))
+        elif term.is_number or not coeff.is_Integer:
             out.append((term, 1))
         else:
             out.append((rest, int(coeff)))
