@@ -207,6 +207,7 @@ NEGATED_SIDES = {
     ("softcap", 20): lambda r: (r["grad(S)"], r["grad(R)"]),
     ("stable_softmax", 29): lambda r: (r["E"], np.exp(r["S"] - r["S"].min(-1, keepdims=True))),
     ("stable_softmax", 30): lambda r: (r["top"], r["S"].max(0, keepdims=True).T),
+    ("kv_cache_decode", 24): lambda r: (r["grad(W_v)"], r["x"].T @ r["grad(V)"][0:1, :]),
     ("relative_bias", 22): lambda r: (r["grad(b)"][None, 0:1], r["grad(S)"][0:1, -1:]),  # both [1, 1]
     ("rope_half", 27): lambda r: (r["grad(Q1)"], r["grad(Qr)"][:, :2] * r["Cos"] - r["grad(Qr)"][:, 2:] * r["Sin"]),
     ("rope_interleaved", 25): lambda r: (r["Qr"][:, 1:2],

@@ -40,7 +40,8 @@ FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attenti
          # window's index-notation mask both fuse (`symattn verify derivations/{softcap,sliding_window}.attn
          # --target cuda`: fused path, ok). Every other variant in derivations/ takes the generic path.
          "softcap": "O", "sliding_window": "O",
-         "rope_interleaved": "O", "rope_half": "O"}
+         "rope_interleaved": "O", "rope_half": "O",
+         "kv_cache_decode": "O"}  # one query row over the cache and the new key: the core fuses
 STEMS = [p.stem for p in EXAMPLES]
 
 

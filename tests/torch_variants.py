@@ -151,5 +151,12 @@ def rope_interleaved(X, W_q, W_k, W_v, keep=None):
     return torch.softmax(Qr @ rotate(K).T / math.sqrt(2 * h), dim=-1) @ V
 
 
-FORWARDS = {f.__name__: f for f in (alibi, causal_linear, cosine, differential, gqa, sigmoid, sliding_window,
+def kv_cache_decode(x, W_q, W_k, W_v, K_cache, V_cache, keep=None):
+    x, W_v = _keep(keep, "x", x), _keep(keep, "W_v", W_v)
+    K = torch.cat([K_cache, x @ W_k], dim=0)                  # the new key as the last row
+    V = _keep(keep, "V", torch.cat([V_cache, x @ W_v], dim=0))
+    return torch.softmax((x @ W_q) @ K.T / math.sqrt(W_q.shape[-1]), dim=-1) @ V
+
+
+FORWARDS = {f.__name__: f for f in (kv_cache_decode, alibi, causal_linear, cosine, differential, gqa, sigmoid, sliding_window,
                                     softcap, stable_softmax, relative_bias, rope_half, rope_interleaved)}
