@@ -24,6 +24,7 @@ import sympy
 
 import symattn
 from conftest import EXAMPLES, run_cli
+from symattn.ir.index_scope import scope_sum_indices
 from symattn.ir import typed as t
 from symattn.symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator, random_leaves
 from symattn.check.numpy import verify_numpy
@@ -186,12 +187,12 @@ def _binders(node: t.Node) -> list[str]:
 
 def test_scoping_renames_only_reused_sum_indices():
     z = _spec("nested").tensors["Z"].expr
-    scoped = t.scope_sum_indices(z)
+    scoped = scope_sum_indices(z)
     assert _binders(z) == ["k", "k", "m", "k"]
     assert _binders(scoped) == ["k", "k_1", "m", "k_2"]
     reads = [n.indices for n in t.walk(scoped.body) if isinstance(n, t.Entry)]
     assert reads == [("i", "k"), ("k", "j"), ("i", "k_1"), ("k_1", "j"), ("i", "k_2"), ("m", "k_2"), ("m", "j")]
-    assert t.scope_sum_indices(scoped) == scoped
+    assert scope_sum_indices(scoped) == scoped
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -202,7 +203,7 @@ def test_scoping_gives_each_sum_its_own_name(path):
     defs = [i.expr for i in spec.tensors.values() if isinstance(i.expr, t.IndexDef)]
     defs += [g.expr for g in spec.derive().gradients.values() if isinstance(g.expr, t.IndexDef)]
     for node in defs:
-        scoped = t.scope_sum_indices(node)
+        scoped = scope_sum_indices(node)
         names = [i.name for i in node.indices] + _binders(scoped)
         assert len(set(names)) == len(names)
         if len(set(_binders(node))) == len(_binders(node)):

@@ -8,9 +8,7 @@ the single-process gradients for the distributed test.
 
 from __future__ import annotations
 
-import inspect
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -29,7 +29,7 @@ from typing import Mapping
 import sympy
 
 from . import typed as t
-from .affine import affine, names as subscript_names, offset, pieces, substituted, terms
+from .affine import affine, offset, pieces, substituted, terms
 from .shapes import same_dim
 
 __all__ = ["gather_form", "gather_forms", "entry_form", "substitute_indices", "subscript_node"]

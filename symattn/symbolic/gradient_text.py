@@ -11,8 +11,8 @@ before it:
   a scalar one gets an index over a single entry, `dc_1[z_1:1] = sum(i, ...)`;
 - a scatter (the gradient of a read at computed subscripts), in its gather
   form: `db_1[l:2 * N - 1] = sum(i, sum(j, where(j - i + N - 1 == l, ...)))`;
-- the slice of an upstream gradient (concat's backward), as `dV_1 = grad(C)`,
-  then `grad(V) = dV_1[:, 0:d]` (a slice of a name).
+- the slice of an upstream gradient (concat's backward) as it is, `grad(C)[:, 0:d]`
+  (the language slices any expression).
 
 Each name `d<T>_<k>` is fresh: no dim, tensor, builtin, keyword, index name
 of any gradient, or name given before. The upstream gradient of an output
@@ -102,9 +102,6 @@ class _Writer:
             return self.define(node)
         if isinstance(node, t.Scatter):  # entry by entry: what reaches each entry
             return self.define(gather_form(node))
-        if isinstance(node, t.Slice):
-            x = self.matrix(node.x)
-            return replace(node, x=x if isinstance(x, t.Tensor) else self.define(x))
         changes = {}
         for f in fields(node):
             value = getattr(node, f.name)

@@ -36,7 +36,7 @@ from ..numpy.emit import bind_dims, comment_lines, load_module, size_keywords
 from ..program_ir import Var
 
 if TYPE_CHECKING:
-    from ..program import Program, Stmt
+    from ..program import Program
     from .printer import TorchPrinter
 
 __all__ = ["torch_source", "load_torch_module", "SoftmaxRecompute", "recompute_plan"]
@@ -420,7 +420,7 @@ def _autograd(spec: t.TypedSpec, layout: _Layout, op_name: str) -> list[str]:
         "    def backward(ctx, *grads):",
         "        saved = ctx.saved_tensors",
         f"        inputs, values = saved[:{n_leaves}], saved[{n_leaves}:]",
-        f"        upstream = [g if g is not None else torch.zeros_like(v) for g, v in zip(grads, values)]",
+        "        upstream = [g if g is not None else torch.zeros_like(v) for g, v in zip(grads, values)]",
         "        gradients = _backward(*inputs, *values, *upstream, *ctx.sizes)",
         f"        return {grads_tuple}",
         "", "",
