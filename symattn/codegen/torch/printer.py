@@ -8,7 +8,7 @@ differs (`np.exp` -> `torch.exp`, `axis=`/`keepdims=` -> `dim=`/`keepdim=`,
 `np.einsum` -> `torch.einsum`, `.astype(dtype)` -> `.to(dtype)`, new tensors
 made with `device=device`). `UNARY` is a live view of the function table
 (`symattn.ir.functions`): a function's torch spelling is its NumPy one with
-`np.` read as `torch.` unless `TORCH_UNARY` names it. A statement whose
+`np.` read as `torch.` unless the record has a `torch` spelling. A statement whose
 printed code still calls NumPy (an operation this target has no rule for yet)
 is a `CodegenError`, never a module that fails when it runs.
 """
@@ -28,23 +28,23 @@ from .runtime import HELPERS
 
 __all__ = ["TorchPrinter", "UNARY", "REDUCE", "SCAN", "CONSTANT", "RESERVED"]
 
-# fn -> torch template over the operand, where reading `np.` as `torch.` in the NumPy spelling is wrong
-TORCH_UNARY = {"neg": "-{x}", "relu": "torch.relu({x})", "sigmoid": "torch.sigmoid({x})"}
 # fn -> Python `math` spelling for a constant scalar (d_k ** 0.5 and such stay Python numbers)
 SCALAR_FUNCTIONS = {"abs": "abs({x})", "relu": "max({x}, 0.0)", "sigmoid": "1 / (1 + math.exp(-{x}))"}
 
 
 class _TorchUnary(Mapping):
-    """fn -> torch template, live over the function table."""
+    """fn -> torch template, live over the function records: the record's `torch` spelling, else its
+    NumPy one with `np.` read as `torch.`."""
 
     numpy = table("numpy_code", {"neg": ("-{x}", None)})
+    torch = table("torch", {"neg": "-{x}"})
 
     def __getitem__(self, name: str) -> str:
-        if name in TORCH_UNARY:
-            return TORCH_UNARY[name]
+        if self.torch[name]:  # the record's own torch spelling
+            return self.torch[name]
         template, helper = self.numpy[name]
         if helper or not template.startswith("np."):
-            raise CodegenError(f"the torch target has no spelling for {name}(); add one to TORCH_UNARY")
+            raise CodegenError(f"the torch target has no spelling for {name}(); give its record a `torch` template")
         return "torch." + template[len("np."):]
 
     def __iter__(self) -> Iterator[str]:

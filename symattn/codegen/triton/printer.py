@@ -20,12 +20,13 @@ that names it.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import sympy
 
 from ...errors import SymAttnError
 from ...ir import typed as t
+from ...ir.functions import table
 from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
 from ..cuda.core import AttentionCore
 from ..cuda.syntax import align
@@ -38,19 +39,10 @@ class TritonCodegenError(SymAttnError):
     """A spec (or part of one) that the Triton generator cannot translate; the message says what."""
 
 
-# fn -> template over the operand (a float32 tile). tanh and pow go through helpers of the generated
-# module (`_tanh`, `_pow`): libdevice on a GPU, plain arithmetic under the interpreter.
-UNARY: dict[str, str] = {
-    "exp": "tl.exp({x})",
-    "log": "tl.log({x})",
-    "sqrt": "tl.sqrt({x})",
-    "abs": "tl.abs({x})",
-    "tanh": "_tanh({x})",
-    "sigmoid": "tl.sigmoid({x})",
-    "relu": "tl.maximum({x}, 0.0)",
-    "sin": "tl.sin({x})",
-    "cos": "tl.cos({x})",
-}
+# fn -> template over the operand (a float32 tile), live over the function records (`triton`). tanh
+# and pow go through helpers of the generated module (`_tanh`, `_pow`): libdevice on a GPU, plain
+# arithmetic under the interpreter.
+UNARY: Mapping[str, str] = table("triton")
 BINARY: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 COMPARISON = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
 CONSTANT: dict[str, Callable[[Sequence[str]], str]] = {
@@ -190,7 +182,7 @@ class TritonPrinter(Printer):
         x = self._child(node.x, node, coords)
         if node.fn == "neg":
             return Printed("-" + self.parenthesize(x, NEG), self.prec("neg"))
-        if node.fn not in UNARY:
+        if not UNARY.get(node.fn):
             raise TritonCodegenError(f"no Triton rule for the function {node.fn}")
         return Printed(UNARY[node.fn].format(x=x.text), self.prec("call"))
 
