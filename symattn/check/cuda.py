@@ -319,7 +319,8 @@ def verify_sizes(spec: t.TypedSpec) -> dict[str, int]:
     A dim the user overrode (--dim) keeps the user's size.
     """
     sequence, other = iter([67, 45, 29, 23]), iter([5, 3, 6, 7, 9, 11, 13, 4])
-    firsts = {spec.tensors[x].shape[0] for x in spec.inputs if spec.tensors[x].shape}
+    firsts = {spec.tensors[x].shape[0] for x in spec.given  # inputs and buffers (a KV cache's T)
+              if spec.tensors[x].kind != "param" and spec.tensors[x].shape}
     sizes = {}
     chosen = []
     for name, info in spec.dims.items():
