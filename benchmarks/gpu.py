@@ -1,33 +1,44 @@
-"""The emitted fused attention kernels against torch SDPA on a GPU: forward and backward, float32.
+"""The emitted fused attention kernels, the generated Triton module and torch SDPA on a GPU, side by side.
 
-    python benchmarks/gpu.py [--sizes 1024 4096 16384] [--head-dim 64] [--batch 8] [--repeat 20]
+    python benchmarks/gpu.py [--sizes 4096] [--head-dims 64 128] [--batch 4] [--heads 16]
+                             [--dtypes bf16 fp32] [--causal] [--alibi] [--sdpa-backend flash efficient cudnn]
     python benchmarks/gpu.py --dry-run     # emit and compile only (no GPU needed)
     python benchmarks/gpu.py --ptxas       # registers / shared memory / spills of every derivations/ spec
 
-The spec is the attention core alone, O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
-with Q, K, V inputs of shape [batch, N, d], so the fused path computes all of it.
-symattn emits it (`symattn emit cuda`), nvcc builds it as a shared library
-(-O3 -arch=sm_XY of the device), and ctypes calls its `_forward` and `_backward`
-on torch CUDA tensors (data_ptr) on torch's current stream. Torch's reference is
-`torch.nn.functional.scaled_dot_product_attention` on the same float32 tensors
-(torch picks its backend; TF32 matmuls are left off), backward through autograd.
+Inputs are [B, H, N, d] (4-D, so SDPA takes its fused kernels, not the math path a 3-D input gets).
+Kernels, per case:
+- emitted CUDA: the spec O = softmax(Q @ K.T / sqrt(d) [+ M], axis=-1) @ V, `symattn emit cuda`,
+  built by nvcc (-O3, the device's sm_XY), called through ctypes on the tensors seen as B x H
+  entries of [N, d]. fp32 only and head dim <= 64: other columns say "n/a", nothing is faked;
+- SDPA <backend>: `torch.nn.functional.scaled_dot_product_attention` pinned with
+  `torch.nn.attention.sdpa_kernel` to each `--sdpa-backend` (default flash), `is_causal=True`
+  for the causal case; a backend that refuses the dtype or shape is reported "refused", not timed;
+- Triton module: the same spec emitted as a Triton module (`symattn.load(spec).emit("triton")`),
+  its `attention_forward` / `attention_backward`;
+- with `--alibi`: derivations/alibi.attn's Triton module against torch FlexAttention (compiled,
+  ALiBi slopes 2^(-8(h+1)/H) as a score_mod, the causal mask as a block mask).
+`--causal` adds the causal spec (derivations/causal.attn's core: M = where(j <= i, 0, -inf)).
 
-For each N: the emitted results are checked against SDPA first (max abs error of
-O, dQ, dK, dV), then each of the four timings is the median over `--repeat`
-CUDA-event-timed runs after warm-up; the backward timings exclude the forward.
-TFLOP/s counts 4 B N^2 d for the forward and 10 B N^2 d for the backward
-(FlashAttention's convention: the backward recomputes Q K^T).
+Fairness: every kernel's O, dQ, dK, dV are first compared with an fp64 reference computed from the
+same (cast) inputs; over the dtype's tolerance (relative max error, gpu_cases.TOLERANCE: bf16 4e-2,
+fp32 1e-3) the kernel is reported "wrong" and never timed. Timings are the median of `--repeat`
+CUDA-event-timed runs after warm-up; the backward is timed alone (one saved forward). TF32 is off.
+TFLOP/s counts 4 B H N^2 d for the forward and 10 B H N^2 d for the backward (FlashAttention's
+convention: the backward recomputes Q K^T), both halved for a causal mask (the work a causal
+kernel can skip), whatever a kernel actually skips.
 
 Without torch, a CUDA device or nvcc the script says which is missing and exits 0
 (nothing to measure here), after doing as much as it can: `--dry-run` emits and
 compiles (nvcc -cubin with ptxas resource usage) without touching a GPU.
+
+TODO: never run on a GPU yet (written without one); the ALiBi row's FlexAttention call is the
+least tested part.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +47,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_cases as gc  # noqa: E402
 
 SPEC = """\
 # The attention core alone: what the fused kernels compute.
@@ -45,6 +59,16 @@ input Q[N, d], K[N, d], V[N, d]
 O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
 output O
 """
+# derivations/causal.attn's core, on given Q, K, V.
+CAUSAL_SPEC = """\
+attention bench_causal
+dim N = 1024, d = 64
+input Q[N, d], K[N, d], V[N, d]
+M[i:N, j:N] = where(j <= i, 0, -inf)
+O = softmax(Q @ K.T / sqrt(d) + M, axis=-1) @ V
+output O
+"""
+SPECS = {"full": (SPEC, "bench_attention.attn"), "causal": (CAUSAL_SPEC, "bench_causal.attn")}
 
 
 @dataclass(frozen=True)
@@ -68,16 +92,13 @@ class Run:
         return (self.batch, self.n, self.d)
 
 
-def plan_runs(sizes, head_dim: int, batch: int) -> list[Run]:
-    return [Run(n, head_dim, batch) for n in sizes]
-
-
-def emit(directory: Path):
-    """Emit the benchmark spec's CUDA into `directory`; returns the CudaCode (fused path expected)."""
+def emit(directory: Path, mask: str = "full"):
+    """Emit a benchmark spec's CUDA into `directory`; returns the CudaCode (fused path expected)."""
     import symattn
     from symattn.codegen.cuda import emit_cuda
 
-    code = emit_cuda(symattn.load(SPEC, filename="bench_attention.attn"))
+    text, filename = SPECS[mask]
+    code = emit_cuda(symattn.load(text, filename=filename))
     if code.path != "fused":
         raise SystemExit(f"expected the fused path, got {code.path}: {code.plan.notes}")
     code.write(directory)
@@ -141,66 +162,82 @@ class Emitted:
             raise RuntimeError(f"backward returned {status}")
 
 
-def _time(fn, torch, repeat: int, warmup: int = 3) -> float:
-    """Median milliseconds of `fn` over `repeat` runs, each between two CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
-def measure(emitted: Emitted, run: Run, torch, repeat: int) -> dict:
-    import torch.nn.functional as F
-
-    q, k, v, d_o, out, grads, workspace = emitted.arguments(run, torch)
+def emitted_kernel(emitted: Emitted, case, q, k, v, d_o, torch) -> gc.Kernel:
+    """The emitted fp32 kernels on [B, H, N, d] tensors, seen as batch B x H of [N, d] (contiguous views)."""
+    run = Run(case.n, case.d, case.batch * case.heads)
+    q, k, v, d_o = (x.reshape(run.shape) for x in (q, k, v, d_o))
+    out = torch.empty_like(q)
+    grads = [torch.empty_like(q) for _ in range(3)]
+    workspace = torch.empty(emitted.workspace_bytes(run.n, run.d, run.batch) // 4 + 1, device=q.device)
     stream = torch.cuda.current_stream().cuda_stream
-    emitted.forward(run, q, k, v, out, workspace, stream)
-    emitted.backward(run, q, k, v, out, d_o, grads, workspace, stream)
 
-    qt, kt, vt = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    reference = F.scaled_dot_product_attention(qt, kt, vt)
-    reference.backward(d_o)
-    torch.cuda.synchronize()
-    errors = {"O": (out - reference).abs().max().item()}
-    for name, ours, theirs in zip(("dQ", "dK", "dV"), grads, (qt.grad, kt.grad, vt.grad)):
-        errors[name] = (ours - theirs).abs().max().item()
+    def forward():
+        emitted.forward(run, q, k, v, out, workspace, stream)
+        return out.view(case.shape)
 
-    ours_fwd = _time(lambda: emitted.forward(run, q, k, v, out, workspace, stream), torch, repeat)
-    ours_bwd = _time(lambda: emitted.backward(run, q, k, v, out, d_o, grads, workspace, stream), torch, repeat)
+    def backward():
+        emitted.backward(run, q, k, v, out, d_o, grads, workspace, stream)
+        return [g.view(case.shape) for g in grads]
 
-    def sdpa_forward():
-        with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v)
-
-    graph_out = F.scaled_dot_product_attention(qt, kt, vt)
-
-    def sdpa_backward():
-        for x in (qt, kt, vt):
-            x.grad = None
-        graph_out.backward(d_o, retain_graph=True)
-
-    return dict(errors=errors, ours_fwd=ours_fwd, ours_bwd=ours_bwd,
-                sdpa_fwd=_time(sdpa_forward, torch, repeat), sdpa_bwd=_time(sdpa_backward, torch, repeat))
+    forward()
+    return gc.Kernel(forward, backward)
 
 
-def table(runs: list[Run], results: list[dict]) -> str:
-    lines = ["| N | d | batch | emitted fwd ms | SDPA fwd ms | emitted bwd ms | SDPA bwd ms | emitted fwd TFLOP/s "
-             "| emitted bwd TFLOP/s | max abs error (O, dQ, dK, dV) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for run, r in zip(runs, results):
-        errors = ", ".join(f"{e:.1e}" for e in r["errors"].values())
-        lines.append(f"| {run.n} | {run.d} | {run.batch} | {r['ours_fwd']:.3f} | {r['sdpa_fwd']:.3f} | "
-                     f"{r['ours_bwd']:.3f} | {r['sdpa_bwd']:.3f} | {run.forward_flops / r['ours_fwd'] / 1e9:.2f} | "
-                     f"{run.backward_flops / r['ours_bwd'] / 1e9:.2f} | {errors} |")
-    return "\n".join(lines)
+def measure_case(case, kernels: dict, torch, repeat: int) -> list[str]:
+    """Table rows of one case: every kernel in every dtype, each checked before it is timed."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = [torch.randn(case.shape, device="cuda", generator=g) for _ in range(4)]
+    slopes = gc.alibi_slopes(case.heads, torch) if case.alibi else None
+    cells: dict[str, dict[str, gc.Cell]] = {name: {} for name in kernels}
+    for dtype in gc.DTYPES:
+        q, k, v, d_o = (x.to(DTYPE[dtype](torch)) for x in base)
+        want = gc.reference(case, q, k, v, d_o, torch, slopes)
+        for name, make in kernels.items():
+            try:
+                kernel = make(case, dtype, q, k, v, d_o, slopes)
+            except NotAvailable as why:
+                cells[name][dtype] = gc.Cell(note=f"n/a: {why}")
+                continue
+            except RuntimeError as error:  # SDPA: "No available kernel"; a kernel that cannot launch
+                cells[name][dtype] = gc.Cell(note="refused: " + (str(error).strip().splitlines() or ["?"])[0][:80])
+                continue
+            cells[name][dtype] = gc.measure(kernel, want, dtype, torch, repeat)
+            del kernel
+        del want
+        torch.cuda.empty_cache()
+    return ["| " + " | ".join([str(x) for x in (*case.shape, case.label, name)] + gc.cells_row(case, row)) + " |"
+            for name, row in cells.items()]
+
+
+class NotAvailable(Exception):
+    """A kernel that does not exist for this dtype or shape (the emitted CUDA in bf16, d > 64)."""
+
+
+DTYPE = {"bf16": lambda torch: torch.bfloat16, "fp32": lambda torch: torch.float32}
+
+
+def kernels_for(case, emitted: dict, triton: dict, backends, torch) -> dict:
+    """name -> make(case, dtype, q, k, v, dO, slopes) -> gc.Kernel, for one case."""
+    mask = case.label
+    out = {}
+    if not case.alibi:
+        def cuda(case, dtype, q, k, v, d_o, slopes):
+            if dtype != "fp32":
+                raise NotAvailable("fp32-only kernels")
+            if case.d > 64:
+                raise NotAvailable("head dim > 64")
+            return emitted_kernel(emitted[mask], case, q, k, v, d_o, torch)
+        out["emitted CUDA"] = cuda
+        for backend in backends:
+            out[f"SDPA {backend}"] = (lambda b: lambda case, dtype, q, k, v, d_o, slopes:
+                                      gc.sdpa_kernel(b, case, q, k, v, d_o, torch))(backend)
+    if triton:
+        out["Triton module"] = lambda case, dtype, q, k, v, d_o, slopes: gc.triton_kernel(
+            triton[mask], q, k, v, d_o, () if slopes is None else (slopes,))
+    if case.alibi:
+        out["FlexAttention"] = lambda case, dtype, q, k, v, d_o, slopes: gc.flex_kernel(case, q, k, v, d_o, slopes,
+                                                                                       torch)
+    return out
 
 
 def ptxas_table(specs) -> tuple[str, bool]:
@@ -240,11 +277,32 @@ def missing() -> str | None:
     return None
 
 
+def load_triton(masks) -> dict:
+    """mask -> the generated Triton module of that case's spec (alibi: derivations/alibi.attn), compiled."""
+    import symattn
+    from symattn.check.triton import load_module
+
+    texts = {mask: symattn.load(*SPECS[mask][:1], filename=SPECS[mask][1]) for mask in masks if mask in SPECS}
+    if "alibi" in masks:
+        texts["alibi"] = symattn.load(REPO / "derivations" / "alibi.attn")
+    return {mask: load_module(spec.emit("triton").text, interpret=False, name=f"bench_triton_{mask}")
+            for mask, spec in texts.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths N")
-    parser.add_argument("--head-dim", type=int, default=64, help="d (at most 64 for the fused kernels)")
-    parser.add_argument("--batch", type=int, default=8, help="batch entries (or batch x heads)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4096], help="sequence lengths N")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128],
+                        help="d (the emitted CUDA kernels take at most 64)")
+    parser.add_argument("--batch", type=int, default=4, help="B")
+    parser.add_argument("--heads", type=int, default=16, help="H")
+    parser.add_argument("--dtypes", nargs="+", choices=gc.DTYPES, default=list(gc.DTYPES))
+    parser.add_argument("--causal", action="store_true", help="also the causal spec (is_causal=True for SDPA)")
+    parser.add_argument("--alibi", action="store_true",
+                        help="also derivations/alibi.attn's Triton module against FlexAttention")
+    parser.add_argument("--sdpa-backend", nargs="+", choices=sorted(gc.SDPA_BACKENDS), default=["flash"],
+                        help="SDPA backends to pin, one row each (default flash)")
+    parser.add_argument("--no-triton", action="store_true", help="skip the generated Triton module")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (median)")
     parser.add_argument("--arch", default=None, help="nvcc -arch (default: the device's, e.g. sm_90)")
     parser.add_argument("--keep", metavar="DIR", help="emit and build here instead of a temporary directory")
@@ -256,25 +314,32 @@ def main(argv=None) -> int:
         text, ok = ptxas_table(args.ptxas or sorted((REPO / "derivations").glob("*.attn")))
         print(text)
         return 0 if ok else 1
-    runs = plan_runs(args.sizes, args.head_dim, args.batch)
+    gc.DTYPES = tuple(d for d in gc.DTYPES if d in args.dtypes)
+    cases = gc.plan_cases(args.sizes, args.head_dims, args.batch, args.heads, args.causal, args.alibi)
+    masks = ["full", "causal"] if args.causal else ["full"]
 
     with tempfile.TemporaryDirectory(prefix="symattn-gpu-") as tmp:
         directory = Path(args.keep or tmp)
-        code = emit(directory)
-        print(f"emitted {code.source_name} ({code.path} path) into {directory}")
+        codes = {mask: emit(directory / mask, mask) for mask in masks}
+        for mask, code in codes.items():
+            print(f"emitted {code.source_name} ({code.path} path) into {directory / mask}")
         if args.dry_run:
             from symattn.check.cuda import compile_gate
 
-            gate = compile_gate(directory / code.source_name, arch=args.arch or "sm_90")
-            if gate.skipped:
-                print(f"compile: skipped: {gate.skipped}")
-            else:
+            ok = True
+            for mask, code in codes.items():
+                gate = compile_gate(directory / mask / code.source_name, arch=args.arch or "sm_90")
+                if gate.skipped:
+                    print(f"compile {mask}: skipped: {gate.skipped}")
+                    continue
                 for k in gate.kernels:
                     print(f"  {k.name}: {k.registers} registers, {k.shared_bytes} B smem, "
                           f"{k.spill_stores + k.spill_loads} B spills")
-                print("compile: " + ("ok" if gate.ok else "FAILED: " + "; ".join(gate.problems)))
-            print("planned runs: " + ", ".join(f"N={r.n} d={r.d} batch={r.batch}" for r in runs))
-            return 0 if gate.ok else 1
+                print(f"compile {mask}: " + ("ok" if gate.ok else "FAILED: " + "; ".join(gate.problems)))
+                ok = ok and gate.ok
+            print("planned cases: " + ", ".join(f"B={c.batch} H={c.heads} N={c.n} d={c.d} {c.label}"
+                                                for c in cases))
+            return 0 if ok else 1
         reason = missing()
         if reason:
             print(f"skipped: {reason}; nothing to measure on this machine (try --dry-run)")
@@ -282,17 +347,21 @@ def main(argv=None) -> int:
         import torch
 
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         major, minor = torch.cuda.get_device_capability()
         arch = args.arch or f"sm_{major}{minor}"
-        library = build(code, directory, find_nvcc(), arch)
-        emitted = Emitted(library, code.prefix)
-        print(f"device: {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, float32, "
-              f"median of {args.repeat}")
-        results = []
-        for run in runs:
-            results.append(measure(emitted, run, torch, args.repeat))
-            print(f"  N={run.n}: done", flush=True)
-        print(table(runs, results))
+        emitted = {mask: Emitted(build(code, directory / mask, find_nvcc(), arch), code.prefix)
+                   for mask, code in codes.items()}
+        triton = {} if args.no_triton else load_triton(masks + (["alibi"] if args.alibi else []))
+        print(f"device: {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, "
+              f"median of {args.repeat}; TFLOP/s: 4 B H N^2 d forward, 10 B H N^2 d backward, halved when causal; "
+              f"checked against fp64 first (rel tolerance {gc.TOLERANCE})")
+        lines = gc.header()
+        for case in cases:
+            lines += measure_case(case, kernels_for(case, emitted, triton, args.sdpa_backend, torch), torch,
+                                  args.repeat)
+            print(f"  {case}: done", flush=True)
+        print("\n".join(lines))
     return 0
 
 

@@ -457,8 +457,15 @@ def _gpu_script():
 
 def test_gpu_benchmark_plans_and_skips_without_a_gpu():
     gpu = _gpu_script()
-    runs = gpu.plan_runs([1024, 4096, 16384], 64, 8)
-    assert [r.n for r in runs] == [1024, 4096, 16384] and runs[0].forward_flops == 4.0 * 8 * 1024 ** 2 * 64
+    cases = gpu.gc.plan_cases([1024, 4096], [64, 128], 4, 16, causal=True)
+    assert [(c.d, c.causal, c.n) for c in cases][:4] == [(64, False, 1024), (64, False, 4096), (64, True, 1024),
+                                                         (64, True, 4096)] and len(cases) == 8
+    assert cases[0].forward_flops == 4.0 * 4 * 16 * 1024 ** 2 * 64
+    assert cases[2].forward_flops == cases[0].forward_flops / 2
+    assert cases[2].backward_flops == 10.0 * 4 * 16 * 1024 ** 2 * 64 / 2
+    assert gpu.gc.gate({"O": 1e-6, "dQ": 5e-4}, "fp32") is None
+    assert gpu.gc.gate({"O": 1e-6, "dQ": 5e-3}, "fp32").startswith("wrong: dQ")
+    assert gpu.gc.gate({"O": float("nan")}, "bf16").startswith("wrong")
     if gpu.missing() is None:
         pytest.skip("a GPU is here: run benchmarks/gpu.py itself")
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu.py")], capture_output=True, text=True,
@@ -484,3 +491,10 @@ def test_gpu_benchmark_plumbing_on_the_cpu_build(tmp_path):
     assert torch.allclose(out.double(), want, atol=1e-5)
     for ours, theirs in zip(grads, (qt.grad, kt.grad, vt.grad)):
         assert torch.allclose(ours.double(), theirs, atol=1e-4)
+    # The fp64 reference the script gates every kernel with agrees with SDPA too, and the gate refuses a wrong O.
+    case = gpu.gc.Case(batch=1, heads=2, n=37, d=20, causal=True)
+    q4, k4, v4, do4 = (x.view(case.shape) for x in (q, k, v, d_o))
+    want4 = gpu.gc.reference(case, q4, k4, v4, do4, torch)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q4.double(), k4.double(), v4.double(), is_causal=True)
+    assert gpu.gc.relative_error(want4[0], sdpa) < 1e-12
+    assert gpu.gc.gate({"O": gpu.gc.relative_error(want4[0] * 1.01, want4[0])}, "fp32") is not None
