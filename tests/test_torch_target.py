@@ -268,7 +268,9 @@ def _ddp_worker(rank, world, path, X, keep, target, result):
     loss = ((ddp(X=X[part], keep=keep[part])["O"] - target[part]) ** 2).mean()
     loss.backward()
     if rank == 0:
-        result.put({n: p.grad.clone() for n, p in model.named_parameters()})
+        # NumPy copies travel by value: a torch tensor would travel as a shared-memory handle that
+        # dies with this process, and the parent may read the queue after it has exited
+        result.put({n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()})
     dist.destroy_process_group()
 
 
@@ -298,4 +300,4 @@ def test_ddp_gloo_averaged_gradients_equal_single_process():
         p.join(timeout=60)
         assert p.exitcode == 0
     for n, p in single.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(torch.from_numpy(grads[n]), p.grad, rtol=1e-12, atol=1e-14)
