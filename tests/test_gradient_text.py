@@ -67,7 +67,7 @@ def _cases():
         yield pytest.param(path, id=path.stem)
 
 
-@pytest.mark.parametrize("path", _cases())
+@pytest.mark.parametrize("path", list(_cases()))
 def test_every_printed_gradient_parses_back_and_is_proved(path):
     text = printout(path)
     assert "->" not in text and "(the upstream" not in text and "(L does not" not in text
