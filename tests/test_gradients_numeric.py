@@ -226,41 +226,10 @@ def _torch_forwards():
                 + torch.sqrt(2 + torch.sin(A)) * torch.cos(A) + torch.exp(-A * A)
                 + X @ torch.ones(d, d, dtype=X.dtype) / n)
 
-    def relative_bias(X, W_q, W_k, W_v, b):
-        n = X.shape[0]
-        B = torch.stack([torch.stack([b[j - i + n - 1] for j in range(n)]) for i in range(n)])  # B[i, j]
-        q, k = X @ W_q, X @ W_k
-        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]) + B, dim=-1) @ (X @ W_v)
-
-    def angles(n, h, dtype):
-        return torch.arange(n, dtype=dtype)[:, None] * 10000.0 ** (-torch.arange(h, dtype=dtype)[None, :] / h)
-
-    def rope_interleaved(X, W_q, W_k, W_v):
-        def rotate(x):                                                       # pairs (2c, 2c + 1)
-            a = angles(x.shape[0], x.shape[1] // 2, x.dtype)
-            even, odd = x[:, 0::2], x[:, 1::2]
-            return torch.stack([even * a.cos() - odd * a.sin(), even * a.sin() + odd * a.cos()], dim=-1).flatten(1)
-        q, k = rotate(X @ W_q), rotate(X @ W_k)
-        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ (X @ W_v)
-
-    def rope_half(X, W_q, W_k, W_v):
-        def rotate(x):                                                       # x * cos + rotate_half(x) * sin
-            a = angles(x.shape[0], x.shape[1] // 2, x.dtype).repeat(1, 2)
-            half = x.shape[1] // 2
-            return x * a.cos() + torch.cat([-x[:, half:], x[:, :half]], dim=-1) * a.sin()
-        q, k = rotate(X @ W_q), rotate(X @ W_k)
-        return torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ (X @ W_v)
-
-    def kv_cache_decode(x, W_q, W_k, W_v, K_cache, V_cache):
-        K = torch.cat([K_cache, x @ W_k], dim=0)                             # the new key as the last row
-        V = torch.cat([V_cache, x @ W_v], dim=0)
-        return torch.softmax((x @ W_q) @ K.T / math.sqrt(W_q.shape[-1]), dim=-1) @ V
-
-    from torch_variants import FORWARDS as variants      # alibi, causal_linear, cosine, ... (tests/)
+    from torch_variants import FORWARDS as variants      # alibi, ..., relative_bias, rope_*, kv_cache_decode
 
     return {f.__name__: f for f in (self_attention, causal, cross_attention, multi_head, positional, key_padding,
-                                    additive, beyond, relative_bias, rope_interleaved, rope_half,
-                                    kv_cache_decode)} | variants
+                                    additive, beyond)} | variants
 
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)
