@@ -254,28 +254,55 @@ def test_readme_training_example(monkeypatch):
     assert namespace["loss"].item() < 1.0
 
 
-def _ddp_worker(rank, world, path, X, keep, target, result):
+def _wrap_ddp(model, world):
+    return torch.nn.parallel.DistributedDataParallel(model)
+
+
+def _wrap_fsdp2(model, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    # FSDP2 really shards: every parameter is a DTensor whose local piece is a part of it
+    for p in model.parameters():
+        assert isinstance(p, DTensor) and p.to_local().numel() < p.numel()
+    return model
+
+
+def _full_grad(p):
+    grad = p.grad
+    return grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+
+
+_WRAPPERS = {"ddp": _wrap_ddp, "fsdp2": _wrap_fsdp2}
+
+
+def _distributed_worker(rank, world, port, how, X, keep, target, result):
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(path)
+    os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = symattn.load(REPO / "derivations" / "key_padding.attn").torch(backend="eager").double()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    wrapped = _WRAPPERS[how](model, world)
     half = X.shape[0] // world
     part = slice(rank * half, (rank + 1) * half)
-    loss = ((ddp(X=X[part], keep=keep[part])["O"] - target[part]) ** 2).mean()
+    loss = ((wrapped(X=X[part], keep=keep[part])["O"] - target[part]) ** 2).mean()
     loss.backward()
+    # every rank takes part in full_tensor()'s all-gather; rank 0 reports
+    grads = {n: _full_grad(p).detach().numpy().copy() for n, p in model.named_parameters()}
     if rank == 0:
         # NumPy copies travel by value: a torch tensor would travel as a shared-memory handle that
         # dies with this process, and the parent may read the queue after it has exited
-        result.put({n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()})
+        result.put(grads)
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_ddp_gloo_averaged_gradients_equal_single_process():
+@pytest.mark.parametrize("how", sorted(_WRAPPERS))
+def test_distributed_gloo_averaged_gradients_equal_single_process(how):
     import socket
 
     import torch.multiprocessing as mp
@@ -292,7 +319,8 @@ def test_ddp_gloo_averaged_gradients_equal_single_process():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
-    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, X, keep, target, result)) for r in range(2)]
+    procs = [ctx.Process(target=_distributed_worker, args=(r, 2, port, how, X, keep, target, result))
+             for r in range(2)]
     for p in procs:
         p.start()
     grads = result.get(timeout=120)
