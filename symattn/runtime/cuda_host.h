@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +36,11 @@
 #include <functional>
 #include <thread>
 #include <vector>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define __global__
 #define __device__
@@ -61,13 +67,49 @@ inline dim3 grid_dim{1, 1, 1};
 inline std::barrier<>* block_barrier = nullptr;
 inline thread_local unsigned int linear_tid = 0;  // x + y*blockDim.x + z*blockDim.x*blockDim.y
 
-// One warp of the running block: a barrier over its lanes and a double-buffered
-// exchange area (cuda_warp.h alternates the two halves, so one barrier per
-// collective suffices). The last warp of a block whose size is not a multiple of
-// 32 has fewer lanes; cuda_warp.h refuses to run collectives in such blocks.
+// The barrier of one warp. Not std::barrier: libstdc++'s waits share a global
+// table of waiter counters, whose atomics would make ThreadSanitizer see an
+// ordering between lanes of different warps that the program does not have
+// (and so miss races between warps). Here the only shared atomics are the
+// warp's own: arrivals count with acq_rel read-modify-writes, the last one
+// publishes the next generation (release), waiters read it (acquire); a
+// futex (Linux) or yielding (elsewhere) only saves the CPU while waiting.
+class WarpBarrier {
+  public:
+    explicit WarpBarrier(int lanes) : lanes_(lanes) {}
+    void arrive_and_wait() {
+        const int generation = generation_.load(std::memory_order_acquire);
+        if (arrived_.fetch_add(1, std::memory_order_acq_rel) == lanes_ - 1) {
+            arrived_.store(0, std::memory_order_relaxed);
+            generation_.fetch_add(1, std::memory_order_release);
+#ifdef __linux__
+            syscall(SYS_futex, reinterpret_cast<int*>(&generation_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#endif
+            return;
+        }
+        while (generation_.load(std::memory_order_acquire) == generation) {
+#ifdef __linux__
+            syscall(SYS_futex, reinterpret_cast<int*>(&generation_), FUTEX_WAIT_PRIVATE, generation, nullptr, nullptr, 0);
+#else
+            std::this_thread::yield();
+#endif
+        }
+    }
+
+  private:
+    const int lanes_;
+    std::atomic<int> arrived_{0};
+    std::atomic<int> generation_{0};
+};
+static_assert(sizeof(std::atomic<int>) == sizeof(int), "the futex waits on the atomic's int");
+
+// One warp of the running block: its barrier and a double-buffered exchange
+// area (cuda_warp.h alternates the two halves, so one barrier per collective
+// suffices). The last warp of a block whose size is not a multiple of 32 has
+// fewer lanes; cuda_warp.h refuses to run collectives in such blocks.
 struct WarpState {
-    explicit WarpState(std::ptrdiff_t lanes) : barrier(lanes) {}
-    std::barrier<> barrier;
+    explicit WarpState(int lanes) : barrier(lanes) {}
+    WarpBarrier barrier;
     alignas(64) uint32_t slot[2][32][16];
 };
 inline std::deque<WarpState>* warp_states = nullptr;
@@ -85,7 +127,7 @@ inline void run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     block_barrier = &barrier;
     std::deque<WarpState> warps;  // a deque: WarpState (a barrier) cannot move
     for (unsigned int first = 0; first < threads; first += 32)
-        warps.emplace_back((std::ptrdiff_t)(threads - first < 32 ? threads - first : 32));
+        warps.emplace_back((int)(threads - first < 32 ? threads - first : 32));
     warp_states = &warps;
     std::vector<std::thread> workers;
     workers.reserve(threads);

@@ -17,6 +17,7 @@
 //   sa_ldmatrix_x1/x2/x4(uint32_t* r, const void* smem_row),
 //   sa_ldmatrix_x2_trans/x4_trans(...): ldmatrix.sync.aligned.m8n8.x{1,2,4}{,.trans}.shared.b16
 //   sa_shfl_xor(v, lane_mask) for float, int, uint32_t: __shfl_xor_sync(0xffffffff, v, mask)
+//   sa_syncwarp(): __syncwarp(0xffffffff)
 //   sa_cp_async_16(smem, gmem), sa_cp_async_16_zfill(smem, gmem, src_bytes),
 //   sa_cp_async_commit(), sa_cp_async_wait<N>(), sa_cp_async_wait_all()
 //   SA_WARP_SIZE (32), sa_lane_id()
@@ -62,7 +63,8 @@
 //     precision, so results may differ from the GPU's in the last bits (of the
 //     order of K ulps of the largest partial sum); bf16/f16 conversions, by
 //     contrast, are bit-exact.
-//   - ldmatrix reads the other lanes' rows directly from (emulated) shared memory.
+//   - ldmatrix reads the other lanes' rows directly from (emulated) shared memory;
+//     only the addresses of the lanes it uses must be 16-byte aligned (x1: 0-7, x2: 0-15).
 //   - cp.async is deferred: at issue the destination is overwritten with 0xFF
 //     bytes (a NaN in bf16, f16 and f32), at sa_cp_async_wait<N>() the queued
 //     copies of the completed groups are done (the source is read then). So a
@@ -70,6 +72,11 @@
 //     verification, and one that issues a copy into a buffer other threads are
 //     still reading without a __syncthreads() in between is a data race for
 //     ThreadSanitizer. Copies not waited for when the block ends are dropped.
+//   Not caught: the warp barrier of every collective orders all memory accesses
+//   of the warp's lanes, which the GPU does not promise (shared memory written
+//   by one lane and read by another, e.g. by ldmatrix, needs __syncwarp() or
+//   __syncthreads() in between): a missing sa_syncwarp() inside one warp is not
+//   a race here. Races between warps, and with cp.async destinations, are seen.
 //   Not emulated: warp divergence and partial masks (the functions take no mask:
 //   all 32 lanes, always), the memory-space checks (ldmatrix/cp.async accept any
 //   address on the CPU), bank conflicts, timing, and other mma shapes/types.
@@ -155,6 +162,8 @@ __device__ __forceinline__ int sa_shfl_xor(int v, int lane_mask) { return __shfl
 __device__ __forceinline__ uint32_t sa_shfl_xor(uint32_t v, int lane_mask) {
     return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
+
+__device__ __forceinline__ void sa_syncwarp() { __syncwarp(0xffffffffu); }
 
 __device__ __forceinline__ void sa_cp_async_16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa_smem_addr(smem)), "l"(gmem) : "memory");
@@ -243,7 +252,7 @@ inline float from_f16_bits(uint16_t h) {
 }
 
 enum Kind : uint32_t {
-    kShfl = 1, kMmaBf16, kMmaF16, kLdX1, kLdX2, kLdX4, kLdX2T, kLdX4T
+    kShfl = 1, kMmaBf16, kMmaF16, kLdX1, kLdX2, kLdX4, kLdX2T, kLdX4T, kSyncWarp
 };
 
 inline thread_local unsigned int collectives_done = 0;  // per lane: which half of the exchange area is next
@@ -293,9 +302,9 @@ inline void mma_m16n8k16(Kind kind, float d[4], const uint32_t a[4], const uint3
 template <int Matrices, bool Trans>
 inline void ldmatrix(Kind kind, uint32_t* r, const void* smem_row) {
     const uintptr_t p = (uintptr_t)smem_row;
-    if (p % 16 != 0) fail("ldmatrix: a row address is not 16-byte aligned");
     const uint32_t words[2] = {(uint32_t)(p & 0xffffffffu), (uint32_t)((uint64_t)p >> 32)};
     const uint32_t(*slots)[16] = exchange(kind, words, 2);
+    if (lane() < 8u * Matrices && p % 16 != 0) fail("ldmatrix: a row address is not 16-byte aligned");
     auto row = [&](int m, int i) {  // row i of matrix m: the address lane 8m+i gave
         return (const uint16_t*)(uintptr_t)((uint64_t)slots[8 * m + i][1] | ((uint64_t)slots[8 * m + i][2] << 32));
     };
@@ -349,7 +358,9 @@ inline void cp_async(void* smem, const void* gmem, int src_bytes) {
     if (src_bytes < 0 || src_bytes > 16) fail("cp.async: src_bytes outside 0..16");
     if ((uintptr_t)smem % 16 != 0 || (uintptr_t)gmem % 16 != 0)
         fail("cp.async (16 bytes): an address is not 16-byte aligned");
-    std::memset(smem, 0xff, 16);  // the destination holds no data until the wait
+    static const unsigned char poison[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    std::memcpy(smem, poison, 16);  // the destination holds no data until the wait
     queue().copies.push_back(PendingCopy{smem, gmem, src_bytes, -1});
 }
 
@@ -413,6 +424,8 @@ inline float sa_shfl_xor(float v, int lane_mask) {
 }
 inline int sa_shfl_xor(int v, int lane_mask) { return (int)sa_warp::shfl_xor_bits((uint32_t)v, lane_mask); }
 inline uint32_t sa_shfl_xor(uint32_t v, int lane_mask) { return sa_warp::shfl_xor_bits(v, lane_mask); }
+
+inline void sa_syncwarp() { sa_warp::exchange(sa_warp::kSyncWarp, nullptr, 0); }
 
 inline void sa_cp_async_16(void* smem, const void* gmem) { sa_warp::cp_async(smem, gmem, 16); }
 inline void sa_cp_async_16_zfill(void* smem, const void* gmem, int src_bytes) {

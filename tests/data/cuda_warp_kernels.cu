@@ -56,7 +56,8 @@ __global__ void mma_16x8(const uint16_t* A, const uint16_t* B, const float* C, f
 // warps (16 rows each), k-tiles of 64 double-buffered with cp.async. b_layout:
 // 0 B stored [N][K] (as K in attention, ldmatrix.x4), 1 stored [K][N] (as V,
 // ldmatrix.x4.trans). bug: 1 swapped A ldmatrix operands, 2 no cp.async wait
-// before the tile is used, 3 B stored [K][N] read with the non-transposed form.
+// before the tile is used, 3 B stored [K][N] read with the non-transposed form,
+// 4 no __syncthreads() before a buffer is refilled (a race for ThreadSanitizer).
 template <typename T>
 __global__ void __launch_bounds__(128) gemm_64(const uint16_t* A, const uint16_t* B, float* C, int M, int N, int K,
                                                int b_layout, int bug) {
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(128) gemm_64(const uint16_t* A, const uint16_t
                 T::mma(acc[2 * p + 1], a, &b[2], acc[2 * p + 1]);
             }
         }
-        __syncthreads();  // the buffer is refilled by the next iteration's issue
+        if (bug != 4) __syncthreads();  // the buffer is refilled by the next iteration's issue
     }
     sa_cp_async_wait<0>();
     const int g = l >> 2, t = l % 4;
@@ -116,9 +117,14 @@ __global__ void __launch_bounds__(128) gemm_64(const uint16_t* A, const uint16_t
 
 // FlashAttention's row statistics of a 16x8 f32 tile held in the mma C layout:
 // the max and sum of each row over its quad (shfl_xor 1, 2); plus warp-wide
-// butterflies on int (sum) and uint32 (xor). out per lane: 4 floats, then int, uint.
-__global__ void quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors) {
+// butterflies on int (sum) and uint32 (xor); and a rotation through shared
+// memory ordered by sa_syncwarp(). Per lane: 4 floats, an int, a uint, an int.
+__global__ void quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors, int* rotated) {
+    alignas(16) __shared__ int box[32];
     const int l = (int)sa_lane_id(), g = l >> 2, t = l % 4;
+    box[l] = ints[l];
+    sa_syncwarp();
+    rotated[l] = box[(l + 3) % 32];
     const float* top = &S[g * 8 + 2 * t];
     const float* bottom = &S[(g + 8) * 8 + 2 * t];
     float mx0 = fmaxf(top[0], top[1]), mx1 = fmaxf(bottom[0], bottom[1]);
@@ -210,8 +216,9 @@ extern "C" int run_gemm_64(const uint16_t* A, const uint16_t* B, float* C, int M
     return 0;
 }
 
-extern "C" int run_quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors) {
-    SA_LAUNCH(quad_rows, dim3(1), dim3(32), nullptr, S, ints, row_stats, sums, xors);
+extern "C" int run_quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors,
+                             int* rotated) {
+    SA_LAUNCH(quad_rows, dim3(1), dim3(32), nullptr, S, ints, row_stats, sums, xors, rotated);
     return 0;
 }
 
@@ -242,19 +249,19 @@ extern "C" void pack_pairs(const float* lo, const float* hi, uint32_t* bf16, uin
 #include <cstring>
 #include <vector>
 
-// gemm M N K DTYPE B_LAYOUT IN OUT: A then B (uint16 bits) from IN, C (float) to OUT.
+// gemm M N K DTYPE B_LAYOUT IN OUT [BUG]: A then B (uint16 bits) from IN, C (float) to OUT.
 // misuse WHAT: WHAT 0 runs 48 threads, 1 a warp whose lane 5 calls ldmatrix.
 // small: quad_rows and cp_groups on fixed inputs (for ThreadSanitizer), sums printed.
 int main(int argc, char** argv) {
     if (argc == 2 && std::strcmp(argv[1], "small") == 0) {
         std::vector<float> S(128), src(384), stats(128), f(5 * 128);
-        std::vector<int> ints(32), sums(32);
+        std::vector<int> ints(32), sums(32), rotated(32);
         std::vector<uint32_t> xors(32);
         std::vector<unsigned char> z(512);
         for (int i = 0; i < 128; ++i) S[i] = (float)((i * 37) % 29) - 14.0f;
         for (int i = 0; i < 384; ++i) src[i] = (float)i;
         for (int i = 0; i < 32; ++i) ints[i] = i * i - 100;
-        run_quad_rows(S.data(), ints.data(), stats.data(), sums.data(), xors.data());
+        run_quad_rows(S.data(), ints.data(), stats.data(), sums.data(), xors.data(), rotated.data());
         run_cp_groups(src.data(), &f[0], &f[128], &f[256], &f[384], &f[512], z.data());
         std::printf("%g %d %g\n", stats[0], sums[0], f[384]);
         return 0;
@@ -265,7 +272,7 @@ int main(int argc, char** argv) {
         SA_LAUNCH(misuse, dim3(1), dim3(what == 0 ? 48 : 32), nullptr, what, out);
         return 0;
     }
-    if (argc != 9 || std::strcmp(argv[1], "gemm") != 0) return 2;
+    if ((argc != 9 && argc != 10) || std::strcmp(argv[1], "gemm") != 0) return 2;
     const int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]);
     std::vector<uint16_t> A((size_t)M * K), B((size_t)K * N);
     std::vector<float> C((size_t)M * N);
@@ -273,7 +280,9 @@ int main(int argc, char** argv) {
     if (!in || std::fread(A.data(), 2, A.size(), in) != A.size() || std::fread(B.data(), 2, B.size(), in) != B.size())
         return 3;
     std::fclose(in);
-    if (run_gemm_64(A.data(), B.data(), C.data(), M, N, K, std::atoi(argv[5]), std::atoi(argv[6]), 0) != 0) return 4;
+    if (run_gemm_64(A.data(), B.data(), C.data(), M, N, K, std::atoi(argv[5]), std::atoi(argv[6]),
+                    argc == 10 ? std::atoi(argv[9]) : 0) != 0)
+        return 4;
     FILE* out = std::fopen(argv[8], "wb");
     if (!out || std::fwrite(C.data(), 4, C.size(), out) != C.size()) return 5;
     std::fclose(out);
