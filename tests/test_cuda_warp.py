@@ -230,6 +230,21 @@ def test_planted_swapped_ldmatrix_operands_caught_16x8(lib):
     assert not close(D, a @ b, np.abs(a) @ np.abs(b), 16)
 
 
+@needs_cxx
+@pytest.mark.parametrize("dtype", [0, 1], ids=["bf16", "f16"])
+def test_score_fragments_reused_as_a_operand(lib, dtype):
+    """S = Q K^T by two mma tiles, packed into an A fragment, times V: small integers, all exact."""
+    rng = np.random.default_rng(60 + dtype)
+    Q, K = (rng.integers(-3, 4, (16, 16)).astype(np.float32) for _ in range(2))
+    V = rng.integers(-3, 4, (16, 8)).astype(np.float32)
+    S, O = np.zeros((16, 16), np.float32), np.zeros((16, 8), np.float32)
+    q, k, v = (np.ascontiguousarray(rounded(x, dtype)[0]) for x in (Q, K, V))
+    lib.run_chain(ptr(q), ptr(k), ptr(v), ptr(S), ptr(O), dtype)
+    want_s = Q.astype(np.float64) @ K.T
+    assert np.array_equal(S, want_s) and np.abs(want_s).max() <= 144  # 144: exact in bf16 too
+    assert np.array_equal(O, want_s @ V)
+
+
 def run_gemm(lib, A, B_kn, dtype, b_layout, bug=0):
     M, K = A.shape
     N = B_kn.shape[1]

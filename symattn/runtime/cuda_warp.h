@@ -37,6 +37,9 @@
 //   So an A tile stored row-major loads with x4 (lanes 0-15 -> rows 0-15 at
 //   column 0, lanes 16-31 -> rows 0-15 at column 8); a B operand stored [n][k]
 //   (K in attention) with the non-transposed forms; one stored [k][n] (V) with .trans.
+//   The D fragments d0, d1 of two adjacent 16x8 tiles (columns 0-7, 8-15) are
+//   the A fragment of their 16x16 product once packed pairwise, as FlashAttention
+//   reuses P: a = {pack(d0[0], d0[1]), pack(d0[2], d0[3]), pack(d1[0], d1[1]), pack(d1[2], d1[3])}.
 //
 // cp.async: the 16 bytes land in shared memory at some point before the
 // matching sa_cp_async_wait<N>() of the issuing thread returns; other threads

@@ -10,11 +10,13 @@ struct Bf16 {
     static __device__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
         sa_mma_m16n8k16_bf16(d, a, b, c);
     }
+    static __device__ uint32_t pack(float lo, float hi) { return sa_pack_bf16x2(lo, hi); }
 };
 struct F16 {
     static __device__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
         sa_mma_m16n8k16_f16(d, a, b, c);
     }
+    static __device__ uint32_t pack(float lo, float hi) { return sa_pack_f16x2(lo, hi); }
 };
 
 // D = A @ B + C for one 16x8 tile, one warp. a_mode: 0 A by ldmatrix.x4, 1 by
@@ -50,6 +52,35 @@ __global__ void mma_16x8(const uint16_t* A, const uint16_t* B, const float* C, f
     for (int i = 0; i < 4; ++i) c[i] = C[(g + (i >= 2) * 8) * 8 + 2 * t + (i & 1)];
     T::mma(d, a, b, c);
     for (int i = 0; i < 4; ++i) D[(g + (i >= 2) * 8) * 8 + 2 * t + (i & 1)] = d[i];
+}
+
+// FlashAttention's reuse of P: S = Q K^T (16x16: two 16x8 tiles, K stored
+// [n][k], ldmatrix.x2), the two D fragments packed pairwise into one A fragment,
+// O = S V (V stored [k][n], ldmatrix.x2.trans). One warp.
+template <typename T>
+__global__ void chain(const uint16_t* Q, const uint16_t* Kn, const uint16_t* V, float* S, float* O) {
+    alignas(16) __shared__ uint16_t Qs[16 * 16];
+    alignas(16) __shared__ uint16_t Ks[16 * 16];
+    alignas(16) __shared__ uint16_t Vs[16 * 8];
+    const int l = (int)sa_lane_id(), g = l >> 2, t = l % 4;
+    for (int i = l; i < 256; i += 32) Qs[i] = Q[i], Ks[i] = Kn[i];
+    for (int i = l; i < 128; i += 32) Vs[i] = V[i];
+    __syncthreads();
+    uint32_t q[4], k[2], v[2], p[4];
+    sa_ldmatrix_x4(q, &Qs[(l % 16) * 16 + (l / 16) * 8]);
+    float s[2][4] = {}, o[4] = {};
+    for (int j = 0; j < 2; ++j) {
+        sa_ldmatrix_x2(k, &Ks[(8 * j + l % 8) * 16 + ((l / 8) & 1) * 8]);
+        T::mma(s[j], q, k, s[j]);
+        for (int i = 0; i < 4; ++i) S[(g + (i >= 2) * 8) * 16 + 8 * j + 2 * t + (i & 1)] = s[j][i];
+    }
+    p[0] = T::pack(s[0][0], s[0][1]);
+    p[1] = T::pack(s[0][2], s[0][3]);
+    p[2] = T::pack(s[1][0], s[1][1]);
+    p[3] = T::pack(s[1][2], s[1][3]);
+    sa_ldmatrix_x2_trans(v, &Vs[(l % 16) * 8]);
+    T::mma(o, p, v, o);
+    for (int i = 0; i < 4; ++i) O[(g + (i >= 2) * 8) * 8 + 2 * t + (i & 1)] = o[i];
 }
 
 // C[M][N] = A[M][K] @ B, M, N, K multiples of 64; 64x64 tiles per block of 4
@@ -192,6 +223,8 @@ __global__ void misuse(int what, float* out) {
 // nvcc -cubin builds only the kernels: instantiate the templates.
 template __global__ void mma_16x8<Bf16>(const uint16_t*, const uint16_t*, const float*, float*, int, int, int);
 template __global__ void mma_16x8<F16>(const uint16_t*, const uint16_t*, const float*, float*, int, int, int);
+template __global__ void chain<Bf16>(const uint16_t*, const uint16_t*, const uint16_t*, float*, float*);
+template __global__ void chain<F16>(const uint16_t*, const uint16_t*, const uint16_t*, float*, float*);
 template __global__ void gemm_64<Bf16>(const uint16_t*, const uint16_t*, float*, int, int, int, int, int);
 template __global__ void gemm_64<F16>(const uint16_t*, const uint16_t*, float*, int, int, int, int, int);
 #else
@@ -202,6 +235,14 @@ extern "C" int run_mma_16x8(const uint16_t* A, const uint16_t* B, const float* C
         SA_LAUNCH(mma_16x8<Bf16>, dim3(1), dim3(32), nullptr, A, B, C, D, a_mode, b_layout, bug);
     else
         SA_LAUNCH(mma_16x8<F16>, dim3(1), dim3(32), nullptr, A, B, C, D, a_mode, b_layout, bug);
+    return 0;
+}
+
+extern "C" int run_chain(const uint16_t* Q, const uint16_t* Kn, const uint16_t* V, float* S, float* O, int dtype) {
+    if (dtype == 0)
+        SA_LAUNCH(chain<Bf16>, dim3(1), dim3(32), nullptr, Q, Kn, V, S, O);
+    else
+        SA_LAUNCH(chain<F16>, dim3(1), dim3(32), nullptr, Q, Kn, V, S, O);
     return 0;
 }
 
