@@ -7,7 +7,11 @@
 //                                        CPU: a struct holding the uint16_t bits)
 //   sa_to_bf16(float), sa_to_f16(float)  round to nearest even (cvt.rn): overflow
 //                                        to +-inf, subnormals kept, NaN -> 0x7FFF
+//                                        (the canonical NaN of the CUDA headers' host paths)
 //   sa_from_bf16(sa_bf16), sa_from_f16(sa_f16) -> float (exact)
+//   sa_bf16_as_bits(sa_bf16), sa_f16_as_bits(sa_f16) -> uint16_t and
+//   sa_bf16_from_bits(uint16_t), sa_f16_from_bits(uint16_t): the raw bits
+//                                        (use these, not the struct's member)
 //   sa_pack_bf16x2(lo, hi), sa_pack_f16x2(lo, hi) -> uint32_t, lo in bits 0..15
 //                                        (cvt.rn.bf16x2.f32 / __floats2bfloat162_rn)
 //   sa_mma_m16n8k16_bf16(d, a, b, c), sa_mma_m16n8k16_f16(d, a, b, c):
@@ -101,6 +105,11 @@ __host__ __device__ __forceinline__ sa_bf16 sa_to_bf16(float x) { return __float
 __host__ __device__ __forceinline__ sa_f16 sa_to_f16(float x) { return __float2half_rn(x); }
 __host__ __device__ __forceinline__ float sa_from_bf16(sa_bf16 x) { return __bfloat162float(x); }
 __host__ __device__ __forceinline__ float sa_from_f16(sa_f16 x) { return __half2float(x); }
+
+__host__ __device__ __forceinline__ uint16_t sa_bf16_as_bits(sa_bf16 x) { return __bfloat16_as_ushort(x); }
+__host__ __device__ __forceinline__ uint16_t sa_f16_as_bits(sa_f16 x) { return __half_as_ushort(x); }
+__host__ __device__ __forceinline__ sa_bf16 sa_bf16_from_bits(uint16_t u) { return __ushort_as_bfloat16(u); }
+__host__ __device__ __forceinline__ sa_f16 sa_f16_from_bits(uint16_t u) { return __ushort_as_half(u); }
 
 __host__ __device__ __forceinline__ uint32_t sa_pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -396,6 +405,10 @@ inline sa_bf16 sa_to_bf16(float x) { return sa_bf16{sa_warp::bf16_bits(x)}; }
 inline sa_f16 sa_to_f16(float x) { return sa_f16{sa_warp::f16_bits(x)}; }
 inline float sa_from_bf16(sa_bf16 x) { return sa_warp::from_bf16_bits(x.bits); }
 inline float sa_from_f16(sa_f16 x) { return sa_warp::from_f16_bits(x.bits); }
+inline uint16_t sa_bf16_as_bits(sa_bf16 x) { return x.bits; }
+inline uint16_t sa_f16_as_bits(sa_f16 x) { return x.bits; }
+inline sa_bf16 sa_bf16_from_bits(uint16_t u) { return sa_bf16{u}; }
+inline sa_f16 sa_f16_from_bits(uint16_t u) { return sa_f16{u}; }
 inline uint32_t sa_pack_bf16x2(float lo, float hi) {
     return (uint32_t)sa_warp::bf16_bits(lo) | ((uint32_t)sa_warp::bf16_bits(hi) << 16);
 }

@@ -270,16 +270,16 @@ extern "C" int run_cp_groups(const float* src, float* before, float* mid0, float
 }
 
 extern "C" void convert_bf16(const float* x, uint16_t* bits, long n) {
-    for (long i = 0; i < n; ++i) bits[i] = sa_to_bf16(x[i]).bits;
+    for (long i = 0; i < n; ++i) bits[i] = sa_bf16_as_bits(sa_to_bf16(x[i]));
 }
 extern "C" void convert_f16(const float* x, uint16_t* bits, long n) {
-    for (long i = 0; i < n; ++i) bits[i] = sa_to_f16(x[i]).bits;
+    for (long i = 0; i < n; ++i) bits[i] = sa_f16_as_bits(sa_to_f16(x[i]));
 }
 extern "C" void widen_bf16(const uint16_t* bits, float* x, long n) {
-    for (long i = 0; i < n; ++i) x[i] = sa_from_bf16(sa_bf16{bits[i]});
+    for (long i = 0; i < n; ++i) x[i] = sa_from_bf16(sa_bf16_from_bits(bits[i]));
 }
 extern "C" void widen_f16(const uint16_t* bits, float* x, long n) {
-    for (long i = 0; i < n; ++i) x[i] = sa_from_f16(sa_f16{bits[i]});
+    for (long i = 0; i < n; ++i) x[i] = sa_from_f16(sa_f16_from_bits(bits[i]));
 }
 extern "C" void pack_pairs(const float* lo, const float* hi, uint32_t* bf16, uint32_t* f16, long n) {
     for (long i = 0; i < n; ++i) bf16[i] = sa_pack_bf16x2(lo[i], hi[i]), f16[i] = sa_pack_f16x2(lo[i], hi[i]);
