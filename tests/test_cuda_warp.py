@@ -302,7 +302,7 @@ def test_quad_row_max_and_warp_butterflies(lib):
     ints = rng.integers(-1000, 1000, 32).astype(np.int32)
     stats = np.zeros((32, 4), np.float32)
     sums, xors, rotated = np.zeros(32, np.int32), np.zeros(32, np.uint32), np.zeros(32, np.int32)
-    lib.run_quad_rows(ptr(S), ptr(ints), ptr(stats), ptr(sums), ptr(xors), ptr(rotated))
+    lib.run_quad_rows(ptr(S), ptr(ints), ptr(stats), ptr(sums), ptr(xors), ptr(rotated), 1)
     assert np.array_equal(rotated, np.roll(ints, -3))
     g = np.arange(32) // 4
     want = np.stack([S.max(1)[g], S.max(1)[g + 8], S.sum(1)[g], S.sum(1)[g + 8]], axis=1)
@@ -360,8 +360,9 @@ def test_thread_sanitizer_finds_no_race(tmp_path):
 
 @needs_cxx
 @pytest.mark.slow
-def test_thread_sanitizer_sees_a_buffer_refilled_while_read(tmp_path):
-    """Planted: no __syncthreads() before cp.async refills a tile other warps still read."""
+def test_thread_sanitizer_sees_missing_barriers(tmp_path):
+    """Planted: no __syncthreads() before cp.async refills a tile other warps still read;
+    no __syncwarp() between lanes that pass data through shared memory."""
     exe = _build(tmp_path / "warp_tsan", "-g", "-fsanitize=thread", "-DSA_WARP_TEST_MAIN")
     env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0 exitcode=66 report_signal_unsafe=0")
     A, B = gemm_inputs(64, 64, 192, 51)
@@ -369,6 +370,9 @@ def test_thread_sanitizer_sees_a_buffer_refilled_while_read(tmp_path):
     done = subprocess.run([str(exe), "gemm", "64", "64", "192", "0", "1", str(tmp_path / "in.bin"),
                            str(tmp_path / "out.bin"), "4"], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 66 and "data race" in done.stderr, done.stderr[-3000:]
+    # Lanes of one warp passing data through shared memory with only a shuffle between.
+    done = subprocess.run([str(exe), "nosync"], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 66 and "data race" in done.stderr and "quad_rows" in done.stderr, done.stderr[-3000:]
 
 
 def find_cuobjdump() -> str | None:

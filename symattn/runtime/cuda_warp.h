@@ -21,7 +21,7 @@
 //   sa_ldmatrix_x1/x2/x4(uint32_t* r, const void* smem_row),
 //   sa_ldmatrix_x2_trans/x4_trans(...): ldmatrix.sync.aligned.m8n8.x{1,2,4}{,.trans}.shared.b16
 //   sa_shfl_xor(v, lane_mask) for float, int, uint32_t: __shfl_xor_sync(0xffffffff, v, mask)
-//   sa_syncwarp(): __syncwarp(0xffffffff)
+//   sa_syncwarp(): __syncwarp(0xffffffff) (the CPU side also defines __syncwarp(), full mask only)
 //   sa_cp_async_16(smem, gmem), sa_cp_async_16_zfill(smem, gmem, src_bytes),
 //   sa_cp_async_commit(), sa_cp_async_wait<N>(), sa_cp_async_wait_all()
 //   SA_WARP_SIZE (32), sa_lane_id()
@@ -59,8 +59,13 @@
 //   - each collective: every lane writes its operands to its slot in the warp's
 //     exchange area (cuda_host.h WarpState), crosses the warp barrier, and reads
 //     what it needs from the other lanes' slots. The two halves of the exchange
-//     area alternate, so one barrier per collective suffices; the barriers give
-//     ThreadSanitizer its happens-before edges.
+//     area alternate, so one barrier per collective suffices. Under
+//     ThreadSanitizer the lanes ignore that barrier's synchronization and use
+//     relaxed atomics on the exchange area: a collective orders no other memory
+//     access between lanes, as on the GPU (shfl, mma and ldmatrix are no memory
+//     barriers). Shared memory written by one lane and read by another (e.g. by
+//     ldmatrix) needs sa_syncwarp() / __syncwarp() or __syncthreads() in between,
+//     and TSan reports a data race when it is missing.
 //   - mma: each lane computes its own four D elements from the exchanged A and
 //     B fragments, in fp32: acc = c[i]; then acc += A[row][k] * B[k][col] for
 //     k = 0, 1, ..., 15 in that order, each sum rounded to nearest even. A
@@ -79,11 +84,6 @@
 //     verification, and one that issues a copy into a buffer other threads are
 //     still reading without a __syncthreads() in between is a data race for
 //     ThreadSanitizer. Copies not waited for when the block ends are dropped.
-//   Not caught: the warp barrier of every collective orders all memory accesses
-//   of the warp's lanes, which the GPU does not promise (shared memory written
-//   by one lane and read by another, e.g. by ldmatrix, needs __syncwarp() or
-//   __syncthreads() in between): a missing sa_syncwarp() inside one warp is not
-//   a race here. Races between warps, and with cp.async destinations, are seen.
 //   Not emulated: warp divergence and partial masks (the functions take no mask:
 //   all 32 lanes, always), the memory-space checks (ldmatrix/cp.async accept any
 //   address on the CPU), bank conflicts, timing, and other mma shapes/types.
@@ -191,6 +191,7 @@ __device__ __forceinline__ void sa_cp_async_wait_all() { asm volatile("cp.async.
 
 #else  // the CPU emulation
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -269,22 +270,63 @@ enum Kind : uint32_t {
 
 inline thread_local unsigned int collectives_done = 0;  // per lane: which half of the exchange area is next
 
-// One step of a warp collective: publish this lane's `words` (kind in word 0),
-// cross the warp barrier, and return the 32 lanes' slots of this step.
-inline const uint32_t (*exchange(Kind kind, const uint32_t* words, int count))[16] {
+// Under ThreadSanitizer the barrier of a collective must not order the lanes'
+// other memory accesses (the GPU does not): the lanes ignore its
+// synchronization, and the exchange area is read and written with relaxed
+// atomics, which TSan does not report. sa_syncwarp() keeps the ordering.
+#if defined(__SANITIZE_THREAD__)
+#define SA_WARP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SA_WARP_TSAN 1
+#endif
+#endif
+#ifdef SA_WARP_TSAN
+extern "C" void AnnotateIgnoreSyncBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreSyncEnd(const char* file, int line);
+#endif
+
+// The words the 32 lanes published at one step (word 0: the kind).
+struct Gathered {
+    uint32_t word[32][8];
+};
+
+inline sa_host::WarpState& my_warp() {
     const unsigned int threads = sa_host::block_dim.x * sa_host::block_dim.y * sa_host::block_dim.z;
     if (threads % 32 != 0 || sa_host::warp_states == nullptr)
         fail("warp-collective function in a block whose size is not a multiple of 32");
-    const unsigned int t = sa_host::linear_tid;
-    sa_host::WarpState& warp = (*sa_host::warp_states)[t / 32];
+    return (*sa_host::warp_states)[sa_host::linear_tid / 32];
+}
+
+// One step of a warp collective: publish this lane's `words` (at most 7), cross
+// the warp barrier, and return what all 32 lanes published at this step.
+inline Gathered exchange(Kind kind, const uint32_t* words, int count) {
+    sa_host::WarpState& warp = my_warp();
     uint32_t(*slots)[16] = warp.slot[collectives_done++ & 1u];
-    uint32_t* mine = slots[t % 32];
-    mine[0] = kind;
-    for (int i = 0; i < count; ++i) mine[1 + i] = words[i];
+    uint32_t* mine = slots[sa_host::linear_tid % 32];
+    std::atomic_ref<uint32_t>(mine[0]).store(kind, std::memory_order_relaxed);
+    for (int i = 0; i < count; ++i) std::atomic_ref<uint32_t>(mine[1 + i]).store(words[i], std::memory_order_relaxed);
+#ifdef SA_WARP_TSAN
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+#endif
     warp.barrier.arrive_and_wait();
+#ifdef SA_WARP_TSAN
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+#endif
+    Gathered all;
     for (int l = 0; l < 32; ++l)
-        if (slots[l][0] != kind) fail("lanes of one warp called different warp-collective functions at the same step");
-    return slots;
+        for (int i = 0; i <= count; ++i)
+            all.word[l][i] = std::atomic_ref<uint32_t>(slots[l][i]).load(std::memory_order_relaxed);
+    for (int l = 0; l < 32; ++l)
+        if (all.word[l][0] != kind) fail("lanes of one warp called different warp-collective functions at the same step");
+    return all;
+}
+
+// __syncwarp(): a barrier of the warp that orders memory (and still checks that
+// every lane is at a sa_syncwarp at this step).
+inline void syncwarp() {
+    exchange(kSyncWarp, nullptr, 0);
+    my_warp().barrier.arrive_and_wait();
 }
 
 inline unsigned int lane() { return sa_host::linear_tid % 32; }
@@ -292,7 +334,8 @@ inline unsigned int lane() { return sa_host::linear_tid % 32; }
 template <float (*Decode)(uint16_t)>
 inline void mma_m16n8k16(Kind kind, float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
     const uint32_t words[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
-    const uint32_t(*slots)[16] = exchange(kind, words, 6);
+    const Gathered all = exchange(kind, words, 6);
+    const uint32_t(*slots)[8] = all.word;
     auto half = [](uint32_t word, int k) { return (uint16_t)(k & 1 ? word >> 16 : word & 0xffffu); };
     // A[row][k] lives in lane 4*(row%8) + (k%8)/2, register (row>=8) + 2*(k>=8), half k%2.
     auto A = [&](int row, int k) {
@@ -315,7 +358,8 @@ template <int Matrices, bool Trans>
 inline void ldmatrix(Kind kind, uint32_t* r, const void* smem_row) {
     const uintptr_t p = (uintptr_t)smem_row;
     const uint32_t words[2] = {(uint32_t)(p & 0xffffffffu), (uint32_t)((uint64_t)p >> 32)};
-    const uint32_t(*slots)[16] = exchange(kind, words, 2);
+    const Gathered all = exchange(kind, words, 2);
+    const uint32_t(*slots)[8] = all.word;
     if (lane() < 8u * Matrices && p % 16 != 0) fail("ldmatrix: a row address is not 16-byte aligned");
     auto row = [&](int m, int i) {  // row i of matrix m: the address lane 8m+i gave
         return (const uint16_t*)(uintptr_t)((uint64_t)slots[8 * m + i][1] | ((uint64_t)slots[8 * m + i][2] << 32));
@@ -336,8 +380,7 @@ inline void ldmatrix(Kind kind, uint32_t* r, const void* smem_row) {
 
 inline uint32_t shfl_xor_bits(uint32_t v, int lane_mask) {
     if (lane_mask < 0 || lane_mask > 31) fail("shfl_xor: lane_mask outside 0..31");
-    const uint32_t(*slots)[16] = exchange(kShfl, &v, 1);
-    return slots[lane() ^ (unsigned int)lane_mask][1];
+    return exchange(kShfl, &v, 1).word[lane() ^ (unsigned int)lane_mask][1];
 }
 
 // cp.async: per thread, the copies issued and not yet waited for.
@@ -441,7 +484,11 @@ inline float sa_shfl_xor(float v, int lane_mask) {
 inline int sa_shfl_xor(int v, int lane_mask) { return (int)sa_warp::shfl_xor_bits((uint32_t)v, lane_mask); }
 inline uint32_t sa_shfl_xor(uint32_t v, int lane_mask) { return sa_warp::shfl_xor_bits(v, lane_mask); }
 
-inline void sa_syncwarp() { sa_warp::exchange(sa_warp::kSyncWarp, nullptr, 0); }
+inline void sa_syncwarp() { sa_warp::syncwarp(); }
+inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+    if (mask != 0xffffffffu) sa_warp::fail("__syncwarp: only the full mask 0xffffffff is emulated");
+    sa_warp::syncwarp();
+}
 
 inline void sa_cp_async_16(void* smem, const void* gmem) { sa_warp::cp_async(smem, gmem, 16); }
 inline void sa_cp_async_16_zfill(void* smem, const void* gmem, int src_bytes) {

@@ -149,12 +149,17 @@ __global__ void __launch_bounds__(128) gemm_64(const uint16_t* A, const uint16_t
 // FlashAttention's row statistics of a 16x8 f32 tile held in the mma C layout:
 // the max and sum of each row over its quad (shfl_xor 1, 2); plus warp-wide
 // butterflies on int (sum) and uint32 (xor); and a rotation through shared
-// memory ordered by sa_syncwarp(). Per lane: 4 floats, an int, a uint, an int.
-__global__ void quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors, int* rotated) {
+// memory ordered by sa_syncwarp() (planted bug, sync 0: by a shuffle, which
+// orders no memory). Per lane: 4 floats, an int, a uint, an int.
+__global__ void quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors, int* rotated,
+                          int sync) {
     alignas(16) __shared__ int box[32];
     const int l = (int)sa_lane_id(), g = l >> 2, t = l % 4;
     box[l] = ints[l];
-    sa_syncwarp();
+    if (sync)
+        sa_syncwarp();
+    else
+        (void)sa_shfl_xor(0, 1);
     rotated[l] = box[(l + 3) % 32];
     const float* top = &S[g * 8 + 2 * t];
     const float* bottom = &S[(g + 8) * 8 + 2 * t];
@@ -258,8 +263,8 @@ extern "C" int run_gemm_64(const uint16_t* A, const uint16_t* B, float* C, int M
 }
 
 extern "C" int run_quad_rows(const float* S, const int* ints, float* row_stats, int* sums, uint32_t* xors,
-                             int* rotated) {
-    SA_LAUNCH(quad_rows, dim3(1), dim3(32), nullptr, S, ints, row_stats, sums, xors, rotated);
+                             int* rotated, int sync) {
+    SA_LAUNCH(quad_rows, dim3(1), dim3(32), nullptr, S, ints, row_stats, sums, xors, rotated, sync);
     return 0;
 }
 
@@ -292,9 +297,10 @@ extern "C" void pack_pairs(const float* lo, const float* hi, uint32_t* bf16, uin
 
 // gemm M N K DTYPE B_LAYOUT IN OUT [BUG]: A then B (uint16 bits) from IN, C (float) to OUT.
 // misuse WHAT: WHAT 0 runs 48 threads, 1 a warp whose lane 5 calls ldmatrix.
-// small: quad_rows and cp_groups on fixed inputs (for ThreadSanitizer), sums printed.
+// small: quad_rows and cp_groups on fixed inputs (for ThreadSanitizer), sums printed;
+// nosync: the same with quad_rows' sa_syncwarp() replaced by a shuffle.
 int main(int argc, char** argv) {
-    if (argc == 2 && std::strcmp(argv[1], "small") == 0) {
+    if (argc == 2 && (std::strcmp(argv[1], "small") == 0 || std::strcmp(argv[1], "nosync") == 0)) {
         std::vector<float> S(128), src(384), stats(128), f(5 * 128);
         std::vector<int> ints(32), sums(32), rotated(32);
         std::vector<uint32_t> xors(32);
@@ -302,7 +308,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 128; ++i) S[i] = (float)((i * 37) % 29) - 14.0f;
         for (int i = 0; i < 384; ++i) src[i] = (float)i;
         for (int i = 0; i < 32; ++i) ints[i] = i * i - 100;
-        run_quad_rows(S.data(), ints.data(), stats.data(), sums.data(), xors.data(), rotated.data());
+        run_quad_rows(S.data(), ints.data(), stats.data(), sums.data(), xors.data(), rotated.data(), argv[1][0] == 's');
         run_cp_groups(src.data(), &f[0], &f[128], &f[256], &f[384], &f[512], z.data());
         std::printf("%g %d %g\n", stats[0], sums[0], f[384]);
         return 0;
