@@ -177,7 +177,7 @@ def rounded(x: np.ndarray, dtype: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def close(got: np.ndarray, want: np.ndarray, scale: np.ndarray, k: int) -> bool:
-    """fp32 accumulation of k exact products: |error| <= (k + 1) ulp-ish of the absolute sum."""
+    """Within the bound of k + 1 fp32 additions of exact products: (k + 2) * 2^-24 * sum of |terms|."""
     return bool(np.all(np.abs(got - want) <= (k + 2) * 2.0 ** -24 * scale + 1e-30))
 
 
