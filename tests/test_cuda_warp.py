@@ -194,7 +194,7 @@ def run_16x8(lib, A, B, C, dtype, a_mode, b_layout, bug=0):
 @needs_cxx
 @pytest.mark.parametrize("dtype", [0, 1], ids=["bf16", "f16"])
 @pytest.mark.parametrize("a_mode", [0, 1, 2], ids=["x4", "x1", "x2"])
-@pytest.mark.parametrize("b_layout", [0, 1], ids=["b_nk", "b_kn_trans"])
+@pytest.mark.parametrize("b_layout", [0, 1, 2], ids=["b_nk", "b_kn_trans", "b_kn_x1_trans"])
 def test_mma_16x8_small_integers_exact(lib, dtype, a_mode, b_layout):
     """Small integers: every product and sum is exact, so D must equal A @ B + C exactly."""
     rng = np.random.default_rng(100 + 10 * a_mode + b_layout)
@@ -213,7 +213,7 @@ def test_mma_16x8_random_against_float64(lib, dtype):
     B = rng.standard_normal((16, 8)).astype(np.float32)
     C = rng.standard_normal((16, 8)).astype(np.float32)
     (_, a), (_, b) = rounded(A, dtype), rounded(B, dtype)
-    for b_layout in (0, 1):
+    for b_layout in (0, 1, 2):
         D = run_16x8(lib, A, B, C, dtype, 0, b_layout)
         assert close(D, a @ b + C, np.abs(a) @ np.abs(b) + np.abs(C), 16)
         assert not np.array_equal(D, A.astype(np.float64) @ B + C)  # the inputs really were rounded
@@ -401,5 +401,5 @@ def test_nvcc_builds_tensor_core_instructions(tmp_path, arch):
         pytest.skip("cuobjdump not found: the SASS check needs it")
     sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, timeout=300).stdout
     for op in ("HMMA.16816.F32.BF16", "HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDSM.16.M88.2",
-               "LDGSTS.E.BYPASS.128.ZFILL", "SHFL.BFLY", "DEPBAR"):
+               "LDSM.16.MT88 ", "LDGSTS.E.BYPASS.128.ZFILL", "SHFL.BFLY", "DEPBAR"):
         assert op in sass, op

@@ -19,7 +19,7 @@
 //       float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4];
 //       d may be c (accumulate in place)
 //   sa_ldmatrix_x1/x2/x4(uint32_t* r, const void* smem_row),
-//   sa_ldmatrix_x2_trans/x4_trans(...): ldmatrix.sync.aligned.m8n8.x{1,2,4}{,.trans}.shared.b16
+//   sa_ldmatrix_x1_trans/x2_trans/x4_trans(...): ldmatrix.sync.aligned.m8n8.x{1,2,4}{,.trans}.shared.b16
 //   sa_shfl_xor(v, lane_mask) for float, int, uint32_t: __shfl_xor_sync(0xffffffff, v, mask)
 //   sa_syncwarp(): __syncwarp(0xffffffff) (the CPU side also defines __syncwarp(), full mask only)
 //   sa_cp_async_16(smem, gmem), sa_cp_async_16_zfill(smem, gmem, src_bytes),
@@ -160,6 +160,10 @@ __device__ __forceinline__ void sa_ldmatrix_x4(uint32_t* r, const void* smem_row
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa_smem_addr(smem_row)));
 }
+__device__ __forceinline__ void sa_ldmatrix_x1_trans(uint32_t* r, const void* smem_row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+                 : "=r"(r[0]) : "r"(sa_smem_addr(smem_row)));
+}
 __device__ __forceinline__ void sa_ldmatrix_x2_trans(uint32_t* r, const void* smem_row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r[0]), "=r"(r[1]) : "r"(sa_smem_addr(smem_row)));
@@ -265,7 +269,7 @@ inline float from_f16_bits(uint16_t h) {
 }
 
 enum Kind : uint32_t {
-    kShfl = 1, kMmaBf16, kMmaF16, kLdX1, kLdX2, kLdX4, kLdX2T, kLdX4T, kSyncWarp
+    kShfl = 1, kMmaBf16, kMmaF16, kLdX1, kLdX2, kLdX4, kLdX1T, kLdX2T, kLdX4T, kSyncWarp
 };
 
 inline thread_local unsigned int collectives_done = 0;  // per lane: which half of the exchange area is next
@@ -471,6 +475,9 @@ inline void sa_mma_m16n8k16_f16(float d[4], const uint32_t a[4], const uint32_t 
 inline void sa_ldmatrix_x1(uint32_t* r, const void* smem_row) { sa_warp::ldmatrix<1, false>(sa_warp::kLdX1, r, smem_row); }
 inline void sa_ldmatrix_x2(uint32_t* r, const void* smem_row) { sa_warp::ldmatrix<2, false>(sa_warp::kLdX2, r, smem_row); }
 inline void sa_ldmatrix_x4(uint32_t* r, const void* smem_row) { sa_warp::ldmatrix<4, false>(sa_warp::kLdX4, r, smem_row); }
+inline void sa_ldmatrix_x1_trans(uint32_t* r, const void* smem_row) {
+    sa_warp::ldmatrix<1, true>(sa_warp::kLdX1T, r, smem_row);
+}
 inline void sa_ldmatrix_x2_trans(uint32_t* r, const void* smem_row) {
     sa_warp::ldmatrix<2, true>(sa_warp::kLdX2T, r, smem_row);
 }

@@ -21,7 +21,7 @@ struct F16 {
 
 // D = A @ B + C for one 16x8 tile, one warp. a_mode: 0 A by ldmatrix.x4, 1 by
 // four x1, 2 by two x2; b_layout: 0 B stored [n][k] (ldmatrix.x2), 1 stored
-// [k][n] (ldmatrix.x2.trans). bug 1: the x4 for A addresses matrices 1 and 2
+// [k][n] (ldmatrix.x2.trans), 2 stored [k][n] (two ldmatrix.x1.trans). bug 1: the x4 for A addresses matrices 1 and 2
 // swapped (the planted fragment-layout bug).
 template <typename T>
 __global__ void mma_16x8(const uint16_t* A, const uint16_t* B, const float* C, float* D, int a_mode, int b_layout,
@@ -45,8 +45,10 @@ __global__ void mma_16x8(const uint16_t* A, const uint16_t* B, const float* C, f
     }
     if (b_layout == 0)
         sa_ldmatrix_x2(b, &Bs[(l % 8) * 16 + ((l / 8) & 1) * 8]);
-    else
+    else if (b_layout == 1)
         sa_ldmatrix_x2_trans(b, &Bs[(l % 16) * 8]);
+    else
+        for (int m = 0; m < 2; ++m) sa_ldmatrix_x1_trans(&b[m], &Bs[(8 * m + l % 8) * 8]);
     const int g = l >> 2, t = l % 4;
     float c[4], d[4];
     for (int i = 0; i < 4; ++i) c[i] = C[(g + (i >= 2) * 8) * 8 + 2 * t + (i & 1)];
