@@ -211,3 +211,33 @@ def test_the_rope_rotation_product_is_proved_for_all_n_and_its_opposite_refuted(
     scores, opposite = qr @ kr.T, qr @ kr_opposite.T
     assert np.allclose(scores[:-1, :-1], scores[1:, 1:], atol=1e-12)
     assert not np.allclose(opposite[:-1, :-1], opposite[1:, 1:], atol=1e-6)
+
+
+SIZES_BASE = """
+dim N = 4, T = 4, d = 2
+param b[N + T - 1], c[T]
+Small[i:N, j:T] = where(i < 4, 0, 1) + b[j - i + N - 1]
+Same[i:N, j:T] = where(N == T, j - i, i)
+Rel[i:N, j:T] = b[j - i + N - 1] + where(j <= i, 0, -inf)
+O[i:N, j:T] = c[j]
+output O
+"""
+
+
+@pytest.mark.parametrize("claim", ["relative(Small)", "relative(Same)"])
+def test_claims_true_only_at_the_spec_sizes_are_not_proved_for_all_sizes(claim):
+    # at N = T = 4 both hold (i < 4 always; N == T), but not for every size: N = 6 has row 5
+    (v,) = symattn.load(SIZES_BASE + f"check {claim}\n", filename="sizes.attn").check()
+    assert v.verdict == "proved", v.method
+    assert "not shown for all sizes" in v.method, v.method
+    n, t = 6, 5  # independent NumPy at other sizes: the claim fails there
+    i, j = np.meshgrid(np.arange(n), np.arange(t), indexing="ij")
+    table = np.where(i < 4, 0, 1) if claim == "relative(Small)" else np.where(n == t, j - i, i)
+    assert not np.array_equal(table[:-1, :-1], table[1:, 1:])
+
+
+def test_rows_and_columns_of_different_dims_are_proved_for_all_sizes():
+    (v,) = symattn.load(SIZES_BASE + "check relative(Rel)\n", filename="sizes.attn").check()
+    assert v.verdict == "proved" and v.method.startswith("for all sizes"), v.method
+    (w,) = symattn.load(SIZES_BASE + "check not relative(O)\n", filename="sizes.attn").check()
+    assert w.verdict == "proved", w.method  # c[j] is not relative: refuted, so its negation holds

@@ -76,8 +76,9 @@ class RelativeProof:
 
 
 def _opaque(name: str, *args) -> sympy.Expr:
-    """An uninterpreted function application: SymPy never simplifies it, equal arguments give it equal values."""
-    return sympy.Function(name)(*args)
+    """An uninterpreted operation: SymPy never simplifies it, equal arguments give it equal values.
+    Its name starts with @, which no tensor's name does (tensors are leaves of their own name)."""
+    return sympy.Function("@" + name)(*args)
 
 
 class Entries:
@@ -120,7 +121,7 @@ class Entries:
             raise Unsupported(f"unknown tensor {name}")
         idx = tuple(sympy.Integer(0) if d == 1 else x for d, x in zip(info.shape, idx))
         if info.expr is None:
-            return _opaque(name, *idx)
+            return sympy.Function(name)(*idx)
         extra = len(info.expr.shape) - len(info.shape)
         if extra < 0:
             raise Unsupported(f"the definition of {name} has another rank")
@@ -212,7 +213,7 @@ class Entries:
         if size.is_Integer:
             terms = [term(sympy.Integer(k)) for k in range(int(size))]
             return sympy.Add(*terms) if finite else _opaque(kind, *terms)
-        k = sympy.Symbol(f"k{next(self.count)}", integer=True, nonnegative=True)
+        k = sympy.Dummy(f"k{next(self.count)}", integer=True, nonnegative=True)
         if finite:
             return sympy.Sum(term(k), (k, 0, size - 1))
         return _opaque(kind, term(k), k, size)
@@ -298,8 +299,8 @@ def prove_relative(node: t.Node, spec: t.TypedSpec, risk: Finiteness) -> Relativ
     """A proof that node[..., i, j] == node[..., i + 1, j + 1] for all valid i, j, all values and
     all sizes (of every dim, or of the dims of its last two axes), or None (not shown)."""
     rank = len(node.shape)
-    i, j = sympy.Symbol("i", integer=True), sympy.Symbol("j", integer=True)
-    idx = tuple(sympy.Symbol(f"a{k}", integer=True) for k in range(rank - 2)) + (i, j)
+    i, j = sympy.Dummy("i", integer=True), sympy.Dummy("j", integer=True)  # never a dim's symbol
+    idx = tuple(sympy.Dummy(f"a{k}", integer=True) for k in range(rank - 2)) + (i, j)
     symbols = {info.symbol: name for name, info in spec.dims.items()}
     positions = {s for d in node.shape[-2:] for s in sympy.sympify(d).free_symbols if s in symbols}
     others = {s: spec.sizes[symbols[s]] for s in symbols if s not in positions}
