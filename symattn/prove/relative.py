@@ -60,7 +60,7 @@ _REAL_OP = {
     "div": lambda a, b: a / b,
     "pow": lambda a, b: a ** b,
 }
-_MINUS_ONE = sympy.Integer(-1)
+MAX_EXPANDED = 256  # terms of contractions at fixed sizes written out per entry, at most
 
 
 class Unsupported(SymAttnError):
@@ -90,6 +90,7 @@ class Entries:
         self.fixed = dict(fixed)
         self.count = itertools.count()
         self.read: set[str] = set()  # the fixed dims whose values were used
+        self.expanded = 0  # terms of contractions over dims at a number written out so far
 
     def dim(self, expr) -> sympy.Expr:
         expr = sympy.sympify(expr)
@@ -181,9 +182,8 @@ class Entries:
 
     def _Unary(self, node, idx, env):
         x = self.value(node.x, idx, env)
-        if self.finite(node, node.x) and node.fn in _EXACT_FN:
-            return _EXACT_FN[node.fn](x)
-        return _opaque(node.fn, x)
+        exact = _EXACT_FN.get(node.fn) if self.finite(node, node.x) else None
+        return _opaque(node.fn, x) if exact is None else exact(x)
 
     def _Binary(self, node, idx, env):
         a = self.value(node.a, self._bcast(node.a.shape, node.shape, idx), env)
@@ -211,6 +211,9 @@ class Entries:
         size = self.dim(size)
         finite = kind == "sum" and self.finite(node)
         if size.is_Integer:
+            self.expanded += int(size)
+            if self.expanded > MAX_EXPANDED:  # large fixed dims: the claim is left to the other levels
+                raise Unsupported(f"more than {MAX_EXPANDED} terms of contractions to write out")
             terms = [term(sympy.Integer(k)) for k in range(int(size))]
             return sympy.Add(*terms) if finite else _opaque(kind, *terms)
         k = sympy.Dummy(f"k{next(self.count)}", integer=True, nonnegative=True)
