@@ -116,11 +116,9 @@ def sample(spec, seed: int = 0) -> tuple[dict, dict]:
 # at entries that depend on the buffer's symbolic values, and the element level does not compare
 # entries that hold -inf inside expressions (`symattn.symbolic.element`). The matrix level proves
 # these (key_padding.attn states grad(S) as a check), and (b) and (c) below check them in float64.
-# stable_softmax: S reaches the loss through max(S, axis=-1); SymPy differentiates Max into
-# Heaviside terms, which the element level cannot match exactly against the derived
-# where(S == top, ...) rule, so grad(S) stays unknown there (not wrong: the matrix level proves
-# it, stable_softmax.attn line 27, and (b) and (c) check it in float64).
-UNSETTLED = {"key_padding": {"S"}, "stable_softmax": {"S"}}
+# (stable_softmax's grad(S), through max(S, axis=-1), is settled: the element level differentiates
+# a max of one tensor's entries with ties sharing equally, tests/test_max_ties.py.)
+UNSETTLED = {"key_padding": {"S"}}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)

@@ -253,6 +253,25 @@ def check_concat(n: int) -> None:
         assert same((c * pi.T).col_join(d * pi.T), c.col_join(d) * pi.T)  # concat(.., axis=0), columns permuted
 
 
+def check_blocks(n: int) -> None:
+    """concat(Pi A, B) = diag(Pi, I) concat(A, B) along the joined axis; equal diag(Pi, I) cancel in a
+    contraction, commute with a row softmax; a slice of whole blocks is permuted as those blocks."""
+    a, b = mat("a", n, 2), mat("b", 1, 2)       # K_cache [n, 2] and a new row [1, 2]
+    v, w = mat("v", n, 2), mat("w", 1, 2)
+    q = mat("q", 1, 2)
+    for p in perms(n):
+        pi = pmat(p)
+        block = sympy.diag(pi, sympy.eye(1))
+        assert same((pi * a).col_join(b), block * a.col_join(b))
+        assert same((pi * a).col_join(pi * a), sympy.diag(pi, pi) * a.col_join(a))
+        k, vv = a.col_join(b), v.col_join(w)
+        moved_k, moved_v = (pi * a).col_join(b), (pi * v).col_join(w)
+        assert same(row_softmax(q * moved_k.T) * moved_v, row_softmax(q * k.T) * vv)
+        assert same(row_softmax(q * moved_k.T), row_softmax(q * k.T) * block.T)
+        assert same((block * k)[0:n, :], pi * k[0:n, :])       # the whole first block
+        assert same((block * k)[n:n + 1, :], k[n:n + 1, :])   # the new row, unmoved
+
+
 def check_slice(n: int) -> None:
     a = mat("a", n, 3)
     for p in perms(n):
@@ -326,6 +345,7 @@ CHECKS = {
     "scan": check_scan,
     "heads": check_heads,
     "concat": check_concat,
+    "blocks": check_blocks,
     "slice": check_slice,
     "constant": check_constant,
     "index": check_index,

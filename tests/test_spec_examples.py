@@ -59,9 +59,13 @@ COMMENT_SHAPE = re.compile(rf"#\s*({BRACKET})(?:\s*@\s*({BRACKET}))?")
 
 def read_facts(path: Path) -> Facts:
     facts = Facts()
+    depth = 0  # open parentheses: a statement continues on the next line until they close
     for number, raw in enumerate(path.read_text("utf-8").splitlines(), start=1):
         code = raw.split("#", 1)[0].strip()
         if not code:
+            continue
+        continued, depth = depth > 0, depth + code.count("(") - code.count(")")
+        if continued:
             continue
         keyword = code.split()[0]
         rest = code[len(keyword):].strip()

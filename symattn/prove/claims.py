@@ -498,7 +498,7 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
                 if check.kind == "equal":
                     verdict = _check_equal(session, check)
                 elif check.kind == "relative":
-                    verdict = _relative_note(_check_equal(session, check))
+                    verdict = _relative_all_sizes(session, check) or _relative_note(_check_equal(session, check))
                 else:
                     verdict = _check_symmetry(session, check)
         except OutOfTime as err:
@@ -506,6 +506,20 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
                               "raise it with --budget)")
         verdicts.append(_negate(verdict) if check.negated else verdict)
     return verdicts
+
+
+def _relative_all_sizes(session: _Session, check: t.CheckInfo) -> Verdict | None:
+    """relative(B) proved at symbolic positions and sizes (`symattn.prove.relative`), or None."""
+    from .relative import prove_relative
+
+    proof = prove_relative(check.lhs.x.x, session.spec, session.finiteness)  # lhs: B[..., 0:R-1, 0:C-1]
+    if proof is None:
+        return None
+    contradiction = _float64_contradicts(session, check)
+    if contradiction is not None:  # a bug in the prover: never a proof
+        return Verdict(check.line, check.text, "unknown", f"the proof at symbolic positions is contradicted "
+                       f"by float64: {contradiction}; this is a bug in symattn, please report it")
+    return Verdict(check.line, check.text, "proved", proof.method, steps=proof.steps)
 
 
 def _relative_note(verdict: Verdict) -> Verdict:

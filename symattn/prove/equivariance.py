@@ -40,10 +40,29 @@ from ..ir.shapes import ONE, same_dim
 from ..ir.sizes import reads_sizes
 from .symmetry_evidence import element_witness, find_counterexample, permuted_axes, search_sizes
 
-__all__ = ["Lemma", "LEMMAS", "ProofStep", "prove_symmetry", "check_symmetry", "element_witness",
+__all__ = ["Lemma", "LEMMAS", "Blocks", "ProofStep", "prove_symmetry", "check_symmetry", "element_witness",
            "find_counterexample", "search_sizes"]
 
-Pattern = tuple[bool, ...]
+Pattern = tuple  # per axis: False (unchanged), True (permuted by Pi) or Blocks (concat along the axis)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """An axis joined by concat from parts, each of `width` entries, permuted by Pi or not: the
+    block-diagonal permutation diag(Pi, I, ...) of the whole axis. Equal Blocks are the same
+    permutation matrix (the same widths and flags), so they cancel in a contraction as Pi does;
+    any rule that asks whether an axis is permuted (truthiness) sees a Blocks as permuted."""
+
+    parts: tuple[tuple[sympy.Expr, bool], ...]
+
+    def __str__(self) -> str:
+        return "diag(" + ", ".join("Pi" if moved else f"I_{width}" for width, moved in self.parts) + ")"
+
+    def __lt__(self, other) -> bool:  # patterns are sorted for display: bools first, then Blocks by text
+        return isinstance(other, Blocks) and str(self) < str(other)
+
+    def __gt__(self, other) -> bool:
+        return not isinstance(other, Blocks) or str(self) > str(other)
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,10 @@ LEMMAS = {
                           "cumsum(Pi A, axis=-1) = Pi cumsum(A, axis=-1)"),
     "heads": Lemma("heads", "merge_heads and split_heads move whole rows: they commute with permuting N"),
     "concat": Lemma("concat", "concat(Pi A, Pi B) = Pi concat(A, B) along an axis that is not permuted"),
+    "blocks": Lemma("blocks", "along the joined axis, concat(Pi A, B) = diag(Pi, I) concat(A, B): a permutation of "
+                              "that axis, block by block, which cancels against the same diag(Pi, I) in a "
+                              "contraction and commutes with softmax and sums along it, as Pi does; a slice of whole "
+                              "blocks is permuted as those blocks are"),
     "slice": Lemma("slice", "a slice along an axis that is not permuted commutes with the permutation: "
                             "(Pi A)[:, a:b] = Pi (A[:, a:b])"),
     "constant": Lemma("constant", "ones(...) is unchanged by any permutation; Pi eye Pi^T = eye"),
@@ -133,7 +156,7 @@ def _broadcast(operands: list[tuple[tuple, Pattern]], rank: int) -> Pattern | No
                 flag = pattern[-k]
             elif flag != pattern[-k]:
                 return None
-        out.append(bool(flag))
+        out.append(False if flag is None else flag)  # a Blocks stays a Blocks
     return tuple(reversed(out))
 
 
@@ -296,21 +319,52 @@ def _(node: t.SplitHeads, ty):
 
 @_rule.register
 def _(node: t.Concat, ty):
-    out = set()
+    out, lemma, axis = set(), "concat", node.axis
     for combo in itertools.product(*[_rule(p, ty)[0] for p in node.parts]):
-        if len(set(combo)) == 1 and not combo[0][node.axis]:
+        if len({p[:axis] + p[axis + 1:] for p in combo}) != 1:
+            continue  # the other axes must move alike
+        if not any(p[axis] for p in combo):
             out.add(combo[0])
+            continue
+        blocks = []  # the joined axis: each part's block, permuted as that part is
+        for part, p in zip(node.parts, combo):
+            blocks.extend(p[axis].parts if isinstance(p[axis], Blocks) else [(part.shape[axis], bool(p[axis]))])
+        out.add(combo[0][:axis] + (Blocks(tuple(blocks)),) + combo[0][axis + 1:])
+        lemma = "blocks"
     if not out:
-        raise _Broken(f"{ty.text(node)}: the parts are permuted differently, or along the joined axis")
-    return frozenset(out), "concat"
+        raise _Broken(f"{ty.text(node)}: the parts are permuted along different axes")
+    return frozenset(out), lemma
+
+
+def _sliced_blocks(flag: Blocks, start, stop):
+    """The blocks of a joined axis between `start` and `stop` when those are block boundaries
+    (one block: its own flag), else None."""
+    offset, first, kept = sympy.Integer(0), None, []
+    for width, moved in flag.parts:
+        if same_dim(offset, start):
+            first = len(kept)
+        kept.append((width, moved))
+        offset = offset + width
+        if first is not None and same_dim(offset, stop):
+            chosen = tuple(kept[first:])
+            return chosen[0][1] if len(chosen) == 1 else Blocks(chosen)
+    return None
 
 
 @_rule.register
 def _(node: t.Slice, ty):
-    out = frozenset(p for p in _rule(node.x, ty)[0] if not p[node.axis])
+    out, lemma = set(), "slice"
+    for p in _rule(node.x, ty)[0]:
+        flag = p[node.axis]
+        if isinstance(flag, Blocks):  # whole blocks of a joined axis: their own permutation
+            flag, lemma = _sliced_blocks(flag, node.start, node.stop), "blocks"
+            if flag is not None:
+                out.add(p[:node.axis] + (flag,) + p[node.axis + 1:])
+        elif not flag:
+            out.add(p)
     if not out:
         raise _Broken(f"{ty.text(node)}: the sliced axis is permuted")
-    return out, "slice"
+    return frozenset(out), lemma
 
 
 @_rule.register
@@ -361,7 +415,7 @@ def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
                 and ty.can_permute(node.indices[lhs.index(i)].range)]
         for extra in itertools.product((False, True), repeat=len(free)):
             merged = {**flags, **dict(zip(free, extra))}
-            out.add(tuple(bool(merged.get(i, False)) for i in lhs))
+            out.add(tuple(merged.get(i, False) for i in lhs))
     if not out:
         raise _Broken(reason or "no consistent permutation of the indices")
     return frozenset(out)
@@ -371,6 +425,9 @@ def _describe(name: str, pattern: Pattern, shape) -> str:
     """`Pi Q`, `Q Pi^T`, `Pi P Pi^T`, `Q` or `Q permuted along axis 1`."""
     if not any(pattern):
         return name
+    if any(isinstance(f, Blocks) for f in pattern):
+        axes = ", ".join(f"axis {k} by {f if isinstance(f, Blocks) else 'Pi'}" for k, f in enumerate(pattern) if f)
+        return f"{name} permuted along {axes}"
     if len(shape) >= 2 and not any(pattern[:-2]):
         left = "Pi " if pattern[-2] else ""
         right = " Pi^T" if pattern[-1] else ""

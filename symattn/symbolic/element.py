@@ -60,7 +60,7 @@ from ..budget import checkpoint
 from ..errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
-from .exact import entry_diff, mp_value, same_entry, settled, shared_xreplace, zero_test
+from .exact import entry_diff, extreme_diff, mp_value, same_entry, settled, shared_xreplace, zero_test
 from .relations import radicals_as_roots
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
@@ -209,12 +209,17 @@ class ElementModel:
         position = {s: idx for idx, s in np.ndenumerate(own)}
         for consumer in self.consumers[name]:
             self._tick(f"d{consumer}/d{name}")
+            definition = self.spec.tensors[consumer].expr
+            # max or min of one tensor's entries along an axis: each line is Max of distinct slots, and its
+            # gradient is shared among ties (the language's convention), not SymPy's Heaviside
+            derivative = extreme_diff if (isinstance(definition, t.Reduce) and definition.kind in ("max", "min")
+                                          and isinstance(definition.x, t.Tensor)) else entry_diff
             bars = np.broadcast_to(np.asarray(self.adjoint(consumer), dtype=object), self.local[consumer].shape)
             for c_index, entry in np.ndenumerate(self.local[consumer]):
                 if not isinstance(entry, sympy.Basic):
                     continue
                 for sym in entry.free_symbols & position.keys():
-                    result[position[sym]] += bars[c_index] * entry_diff(entry, sym)
+                    result[position[sym]] += bars[c_index] * derivative(entry, sym)
         return np.asarray(result, dtype=object)
 
     # --- exact comparison ------------------------------------------------------------------

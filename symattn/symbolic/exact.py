@@ -14,7 +14,8 @@ non-finite value, or settled and identically equal), False meaning "not
 shown". `mp_value` evaluates an entry at a point in mpmath with float64's
 answers at the edges (log of a negative is NaN, 0**-1 is inf);
 `shared_xreplace` substitutes into many entries sharing subtrees;
-`entry_diff` is sympy.diff with the product rule written out. The element
+`entry_diff` is sympy.diff with the product rule written out, `extreme_diff` the
+derivative of a max or min of distinct symbols with ties sharing equally. The element
 model (`symattn.symbolic.element`) compares entries with these.
 """
 
@@ -34,7 +35,7 @@ from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
 from .relations import angle_atoms, atom_values, reduces_to_zero, relations
 
-__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "mp_value"]
+__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value"]
 
 
 # Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
@@ -215,6 +216,9 @@ def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
             memo[node] = _mp_real(_mp_pow(*args))
         elif isinstance(node, sympy.core.relational.Relational) and node.rel_op in _MP_RELATIONS:
             memo[node] = bool(_MP_RELATIONS[node.rel_op](*args))
+        elif isinstance(node, (sympy.Max, sympy.Min)):  # a line holding NaN has NaN as its max (NumPy's rule)
+            memo[node] = mpmath.nan if any(mpmath.isnan(a) for a in args) else (
+                max(args) if isinstance(node, sympy.Max) else min(args))
         elif type(node) in functions:
             memo[node] = _mp_real(functions[type(node)](args[0]))
         else:
@@ -397,6 +401,18 @@ def entry_diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
             elif sym in factor.free_symbols:
                 out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
     return sympy.Add(*out)
+
+
+def extreme_diff(entry: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    """d max(x_1, ..., x_n) / d x_k (or min) with the gradient shared equally among tied entries
+    (torch.amax's convention, the one the derivation states): [x_k == M] / #{l : x_l == M}, M the
+    max, as Piecewise terms. Only for a Max or Min of distinct symbols (the entries of one tensor's
+    line, so none was merged or dropped); anything else goes to `entry_diff` (SymPy's Heaviside)."""
+    if not (isinstance(entry, (sympy.Max, sympy.Min)) and sym in entry.args
+            and all(a.is_Symbol for a in entry.args)):
+        return entry_diff(entry, sym)
+    tied = [sympy.Piecewise((1, sympy.Eq(a, entry)), (0, True)) for a in entry.args]
+    return sympy.Piecewise((1 / sympy.Add(*tied), sympy.Eq(sym, entry)), (0, True))
 
 
 @functools.lru_cache(maxsize=16384)
