@@ -28,6 +28,7 @@ from ...ir.sizes import constraints
 from .flash import FLASH_PRELUDE, HEAD_DIMS, Sizes
 from .kernels import PRELUDE, Buffer, Kernel, helpers_for
 from .plan import KernelPlan
+from .tensor_core import TC_DTYPES, TC_PRELUDE
 from .syntax import dim_c, numel_c, quotients
 
 __all__ = ["render", "runtime_header"]
@@ -39,13 +40,15 @@ STATUS = """\
 enum {
     SYMATTN_OK = 0,
     SYMATTN_BAD_SIZE = -1,              /* a dim or the batch is not positive, or a quotient of dims is not whole */
-    SYMATTN_HEAD_DIM_TOO_LARGE = -2     /* a fused attention core's head dim exceeds the largest instantiated */
+    SYMATTN_HEAD_DIM_TOO_LARGE = -2,    /* a fused attention core's head dim exceeds the largest instantiated */
+    SYMATTN_UNSUPPORTED = -3            /* a tensor-core entry: head dim not a multiple of 8 or over 256, or a
+                                           pointer not 16-byte aligned (use the fp32 <spec>_forward) */
 };
 #endif"""
 
 
-def runtime_header() -> str:
-    return resources.files("symattn").joinpath("runtime/cuda_host.h").read_text("utf-8")
+def runtime_header(name: str = "cuda_host.h") -> str:
+    return resources.files("symattn").joinpath(f"runtime/{name}").read_text("utf-8")
 
 
 def _shape(plan: KernelPlan, buffer: Buffer) -> str:
@@ -96,6 +99,7 @@ def _header(p: KernelPlan) -> str:
         "/* Gradients of every input and param, given grad(output); reads the forward's `workspace`. */",
         sig["backward"] + ";",
         "",
+        *_tensor_core_declarations(p),
         "#ifdef __cplusplus",
         "}",
         "#endif",
@@ -145,12 +149,17 @@ def _launch(p: KernelPlan, kernel: Kernel) -> list[str]:
     return lines + ["    }"]
 
 
-def _checks(p: KernelPlan) -> list[str]:
+def _size_checks(p: KernelPlan) -> list[str]:
     sizes = " || ".join(f"{d} <= 0" for d in [*p.dims, p.batch])
     lines = [f"    if ({sizes}) return SYMATTN_BAD_SIZE;"]
     for dim, num, den in quotients(c.dim for c in constraints(p.spec)):
         lines.append(f"    if ({dim_c(num, p.names)} % {dim_c(den, p.names)} != 0) return SYMATTN_BAD_SIZE;"
                      f"  // {format_dim(dim, list(p.spec.dims))} must be a whole number")
+    return lines
+
+
+def _checks(p: KernelPlan) -> list[str]:
+    lines = _size_checks(p)
     for core in p.cores:
         s = Sizes(core, p.names)
         dims = dict.fromkeys((s.d_qk, s.d_v))  # once each: d_qk and d_v are often the same dim
@@ -169,6 +178,24 @@ def _host(p: KernelPlan, which: str, kernels: list[Kernel]) -> str:
     lines += ["    (void)stream_;  // unused when the CPU emulation builds this file",
               "    return SA_LAST_ERROR();", "}"]
     return "\n".join(lines)
+
+
+def _tensor_core_declarations(p: KernelPlan) -> list[str]:
+    lines = []
+    for forward in p.tensor_cores:
+        lines += [f"/* {forward.core.output} alone on tensor cores: Q, K, V and O in bf16 (or f16), lse in fp32. */",
+                  *[forward.signature(dtype) + ";" for dtype in TC_DTYPES], ""]
+    return lines
+
+
+def _tensor_core_section(p: KernelPlan) -> list[str]:
+    if not p.tensor_cores:
+        return []
+    lines = ["// ======================== attention cores on tensor cores ========================", ""]
+    for forward in p.tensor_cores:
+        lines += [forward.text, ""]
+        lines += [forward.host(dtype, _size_checks(p)) + "\n" for dtype in TC_DTYPES]
+    return lines
 
 
 def _source(p: KernelPlan) -> str:
@@ -199,7 +226,9 @@ def _source(p: KernelPlan) -> str:
         parts += [helpers, ""]
     if p.cores:
         parts += [FLASH_PRELUDE, *[h + "\n" for h in p.helpers]]
-    return "\n".join(parts + body)
+    if p.tensor_cores:
+        parts += [TC_PRELUDE]
+    return "\n".join(parts + body + _tensor_core_section(p))
 
 
 def _readme(p: KernelPlan) -> str:
@@ -284,9 +313,12 @@ def _readme(p: KernelPlan) -> str:
 
 
 def render(plan: KernelPlan) -> dict[str, str]:
-    return {
+    files = {
         f"{plan.prefix}.cu": _source(plan),
         f"{plan.prefix}.h": _header(plan),
         "cuda_host.h": runtime_header(),
         "README.md": _readme(plan),
     }
+    if plan.tensor_cores:
+        files["cuda_warp.h"] = runtime_header("cuda_warp.h")
+    return files

@@ -1,0 +1,195 @@
+"""Check the tensor-core attention forwards without a GPU, through cuda_warp.h's CPU emulation.
+
+Contract: `verify_tensor_cores(code, library, sizes, batch)` runs, for each
+fused core of `code` (a `CudaCode` whose `plan.tensor_cores` is not empty),
+each dtype (`bf16`, `f16`) and each head dim of `head_dims`, the host
+function `<core>_forward_<dtype>` of the CPU build `library` on random
+inputs rounded to that dtype, and compares O and lse with a float64
+reference of the rounded inputs: the spec's reference evaluator computes the
+core's score from Q @ K.T (`core.score`, with the tensors of constants it
+reads), then softmax and @ V in NumPy (a fully masked row: O = 0, lse = -inf,
+the kernels' convention). It returns one `TensorCoreCase` per run. Sizes:
+`sizes` (the fp32 check's), with the core's head dim solved to each of
+`head_dims`; a head dim the spec cannot take (no dim to solve, or d_v not a
+multiple of 8) is skipped and says so.
+
+Tolerances (max |got - want| / max |want|, per tensor), `TC_TOLERANCE`: the
+kernels round P to the input type before P @ V and O to it on the way out,
+two roundings of relative size u (bf16: u = 2^-9 ~ 2e-3, f16: 2^-12 ~ 2.4e-4
+for values in range); Q K^T and the softmax statistics are fp32 sums of exact
+products (error ~ d * 2^-24). So O's error is a few u: bf16 2e-2 and f16
+5e-3 leave about a factor 5-10 over what is seen, and lse, computed in fp32
+from fp32 scores, keeps the fp32 check's 1e-4.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import sympy
+
+from ..ir import typed as t
+from ..codegen.cuda import CudaCode
+from ..codegen.cuda.tensor_core import TensorCoreForward
+from ..symbolic.evaluate import NUMERIC, Evaluator
+from .numpy import relative_error as _relative_error
+
+__all__ = ["TC_TOLERANCE", "LSE_TOLERANCE", "TensorCoreCase", "round_to", "core_reference", "head_dim_sizes",
+           "run_forward", "verify_tensor_cores"]
+
+TC_TOLERANCE = {"bf16": 2e-2, "f16": 5e-3}
+LSE_TOLERANCE = 1e-4
+HEAD_DIMS = (32, 64, 128)
+
+
+@dataclass
+class TensorCoreCase:
+    core: str
+    dtype: str
+    head_dim: int
+    sizes: dict[str, int]
+    errors: dict[str, float] = field(default_factory=dict)   # "O", "lse" -> max relative error
+    problems: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def round_to(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the 16-bit patterns, their float64 values) of `x` rounded to nearest even in `dtype`."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if dtype == "f16":
+        bits = x.astype(np.float16).view(np.uint16)
+        return bits, bits.view(np.float16).astype(np.float64)
+    if dtype != "bf16":
+        raise ValueError(f"unknown tensor-core dtype {dtype!r} (bf16 or f16)")
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, decode(bits, dtype)
+
+
+def decode(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "f16":
+        return bits.view(np.float16).astype(np.float64)
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _fill(ev: Evaluator, spec: t.TypedSpec, node: t.Node) -> None:
+    """Evaluate the definitions of the tensors `node` reads that are not set yet (tensors of constants)."""
+    for name in t.tensors_read(node):
+        if name in ev.values:
+            continue
+        expr = spec.tensors[name].expr
+        _fill(ev, spec, expr)
+        ev.values[name] = ev.evaluate(expr)
+
+
+def core_reference(spec: t.TypedSpec, core, sizes: Mapping[str, int], q: np.ndarray, k: np.ndarray,
+                   v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """O and lse in float64 for Q, K, V of shape [batch, heads..., rows, dim]."""
+    ev = Evaluator(spec, NUMERIC, sizes)
+    ev.values = {core.q: q, core.k: k, core.v: v}
+    _fill(ev, spec, core.score)
+    score = np.broadcast_to(ev.evaluate(core.score), q.shape[:-1] + (k.shape[-2],))
+    top = score.max(axis=-1, keepdims=True)
+    masked = top == -np.inf
+    with np.errstate(invalid="ignore"):
+        p = np.where(masked, 0.0, np.exp(score - np.where(masked, 0.0, top)))
+    total = p.sum(axis=-1, keepdims=True)
+    out = np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0) @ v
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, top + np.log(np.where(total > 0, total, 1.0)), -np.inf)[..., 0]
+    return out, lse
+
+
+def head_dim_sizes(spec: t.TypedSpec, core, sizes: Mapping[str, int], head_dim: int) -> dict[str, int] | str:
+    """`sizes` with the core's Q/K head dim set to `head_dim`, or why that is not possible."""
+    d_qk = sympy.sympify(core.d_qk)
+    rows = {s for d in (core.n_q, core.n_k) for s in sympy.sympify(d).free_symbols}
+    symbols = sorted(d_qk.free_symbols - rows, key=str) or sorted(d_qk.free_symbols, key=str)
+    if not symbols:
+        return f"the head dim is the constant {d_qk}"
+    symbol = symbols[0]
+    other = {s: sizes[str(s)] for s in d_qk.free_symbols if s != symbol}
+    solutions = [s for s in sympy.solve(sympy.Eq(d_qk.subs(other), head_dim), symbol)
+                 if s.is_integer and s > 0]
+    if not solutions:
+        return f"no whole {symbol} gives head dim {head_dim}"
+    out = dict(sizes)
+    out[str(symbol)] = int(solutions[0])
+    subs = {sympy.Symbol(n, positive=True, integer=True): v for n, v in out.items()}
+    d_v = sympy.sympify(core.d_v).subs(subs)
+    if not d_v.is_integer or int(d_v) % 8 or int(d_v) > 256:
+        return f"d_v = {d_v} at head dim {head_dim} is not a multiple of 8 up to 256"
+    return out
+
+
+def _shape(dims: Sequence, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    subs = {sympy.Symbol(n, positive=True, integer=True): v for n, v in sizes.items()}
+    return tuple(int(sympy.sympify(d).subs(subs)) for d in dims)
+
+
+def run_forward(library: ctypes.CDLL, forward: TensorCoreForward, dtype: str, dim_values: Sequence[int],
+                batch: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                out_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Call `<core>_forward_<dtype>` on 16-bit patterns; returns (O's patterns, lse, status)."""
+    function = getattr(library, f"{forward.prefix}_forward_{dtype}")
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * (len(dim_values) + 1) + [ctypes.c_void_p]
+    out = np.zeros(out_shape, dtype=np.uint16)
+    lse = np.full(out_shape[:-1], np.nan, dtype=np.float32)
+    arrays = [np.ascontiguousarray(a) for a in (q, k, v)]
+    status = function(*[a.ctypes.data for a in arrays], out.ctypes.data, lse.ctypes.data, *dim_values, batch, None)
+    return out, lse, status
+
+
+def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes: Mapping[str, int], batch: int,
+                        head_dims: Sequence[int] = HEAD_DIMS, dtypes: Sequence[str] = ("bf16", "f16"),
+                        seed: int = 0, out: Callable[[str], None] | None = None) -> list[TensorCoreCase]:
+    say = out or (lambda line: None)
+    lib = library if isinstance(library, ctypes.CDLL) else ctypes.CDLL(str(library))
+    spec = code.plan.spec
+    rng = np.random.default_rng(seed)
+    cases = []
+    for forward in code.plan.tensor_cores:
+        core = forward.core
+        for head_dim in head_dims:
+            chosen = head_dim_sizes(spec, core, sizes, head_dim)
+            for dtype in dtypes:
+                case = TensorCoreCase(core.output, dtype, head_dim, chosen if isinstance(chosen, dict) else {})
+                cases.append(case)
+                if isinstance(chosen, str):
+                    case.skipped = chosen
+                    continue
+                lead = _shape(core.lead, chosen)
+                n_q, n_k, d_qk, d_v = _shape((core.n_q, core.n_k, core.d_qk, core.d_v), chosen)
+                shapes = {"q": (batch, *lead, n_q, d_qk), "k": (batch, *lead, n_k, d_qk), "v": (batch, *lead, n_k, d_v)}
+                bits, values = {}, {}
+                for role, shape in shapes.items():
+                    bits[role], values[role] = round_to(rng.standard_normal(shape), dtype)
+                got, lse, status = run_forward(lib, forward, dtype, [chosen[d] for d in spec.dims], batch,
+                                               bits["q"], bits["k"], bits["v"], (batch, *lead, n_q, d_v))
+                if status != 0:
+                    case.problems.append(f"{forward.prefix}_forward_{dtype} returned {status}")
+                    continue
+                want_o, want_lse = core_reference(spec, core, chosen, values["q"], values["k"], values["v"])
+                case.errors["O"] = _relative_error(decode(got, dtype), want_o, floor=0.0)
+                case.errors["lse"] = _relative_error(lse, want_lse, floor=0.0)
+                for label, tolerance in (("O", TC_TOLERANCE[dtype]), ("lse", LSE_TOLERANCE)):
+                    if not case.errors[label] <= tolerance:
+                        case.problems.append(f"{core.output} on tensor cores ({dtype}, head dim {head_dim}): {label} "
+                                             f"max relative error {case.errors[label]:.2e} > {tolerance:g}")
+    for case in cases:
+        where = f"  {case.core} {case.dtype:<5} d={case.head_dim:<4}"
+        if case.skipped:
+            say(f"{where} skipped: {case.skipped}")
+        else:
+            errors = "  ".join(f"{k} {v:.2e}" for k, v in case.errors.items())
+            say(f"{where} {errors}  {'ok' if case.ok else 'FAIL'}")
+    return cases
