@@ -9,7 +9,10 @@
 //   - __shared__ is `static`: one copy, used by one block at a time, because the
 //     blocks of a launch run one after another (a barrier separates them);
 //   - threadIdx/blockIdx are thread_local, blockDim/gridDim are per launch;
-//   - atomicAdd is std::atomic_ref, math comes from <cmath>.
+//   - atomicAdd is std::atomic_ref, math comes from <cmath>;
+//   - each run of 32 consecutive linear thread ids is a warp with its own
+//     barrier and exchange area (WarpState), used only by cuda_warp.h's
+//     warp-collective functions; kernels that do not include it never touch them.
 // A kernel must reach every __syncthreads() from every thread of its block (no
 // early return before a barrier), as CUDA requires; here a violation deadlocks.
 #pragma once
@@ -28,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -55,6 +59,18 @@ inline thread_local uint3 block_idx{0, 0, 0};
 inline dim3 block_dim{1, 1, 1};
 inline dim3 grid_dim{1, 1, 1};
 inline std::barrier<>* block_barrier = nullptr;
+inline thread_local unsigned int linear_tid = 0;  // x + y*blockDim.x + z*blockDim.x*blockDim.y
+
+// One warp of the running block: a barrier over its lanes and a double-buffered
+// exchange area (cuda_warp.h alternates the two halves, so one barrier per
+// collective suffices). The last warp of a block whose size is not a multiple of
+// 32 has fewer lanes; cuda_warp.h refuses to run collectives in such blocks.
+struct WarpState {
+    explicit WarpState(std::ptrdiff_t lanes) : barrier(lanes) {}
+    std::barrier<> barrier;
+    alignas(64) uint32_t slot[2][32][16];
+};
+inline std::deque<WarpState>* warp_states = nullptr;
 
 // Run `body` (one kernel launch, arguments bound) over `grid` x `block`: blockDim
 // threads, each running the blocks in order; the barrier at the end of each block
@@ -67,11 +83,16 @@ inline void run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     block_dim = block;
     grid_dim = grid;
     block_barrier = &barrier;
+    std::deque<WarpState> warps;  // a deque: WarpState (a barrier) cannot move
+    for (unsigned int first = 0; first < threads; first += 32)
+        warps.emplace_back((std::ptrdiff_t)(threads - first < 32 ? threads - first : 32));
+    warp_states = &warps;
     std::vector<std::thread> workers;
     workers.reserve(threads);
     for (unsigned int t = 0; t < threads; ++t) {
         workers.emplace_back([=, &barrier, &body] {
             thread_idx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            linear_tid = t;
             for (unsigned int z = 0; z < grid.z; ++z)
                 for (unsigned int y = 0; y < grid.y; ++y)
                     for (unsigned int x = 0; x < grid.x; ++x) {
@@ -83,6 +104,7 @@ inline void run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     }
     for (auto& w : workers) w.join();
     block_barrier = nullptr;
+    warp_states = nullptr;
 }
 
 // launch(kernel, grid, block, args...): what `kernel<<<grid, block>>>(args...)` does on a GPU.
