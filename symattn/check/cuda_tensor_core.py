@@ -25,21 +25,28 @@ from fp32 scores, keeps the fp32 check's 1e-4.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 import sympy
 
 from ..ir import typed as t
 from ..codegen.cuda import CudaCode
-from ..codegen.cuda.tensor_core import TensorCoreForward
+from ..codegen.cuda.tensor_core import TC_DTYPES, TC_HEAD_DIMS, TensorCoreForward, shared_bytes
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from .numpy import relative_error as _relative_error
 
-__all__ = ["TC_TOLERANCE", "LSE_TOLERANCE", "TensorCoreCase", "round_to", "core_reference", "head_dim_sizes",
-           "run_forward", "verify_tensor_cores"]
+if TYPE_CHECKING:
+    from .cuda import GateResult
+
+__all__ = ["TC_TOLERANCE", "LSE_TOLERANCE", "TensorCoreCase", "TensorCoreResources", "round_to", "decode",
+           "core_reference", "head_dim_sizes", "run_forward", "verify_tensor_cores", "tensor_core_resources",
+           "blocks_per_sm", "find_cuobjdump"]
 
 TC_TOLERANCE = {"bf16": 2e-2, "f16": 5e-3}
 LSE_TOLERANCE = 1e-4
@@ -193,3 +200,61 @@ def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes
             errors = "  ".join(f"{k} {v:.2e}" for k, v in case.errors.items())
             say(f"{where} {errors}  {'ok' if case.ok else 'FAIL'}")
     return cases
+
+
+# --- resources and occupancy (sm_90) ---------------------------------------------------------
+
+SM90 = dict(registers=65536, warps=64, blocks=32, shared=233472, reserved=1024, granule=256)
+
+
+@dataclass
+class TensorCoreResources:
+    kernel: str
+    head_dim: int
+    registers: int
+    shared_bytes: int        # dynamic, per block (ptxas does not see it)
+    spill_bytes: int
+    blocks_per_sm: int
+    occupancy: float         # resident warps / 64
+
+
+def blocks_per_sm(registers: int, shared: int, threads: int, limits: Mapping[str, int] = SM90) -> int:
+    """Resident blocks per SM: the least of the register, shared-memory, warp and block limits."""
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // limits["granule"]) * limits["granule"]
+    by_registers = limits["registers"] // (per_warp * warps)
+    by_shared = limits["shared"] // (shared + limits["reserved"]) if shared else limits["blocks"]
+    return min(by_registers, by_shared, limits["warps"] // warps, limits["blocks"])
+
+
+def tensor_core_resources(gate: "GateResult", code: CudaCode) -> list[TensorCoreResources]:
+    """Registers (ptxas), dynamic shared memory and theoretical occupancy of each tensor-core kernel."""
+    found = {k.name: k for k in gate.kernels}
+    rows = []
+    for forward in code.plan.tensor_cores:
+        for dtype in TC_DTYPES:
+            for head_dim in TC_HEAD_DIMS:
+                k = found.get(forward.kernel(dtype, head_dim))
+                if k is None:
+                    continue
+                smem = shared_bytes(head_dim)
+                blocks = blocks_per_sm(k.registers, smem, 128)
+                rows.append(TensorCoreResources(k.name, head_dim, k.registers, smem,
+                                                k.spill_stores + k.spill_loads, blocks, blocks * 4 / 64))
+    return rows
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, beside nvcc, or the copy Triton ships."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for candidate in ("/usr/local/cuda/bin/cuobjdump",):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    triton = importlib.util.find_spec("triton")
+    if triton and triton.origin:
+        candidate = Path(triton.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None

@@ -231,6 +231,32 @@ def _source(p: KernelPlan) -> str:
     return "\n".join(parts + body + _tensor_core_section(p))
 
 
+def _tensor_core_readme(p: KernelPlan) -> list[str]:
+    if not p.tensor_cores:
+        return []
+    lines = ["## Tensor cores: the attention cores alone, bf16 or f16", "```c"]
+    lines += [f.signature(dtype) + ";" for f in p.tensor_cores for dtype in TC_DTYPES]
+    lines += ["```"]
+    for f in p.tensor_cores:
+        c, order = f.core, list(p.spec.dims)
+        lead = "".join(format_dim(d, order) + ", " for d in c.lead)
+        lines.append(f"- `{f.prefix}_forward_<dtype>`: `{c.output}` = softmax(score(`{c.q}` @ `{c.k}`.T)) @ `{c.v}` "
+                     f"with `Q` = `{c.q}` `[batch, {lead}{format_dim(c.n_q, order)}, {format_dim(c.d_qk, order)}]`, "
+                     f"`K` = `{c.k}` `[batch, {lead}{format_dim(c.n_k, order)}, {format_dim(c.d_qk, order)}]`, "
+                     f"`V` = `{c.v}` `[batch, {lead}{format_dim(c.n_k, order)}, {format_dim(c.d_v, order)}]`, "
+                     f"`O` `[batch, {lead}{format_dim(c.n_q, order)}, {format_dim(c.d_v, order)}]` in the input "
+                     f"type, `lse` `[batch, {lead}{format_dim(c.n_q, order)}]` float32 (row logsumexp; -inf and "
+                     "O = 0 on a fully masked row).")
+    lines += ["",
+              "FlashAttention-2 style: mma.sync m16n8k16 with fp32 accumulation, 64 query rows per block of 4 warps,",
+              "64-key tiles of K and V double-buffered with cp.async. Forward only: no backward on tensor cores yet.",
+              "Head dims (of Q/K and of V) must be multiples of 8 up to 256 and every pointer 16-byte aligned;",
+              "otherwise they return `SYMATTN_UNSUPPORTED` (-3) and the float32 functions above are the fallback.",
+              "Build for sm_80 or newer (`-arch=sm_90`); `cuda_warp.h` holds the instructions and their CPU emulation.",
+              ""]
+    return lines
+
+
 def _readme(p: KernelPlan) -> str:
     spec = p.spec
     sig = signatures(p)
@@ -294,12 +320,14 @@ def _readme(p: KernelPlan) -> str:
         "The backward computes the gradients of L = sum over outputs of <O, grad(O)>.",
         "",
         "## Limits",
-        "- float32 only; every tensor contiguous and row-major, with the shapes above.",
+        "- float32 (the tensor-core functions: bf16 or f16); every tensor contiguous and row-major, with the shapes"
+        " above.",
         "- The batch (and, for matrix products over leading axes, batch x the product of those axes, and",
         "  for fused cores the number of heads) rides on a grid dimension: at most 65535.",
         f"- Fused attention cores: head dims (of Q/K and of V) up to {HEAD_DIMS[-1]}.",
         "- Generic path: a softmax over N keys stores its N x N weights in the workspace.",
         "",
+        *_tensor_core_readme(p),
         "## Path",
         fused or "Generic: per-stage kernels (tiled matmul, fused elementwise, row softmax and reductions).",
         *[f"- {note}" for note in p.notes],

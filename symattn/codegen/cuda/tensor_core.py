@@ -42,18 +42,26 @@ from .core import AttentionCore
 from .flash import Sizes, head_coordinates
 from .names import CNames
 
-__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward"]
+__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
 TC_DTYPES = ("bf16", "f16")
+ROWS = KEYS = 64   # query rows per block, keys per tile (SA_TC_ROWS, SA_TC_KEYS)
+PAD = 8            # SA_TC_PAD
+
+
+def shared_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of the forward at `head_dim`: the Q tile, two K and two V tiles (sa_tc_shared_bytes)."""
+    return 5 * ROWS * (head_dim + PAD) * 2
+
 
 TC_PRELUDE = """\
 // Tensor-core attention (cuda_warp.h: mma.sync, ldmatrix, cp.async, shuffles, and their CPU emulation).
 #include "cuda_warp.h"
-#define SA_TC_ROWS 64      // query rows per block: 4 warps of 16
-#define SA_TC_KEYS 64      // keys per tile
+#define SA_TC_ROWS @ROWS@      // query rows per block: 4 warps of 16
+#define SA_TC_KEYS @KEYS@      // keys per tile
 #define SA_TC_THREADS 128
-#define SA_TC_PAD 8        // elements of padding per shared row: ldmatrix reads 8 rows without bank conflicts
+#define SA_TC_PAD @PAD@        // elements of padding per shared row: ldmatrix reads 8 rows without bank conflicts
 #ifdef __CUDACC__
 #define SA_TC_DYNAMIC_SHARED(name, bytes) extern __shared__ __align__(16) unsigned char name[]
 #define SA_TC_LAUNCH(kernel, grid, block, smem, stream, ...) \\
@@ -102,6 +110,7 @@ static __device__ __forceinline__ void sa_tc_load_tile(unsigned char* tile, cons
     }
 }
 """
+TC_PRELUDE = TC_PRELUDE.replace("@ROWS@", str(ROWS)).replace("@KEYS@", str(KEYS)).replace("@PAD@", str(PAD))
 
 _FORWARD = Template("""\
 // $formula
