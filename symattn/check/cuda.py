@@ -20,7 +20,7 @@ Contract:
   With `tsan=True` it also builds a small driver with -fsanitize=thread and
   runs it in a subprocess (so TSan's runtime owns the process): TSan must
   report no race and the results must match too. With `tensor_cores=True`
-  (default) each fused core's bf16 and f16 tensor-core forward runs too, from
+  (default) each fused core's bf16 and f16 tensor-core forward and backward run too, from
   the same CPU build, at head dims 32, 64 and 128
   (`check.cuda_tensor_core.verify_tensor_cores`). Returns a `VerifyReport`;
   `report.ok` is what `symattn verify --target cuda` turns into its exit status.
@@ -472,8 +472,8 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         if error > tolerance:
             report.problems.append(f"{label}: max relative error {error:.2e} > {tolerance:g}")
     if tensor_cores and p.tensor_cores:
-        progress.step("running the tensor-core forwards on the CPU (emulated mma)")
-        say("tensor-core forwards (inputs rounded to bf16 / f16, against float64 of the rounded inputs):")
+        progress.step("running the tensor-core kernels on the CPU (emulated mma)")
+        say("tensor-core forward and backward (inputs rounded to bf16 / f16, against float64 of the rounded inputs):")
         report.tensor_core = verify_tensor_cores(code, library, sizes, batch, seed=seed, out=say)
         report.problems += [problem for case in report.tensor_core for problem in case.problems]
 

@@ -1,4 +1,4 @@
-"""Check the tensor-core attention forwards without a GPU, through cuda_warp.h's CPU emulation.
+"""Check the tensor-core attention kernels without a GPU, through cuda_warp.h's CPU emulation.
 
 Contract: `verify_tensor_cores(code, library, sizes, batch)` runs, for each
 fused core of `code` (a `CudaCode` whose `plan.tensor_cores` is not empty),
@@ -8,7 +8,11 @@ inputs rounded to that dtype, and compares O and lse with a float64
 reference of the rounded inputs: the spec's reference evaluator computes the
 core's score from Q @ K.T (`core.score`, with the tensors of constants it
 reads), then softmax and @ V in NumPy (a fully masked row: O = 0, lse = -inf,
-the kernels' convention). It returns one `TensorCoreCase` per run. Sizes:
+the kernels' convention). At head dims up to 128 the backward
+`<core>_backward_<dtype>` runs too, on the forward's O and lse and a random
+grad(O) in the same type, against dQ, dK, dV in float64 (the softmax backward
+times the score's derivative `core.score_grad`, evaluated by the reference
+evaluator). It returns one `TensorCoreCase` per run. Sizes:
 `sizes` (the fp32 check's), with the core's head dim solved to each of
 `head_dims`; a head dim the spec cannot take (no dim to solve, or d_v not a
 multiple of 8) is skipped and says so.
@@ -19,7 +23,9 @@ two roundings of relative size u (bf16: u = 2^-9 ~ 2e-3, f16: 2^-12 ~ 2.4e-4
 for values in range); Q K^T and the softmax statistics are fp32 sums of exact
 products (error ~ d * 2^-24). So O's error is a few u: bf16 2e-2 and f16
 5e-3 leave about a factor 5-10 over what is seen, and lse, computed in fp32
-from fp32 scores, keeps the fp32 check's 1e-4.
+from fp32 scores, keeps the fp32 check's 1e-4. The gradients see the same
+roundings (P and dS to the input type before their products, delta from the
+rounded O) and get O's tolerance; they come out at 1-4e-3 (bf16) and 2-4e-4 (f16).
 """
 
 from __future__ import annotations
@@ -30,23 +36,22 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import sympy
 
 from ..ir import typed as t
 from ..codegen.cuda import CudaCode
+from ..codegen.cuda.core import score_grad
 from ..codegen.cuda.tensor_core import TC_DTYPES, TC_HEAD_DIMS, TensorCoreForward, shared_bytes
+from ..codegen.cuda.tensor_core_backward import BACKWARD_HEAD_DIMS, backward_shared_bytes
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from .numpy import relative_error as _relative_error
 
-if TYPE_CHECKING:
-    from .cuda import GateResult
-
 __all__ = ["TC_TOLERANCE", "LSE_TOLERANCE", "TensorCoreCase", "TensorCoreResources", "round_to", "decode",
-           "core_reference", "head_dim_sizes", "run_forward", "verify_tensor_cores", "tensor_core_resources",
-           "blocks_per_sm", "find_cuobjdump"]
+           "core_reference", "core_gradients", "head_dim_sizes", "run_forward", "run_backward",
+           "verify_tensor_cores", "tensor_core_resources", "blocks_per_sm", "find_cuobjdump"]
 
 TC_TOLERANCE = {"bf16": 2e-2, "f16": 5e-3}
 LSE_TOLERANCE = 1e-4
@@ -97,22 +102,43 @@ def _fill(ev: Evaluator, spec: t.TypedSpec, node: t.Node) -> None:
         ev.values[name] = ev.evaluate(expr)
 
 
-def core_reference(spec: t.TypedSpec, core, sizes: Mapping[str, int], q: np.ndarray, k: np.ndarray,
-                   v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """O and lse in float64 for Q, K, V of shape [batch, heads..., rows, dim]."""
+def _evaluate(spec: t.TypedSpec, core, sizes: Mapping[str, int], node: t.Node, q, k, v) -> np.ndarray:
+    """An entry expression of the core (its score, or the score's derivative) at every (i, j), in float64."""
     ev = Evaluator(spec, NUMERIC, sizes)
     ev.values = {core.q: q, core.k: k, core.v: v}
-    _fill(ev, spec, core.score)
-    score = np.broadcast_to(ev.evaluate(core.score), q.shape[:-1] + (k.shape[-2],))
+    _fill(ev, spec, node)
+    return np.broadcast_to(ev.evaluate(node), q.shape[:-1] + (k.shape[-2],))
+
+
+def _probabilities(score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax over the last axis and the row logsumexp; a fully masked row gives P = 0, lse = -inf."""
     top = score.max(axis=-1, keepdims=True)
     masked = top == -np.inf
     with np.errstate(invalid="ignore"):
         p = np.where(masked, 0.0, np.exp(score - np.where(masked, 0.0, top)))
     total = p.sum(axis=-1, keepdims=True)
-    out = np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0) @ v
     with np.errstate(divide="ignore"):
         lse = np.where(total > 0, top + np.log(np.where(total > 0, total, 1.0)), -np.inf)[..., 0]
-    return out, lse
+    return np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0), lse
+
+
+def core_reference(spec: t.TypedSpec, core, sizes: Mapping[str, int], q: np.ndarray, k: np.ndarray,
+                   v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """O and lse in float64 for Q, K, V of shape [batch, heads..., rows, dim]."""
+    p, lse = _probabilities(_evaluate(spec, core, sizes, core.score, q, k, v))
+    return p @ v, lse
+
+
+def core_gradients(spec: t.TypedSpec, core, sizes: Mapping[str, int], q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   d_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dQ, dK, dV in float64 given grad(O): the softmax backward times d score / d (Q K^T)."""
+    p, _ = _probabilities(_evaluate(spec, core, sizes, core.score, q, k, v))
+    slope = _evaluate(spec, core, sizes, score_grad(core), q, k, v)
+    dp = d_out @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore"):
+        dz = np.where(p > 0, ds * slope, 0.0)  # a masked entry contributes nothing (its slope may be inf)
+    return dz @ k, np.swapaxes(dz, -1, -2) @ q, np.swapaxes(p, -1, -2) @ d_out
 
 
 def head_dim_sizes(spec: t.TypedSpec, core, sizes: Mapping[str, int], head_dim: int) -> dict[str, int] | str:
@@ -156,6 +182,22 @@ def run_forward(library: ctypes.CDLL, forward: TensorCoreForward, dtype: str, di
     return out, lse, status
 
 
+def run_backward(library: ctypes.CDLL, forward: TensorCoreForward, dtype: str, dim_values: Sequence[int],
+                 batch: int, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """Call `<core>_backward_<dtype>` with the 16-bit patterns of q, k, v, o, do and the fp32 lse;
+    returns ({"dQ", "dK", "dV"}: fp32 arrays, status)."""
+    function = getattr(library, f"{forward.prefix}_backward_{dtype}")
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int] * (len(dim_values) + 1) + [ctypes.c_void_p]
+    given = {name: np.ascontiguousarray(arrays[name]) for name in ("q", "k", "v", "o", "do", "lse")}
+    grads = {"dQ": np.full(given["q"].shape, np.nan, np.float32), "dK": np.full(given["k"].shape, np.nan, np.float32),
+             "dV": np.full(given["v"].shape, np.nan, np.float32)}
+    delta = np.zeros(given["lse"].shape, np.float32)
+    status = function(*[given[n].ctypes.data for n in ("q", "k", "v", "o", "do", "lse")],
+                      *[g.ctypes.data for g in grads.values()], delta.ctypes.data, *dim_values, batch, None)
+    return grads, status
+
+
 def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes: Mapping[str, int], batch: int,
                         head_dims: Sequence[int] = HEAD_DIMS, dtypes: Sequence[str] = ("bf16", "f16"),
                         seed: int = 0, out: Callable[[str], None] | None = None) -> list[TensorCoreCase]:
@@ -180,7 +222,8 @@ def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes
                 bits, values = {}, {}
                 for role, shape in shapes.items():
                     bits[role], values[role] = round_to(rng.standard_normal(shape), dtype)
-                got, lse, status = run_forward(lib, forward, dtype, [chosen[d] for d in spec.dims], batch,
+                dim_values = [chosen[d] for d in spec.dims]
+                got, lse, status = run_forward(lib, forward, dtype, dim_values, batch,
                                                bits["q"], bits["k"], bits["v"], (batch, *lead, n_q, d_v))
                 if status != 0:
                     case.problems.append(f"{forward.prefix}_forward_{dtype} returned {status}")
@@ -188,7 +231,19 @@ def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes
                 want_o, want_lse = core_reference(spec, core, chosen, values["q"], values["k"], values["v"])
                 case.errors["O"] = _relative_error(decode(got, dtype), want_o, floor=0.0)
                 case.errors["lse"] = _relative_error(lse, want_lse, floor=0.0)
-                for label, tolerance in (("O", TC_TOLERANCE[dtype]), ("lse", LSE_TOLERANCE)):
+                tolerances = [("O", TC_TOLERANCE[dtype]), ("lse", LSE_TOLERANCE)]
+                if head_dim <= BACKWARD_HEAD_DIMS[-1]:
+                    bits["do"], values["do"] = round_to(rng.standard_normal(got.shape), dtype)
+                    grads, status = run_backward(lib, forward, dtype, dim_values, batch,
+                                                 dict(bits, o=got, lse=lse))
+                    if status != 0:
+                        case.problems.append(f"{forward.prefix}_backward_{dtype} returned {status}")
+                        continue
+                    want = core_gradients(spec, core, chosen, values["q"], values["k"], values["v"], values["do"])
+                    for label, value in zip(("dQ", "dK", "dV"), want):
+                        case.errors[label] = _relative_error(grads[label], value, floor=0.0)
+                        tolerances.append((label, TC_TOLERANCE[dtype]))
+                for label, tolerance in tolerances:
                     if not case.errors[label] <= tolerance:
                         case.problems.append(f"{core.output} on tensor cores ({dtype}, head dim {head_dim}): {label} "
                                              f"max relative error {case.errors[label]:.2e} > {tolerance:g}")
@@ -227,9 +282,10 @@ def blocks_per_sm(registers: int, shared: int, threads: int, limits: Mapping[str
     return min(by_registers, by_shared, limits["warps"] // warps, limits["blocks"])
 
 
-def tensor_core_resources(gate: "GateResult", code: CudaCode) -> list[TensorCoreResources]:
-    """Registers (ptxas), dynamic shared memory and theoretical occupancy of each tensor-core kernel."""
-    found = {k.name: k for k in gate.kernels}
+def tensor_core_resources(kernels: Sequence, code: CudaCode) -> list[TensorCoreResources]:
+    """Registers, dynamic shared memory and theoretical occupancy of each tensor-core kernel of `code`,
+    from the `KernelResources` that ptxas reported (`compile_gate(...).kernels`)."""
+    found = {k.name: k for k in kernels}
     rows = []
     for forward in code.plan.tensor_cores:
         for dtype in TC_DTYPES:
@@ -237,11 +293,19 @@ def tensor_core_resources(gate: "GateResult", code: CudaCode) -> list[TensorCore
                 k = found.get(forward.kernel(dtype, head_dim))
                 if k is None:
                     continue
-                smem = shared_bytes(head_dim)
-                blocks = blocks_per_sm(k.registers, smem, 128)
-                rows.append(TensorCoreResources(k.name, head_dim, k.registers, smem,
-                                                k.spill_stores + k.spill_loads, blocks, blocks * 4 / 64))
+                rows.append(_resources(k, head_dim, shared_bytes(head_dim)))
+            for head_dim in BACKWARD_HEAD_DIMS:
+                for which in ("bwd_dq", "bwd_dkdv"):
+                    k = found.get(f"{forward.prefix}_tc_{which}_{dtype}_d{head_dim}")
+                    if k is not None:
+                        rows.append(_resources(k, head_dim, backward_shared_bytes(head_dim)))
     return rows
+
+
+def _resources(kernel, head_dim: int, shared: int) -> TensorCoreResources:
+    blocks = blocks_per_sm(kernel.registers, shared, 128)
+    return TensorCoreResources(kernel.name, head_dim, kernel.registers, shared,
+                               kernel.spill_stores + kernel.spill_loads, blocks, blocks * 4 / 64)
 
 
 def find_cuobjdump() -> str | None:

@@ -29,6 +29,7 @@ from .flash import FLASH_PRELUDE, HEAD_DIMS, Sizes
 from .kernels import PRELUDE, Buffer, Kernel, helpers_for
 from .plan import KernelPlan
 from .tensor_core import TC_DTYPES, TC_PRELUDE
+from .tensor_core_backward import BACKWARD_PRELUDE, backward
 from .syntax import dim_c, numel_c, quotients
 
 __all__ = ["render", "runtime_header"]
@@ -184,7 +185,9 @@ def _tensor_core_declarations(p: KernelPlan) -> list[str]:
     lines = []
     for forward in p.tensor_cores:
         lines += [f"/* {forward.core.output} alone on tensor cores: Q, K, V and O in bf16 (or f16), lse in fp32. */",
-                  *[forward.signature(dtype) + ";" for dtype in TC_DTYPES], ""]
+                  *[forward.signature(dtype) + ";" for dtype in TC_DTYPES],
+                  "/* Its gradients (fp32) given grad(O) in the same type, O and lse from the forward above. */",
+                  *[backward(forward).signature(dtype) + ";" for dtype in TC_DTYPES], ""]
     return lines
 
 
@@ -193,8 +196,10 @@ def _tensor_core_section(p: KernelPlan) -> list[str]:
         return []
     lines = ["// ======================== attention cores on tensor cores ========================", ""]
     for forward in p.tensor_cores:
-        lines += [forward.text, ""]
+        grads = backward(forward)
+        lines += [forward.text, "", grads.text, ""]
         lines += [forward.host(dtype, _size_checks(p)) + "\n" for dtype in TC_DTYPES]
+        lines += [grads.host(dtype, _size_checks(p)) + "\n" for dtype in TC_DTYPES]
     return lines
 
 
@@ -227,7 +232,7 @@ def _source(p: KernelPlan) -> str:
     if p.cores:
         parts += [FLASH_PRELUDE, *[h + "\n" for h in p.helpers]]
     if p.tensor_cores:
-        parts += [TC_PRELUDE]
+        parts += [TC_PRELUDE, BACKWARD_PRELUDE]
     return "\n".join(parts + body + _tensor_core_section(p))
 
 

@@ -42,7 +42,7 @@ from .core import AttentionCore
 from .flash import Sizes, head_coordinates
 from .names import CNames
 
-__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes"]
+__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
 TC_DTYPES = ("bf16", "f16")
@@ -79,11 +79,15 @@ struct alignas(16) sa_tc_chunk { uint32_t w[4]; };
 
 // The input types: the mma instruction and the rounding of fp32 pairs to one register.
 struct sa_tc_bf16 {
+    typedef sa_bf16 value;
+    static __device__ __forceinline__ float to_float(value x) { return sa_from_bf16(x); }
     static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2],
                                                const float c[4]) { sa_mma_m16n8k16_bf16(d, a, b, c); }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return sa_pack_bf16x2(lo, hi); }
 };
 struct sa_tc_f16 {
+    typedef sa_f16 value;
+    static __device__ __forceinline__ float to_float(value x) { return sa_from_f16(x); }
     static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2],
                                                const float c[4]) { sa_mma_m16n8k16_f16(d, a, b, c); }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return sa_pack_f16x2(lo, hi); }
@@ -306,6 +310,8 @@ class TensorCoreForward:
     sizes: Sizes
     dims: list[str]        # C names of the spec's dims (arguments of the host function)
     batch: str
+    lead: list[str]        # C names of the head coordinates the score function takes
+    lead_coords: str       # C statements setting them from `head_` (the flat head index)
 
     def kernel(self, dtype: str, head_dim: int) -> str:
         return f"{self.prefix}_tc_fwd_{dtype}_d{head_dim}"
@@ -342,14 +348,15 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
                         batch: str, formula: str) -> TensorCoreForward:
     """The tensor-core forward of `core`, whose score device function is `<prefix>_score`."""
     dim_params = "".join(f", int {d}" for d in dims)
+    lead_coords = head_coordinates(core, lead, names)
     body = _FORWARD.substitute(prefix=prefix, formula=formula, dim_params=dim_params,
                                dim_args="".join(f", {d}" for d in dims), lead_args="".join(f"{z}, " for z in lead),
-                               lead_coords=head_coordinates(core, lead, names))
+                               lead_coords=lead_coords)
     params = ("unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_, "
               "const unsigned char* __restrict__ k_,\n        const unsigned char* __restrict__ v_, "
               f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{dim_params}")
     args = "out_, lse_, q_, k_, v_, n_q_, n_k_, d_qk_, d_v_, heads_" + "".join(f", {d}" for d in dims)
-    forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch)
+    forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch, list(lead), lead_coords)
     wrappers = [f"// {core.output} on tensor cores, for each input type and head dim"]
     for dtype in TC_DTYPES:
         for head_dim in TC_HEAD_DIMS:
