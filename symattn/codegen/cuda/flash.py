@@ -32,7 +32,7 @@ from .names import CNames
 from .syntax import CPrinter, CudaCodegenError, dim_c
 
 __all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels",
-           "head_coordinates"]
+           "head_coordinates", "score_printer"]
 
 HEAD_DIMS = (32, 64)
 
@@ -452,3 +452,8 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
 def head_coordinates(core: AttentionCore, lead: list[str], names: CNames) -> str:
     """C statements setting each head coordinate (`z0_`, ...) from the flat head index `head_`."""
     return _lead_coords(core, lead, names)
+
+
+def score_printer(core: AttentionCore, names: CNames) -> CPrinter:
+    """A printer of the core's entry expressions: `s_` for Q @ K.T, tensors of constants recomputed."""
+    return CPrinter(names, _ScoreSource(dict(core.pure), names), special={core.product: "s_"})

@@ -24,9 +24,15 @@ type in registers and used directly as the A operand of P V (the accumulator
 layout of two 8-column tiles is the A layout of one 16-wide step); V comes
 through ldmatrix .trans. O is normalised, staged through shared memory and
 written with 128-bit stores in the input type; lse = m + log(l) in fp32. A
-fully masked row gives O = 0 and lse = -inf, as the fp32 path does. No key
-tile is skipped: the score is an arbitrary spec expression, and nothing here
-proves a tile fully masked (masked entries cost work, not correctness).
+fully masked row gives O = 0 and lse = -inf, as the fp32 path does.
+
+Masked tiles: `masked_condition` reads the score for a part that is -inf
+whatever s is (a `where` branch, or a tensor of constants such as a causal or
+window mask, added to the rest), and prints it as `<prefix>_masked(i, j)`.
+Where it exists, each warp evaluates it over its 16 rows x 64 keys of a tile
+and, when every entry is masked, skips that tile's products and softmax (the
+entries would contribute exactly 0; K and V are still loaded, the copies
+being shared by the block). Scores with no such part (softcap) skip nothing.
 
 Host limits (else `SYMATTN_UNSUPPORTED`, and the fp32 `<spec>_forward` is the
 fallback): head dims multiples of 8 up to 256, 16-byte aligned pointers.
@@ -38,11 +44,14 @@ from dataclasses import dataclass
 from string import Template
 from typing import Sequence
 
+from ...ir import typed as t
 from .core import AttentionCore
-from .flash import Sizes, head_coordinates
+from .flash import Sizes, head_coordinates, score_printer
 from .names import CNames
+from .syntax import CPrinter
 
-__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD"]
+__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD",
+           "masked_condition", "skip_test"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
 TC_DTYPES = ("bf16", "f16")
@@ -182,6 +191,8 @@ $lead_coords
             for (int s_ = 0; s_ < (Q_IN_REGISTERS ? STEPS : 0); ++s_)
                 sa_ldmatrix_x4(q_frag_[s_], q_tile_ + ((warp_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
         }
+$skip
+        {
         // S = Q K^T: 8 tiles of 16 x 8, fp32.
         float s_acc_[SA_TC_KEYS / 8][4];
 #pragma unroll
@@ -258,6 +269,7 @@ $lead_coords
                 TYPE::mma(o_[n_ + 1], a_, b_ + 2, o_[n_ + 1]);
             }
         }
+        }
         __syncthreads();  // every warp is done with tile t before its buffers are refilled
     }
     // O = acc / l, staged in this warp's rows of the Q tile, then written 16 bytes at a time.
@@ -300,6 +312,62 @@ $dispatch
 }""")
 
 
+# A warp's test of one tile (rows of `row0_`, keys from `key0_`): skip it when every entry is masked.
+_SKIP = Template("""\
+        bool live_ = false;  // does any (row, key) of this warp's part of the tile escape the mask?
+#pragma unroll 4
+        for (int e_ = lane_; e_ < 16 * $cols; e_ += SA_WARP_SIZE) {
+            const int $row_ = $row0 + e_ / $cols, $col_ = $col0 + e_ % $cols;
+            live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
+        }
+        float any_ = live_ ? 1.0f : 0.0f;
+#pragma unroll
+        for (int m_ = 16; m_ > 0; m_ >>= 1) any_ = fmaxf(any_, sa_shfl_xor(any_, m_));
+        if (any_ != 0.0f)  // warp-uniform: the whole warp computes the tile or skips it""")
+
+
+def _masked(node: t.Node, product: t.Node, printer: CPrinter, coords: tuple) -> str | None:
+    """A C condition under which `node` is -inf for every finite value of the rest (s = the entry of
+    `product` included), or None. Only the -inf of a mask is read: x + -inf is -inf for finite x."""
+    if product not in t.walk(node):
+        return f"(({printer.entry(node, coords)}) == -INFINITY)"
+    if isinstance(node, t.Where) and product not in t.walk(node.cond):
+        a, b = (_masked(x, product, printer, coords) for x in (node.a, node.b))
+        if a is None and b is None:
+            return None
+        return f"({printer.entry(node.cond, coords)} ? {a or 'false'} : {b or 'false'})"
+    if isinstance(node, t.Binary) and node.op == "add":  # -inf + a finite value; both parts may mask
+        parts = [m for m in (_masked(x, product, printer, coords) for x in (node.a, node.b)) if m]
+        return " || ".join(parts) or None
+    if isinstance(node, t.Binary) and node.op == "sub":
+        return _masked(node.a, product, printer, coords)
+    return None
+
+
+def masked_condition(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str],
+                     lead: list[str]) -> str | None:
+    """The device function `<prefix>_masked(head coords, i, j, dims)`, or None when the score has no mask."""
+    coords = (*lead, "i_", "j_")
+    condition = _masked(core.score, core.product, score_printer(core, names), coords)
+    if condition is None:
+        return None
+    params = ", ".join([*[f"int {z}" for z in lead], "int i_", "int j_", *[f"int {d}" for d in dims]])
+    return "\n".join([
+        f"// True where the score of {core.output} is -inf whatever Q @ K.T is: a tile of such entries is skipped.",
+        f"static __device__ __forceinline__ bool {prefix}_masked({params}) {{",
+        f"    return {condition};",
+        "}"])
+
+
+def skip_test(forward: "TensorCoreForward", row: str, row0: str, col: str, col0: str, cols: str) -> str:
+    """C lines ending in `if (...)`: the warp-uniform test that guards one tile's work (or '')."""
+    if forward.mask is None:
+        return ""
+    return _SKIP.substitute(prefix=forward.prefix, row_=row, row0=row0, col_=col, col0=col0, cols=cols,
+                            lead_args="".join(f"{z}, " for z in forward.lead),
+                            dim_args="".join(f", {d}" for d in forward.dims))
+
+
 @dataclass
 class TensorCoreForward:
     """The tensor-core forward of one core: kernels, and the host function per dtype."""
@@ -312,6 +380,7 @@ class TensorCoreForward:
     batch: str
     lead: list[str]        # C names of the head coordinates the score function takes
     lead_coords: str       # C statements setting them from `head_` (the flat head index)
+    mask: str | None       # the device function `<prefix>_masked`, when the score has a mask
 
     def kernel(self, dtype: str, head_dim: int) -> str:
         return f"{self.prefix}_tc_fwd_{dtype}_d{head_dim}"
@@ -349,14 +418,19 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
     """The tensor-core forward of `core`, whose score device function is `<prefix>_score`."""
     dim_params = "".join(f", int {d}" for d in dims)
     lead_coords = head_coordinates(core, lead, names)
+    mask = masked_condition(core, prefix, names, dims, lead)
+    forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch, list(lead), lead_coords,
+                                mask)
+    skip = skip_test(forward, "i_", "q0_ + warp_ * 16", "j_", "t_ * SA_TC_KEYS", "SA_TC_KEYS")
     body = _FORWARD.substitute(prefix=prefix, formula=formula, dim_params=dim_params,
                                dim_args="".join(f", {d}" for d in dims), lead_args="".join(f"{z}, " for z in lead),
-                               lead_coords=lead_coords)
+                               lead_coords=lead_coords, skip=skip)
+    if mask:
+        body = mask + "\n\n" + body
     params = ("unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_, "
               "const unsigned char* __restrict__ k_,\n        const unsigned char* __restrict__ v_, "
               f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{dim_params}")
     args = "out_, lse_, q_, k_, v_, n_q_, n_k_, d_qk_, d_v_, heads_" + "".join(f", {d}" for d in dims)
-    forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch, list(lead), lead_coords)
     wrappers = [f"// {core.output} on tensor cores, for each input type and head dim"]
     for dtype in TC_DTYPES:
         for head_dim in TC_HEAD_DIMS:

@@ -18,7 +18,8 @@ of [batch, heads..., n_q]. FlashAttention-2's scheme, no atomics:
   and dO: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO and dK += dS^T Q, the
   transposed products needing no exchange between warps.
 
-Q/dO (dQ) and K/V (dK/dV) fragments are reloaded from shared memory per tile
+A warp skips a tile whose entries are all masked (`tensor_core.skip_test`,
+as in the forward). Q/dO (dQ) and K/V (dK/dV) fragments are reloaded from shared memory per tile
 rather than kept in registers, where they would not fit beside the two
 accumulators. Head dims up to 128 (`SYMATTN_UNSUPPORTED` above: at 256 the dK
 and dV accumulators alone would need 256 registers per thread).
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import Sequence
 
-from .tensor_core import PAD, ROWS, TC_DTYPES, TensorCoreForward
+from .tensor_core import PAD, ROWS, TC_DTYPES, TensorCoreForward, skip_test
 
 __all__ = ["BACKWARD_HEAD_DIMS", "BACKWARD_PRELUDE", "TensorCoreBackward", "backward", "backward_shared_bytes"]
 
@@ -170,6 +171,8 @@ $lead_coords
         __syncthreads();  // tile t (and, the first time, Q and dO) is in shared memory
         const unsigned char* k_tile_ = shared_ + (2 + (t_ & 1)) * TILE;
         const unsigned char* v_tile_ = shared_ + (4 + (t_ & 1)) * TILE;
+$skip_dq
+        {
         float s_[SA_TC_KEYS / 8][4] = {}, dp_[SA_TC_KEYS / 8][4] = {};
         sa_tc_rows_by_rows<HEAD_DIM, TYPE, SA_TC_KEYS>(s_, q_tile_, warp_ * 16, k_tile_, lane_);
         sa_tc_rows_by_rows<HEAD_DIM, TYPE, SA_TC_KEYS>(dp_, do_tile_, warp_ * 16, v_tile_, lane_);
@@ -184,6 +187,7 @@ $lead_coords
                 s_[n_][e_] = ds_;
             }
         sa_tc_frags_by_tile<HEAD_DIM, TYPE, SA_TC_KEYS>(dq_acc_, s_, k_tile_, lane_);  // dQ += dS K
+        }
         __syncthreads();  // every warp is done with tile t before its buffers are refilled
     }
 #pragma unroll
@@ -241,6 +245,7 @@ $lead_coords
             sa_cp_async_wait<0>();
         }
         __syncthreads();  // query tile t (and, the first time, K and V) is in shared memory
+$skip_dkdv
         for (int part_ = 0; part_ < SA_TC_ROWS / COLS; ++part_) {
             const unsigned char* q_part_ = shared_ + (2 + (t_ & 1)) * TILE + part_ * COLS * STRIDE * 2;
             const unsigned char* do_part_ = shared_ + (4 + (t_ & 1)) * TILE + part_ * COLS * STRIDE * 2;
@@ -352,7 +357,11 @@ def backward(forward: TensorCoreForward) -> TensorCoreBackward:
     dim_params = "".join(f", int {d}" for d in dims)
     body = _KERNELS.substitute(prefix=forward.prefix, PREFIX=forward.prefix.upper(), output=forward.core.output,
                                dim_params=dim_params, dim_args="".join(f", {d}" for d in dims),
-                               lead_args="".join(f"{z}, " for z in forward.lead), lead_coords=forward.lead_coords)
+                               lead_args="".join(f"{z}, " for z in forward.lead), lead_coords=forward.lead_coords,
+                               skip_dq=skip_test(forward, "i_", "blockIdx.x * SA_TC_ROWS + warp_ * 16", "j_",
+                                                 "t_ * SA_TC_KEYS", "SA_TC_KEYS"),
+                               skip_dkdv=skip_test(forward, "j_", "blockIdx.x * SA_TC_ROWS + warp_ * 16", "i_",
+                                                   "t_ * SA_TC_ROWS", "SA_TC_ROWS"))
     result = TensorCoreBackward(forward, "")
     reads = ("const unsigned char* __restrict__ q_, const unsigned char* __restrict__ k_, "
              "const unsigned char* __restrict__ v_,\n        const unsigned char* __restrict__ do_, "
