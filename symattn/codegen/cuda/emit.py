@@ -14,7 +14,10 @@ launch functions declared in `<spec>.h`:
 gradient. Pointers are device pointers (host pointers under the CPU emulation),
 float32, row-major, with a leading batch axis on inputs, buffers, outputs and
 their gradients (params and their gradients have none). The backward reads the workspace the
-forward filled with the same arguments. The only user text in any file is
+forward filled with the same arguments. A spec with a fused attention core
+also gets, per core, `<core>_forward_{bf16,f16}` and `<core>_backward_{bf16,f16}`
+(the core alone on tensor cores: `tensor_core`, `tensor_core_backward`) and the
+file `cuda_warp.h` they include. The only user text in any file is
 the spec's validated identifiers and formulas printed from the typed IR.
 """
 
@@ -241,6 +244,7 @@ def _tensor_core_readme(p: KernelPlan) -> list[str]:
         return []
     lines = ["## Tensor cores: the attention cores alone, bf16 or f16", "```c"]
     lines += [f.signature(dtype) + ";" for f in p.tensor_cores for dtype in TC_DTYPES]
+    lines += [backward(f).signature(dtype) + ";" for f in p.tensor_cores for dtype in TC_DTYPES]
     lines += ["```"]
     for f in p.tensor_cores:
         c, order = f.core, list(p.spec.dims)
@@ -254,9 +258,13 @@ def _tensor_core_readme(p: KernelPlan) -> list[str]:
                      "O = 0 on a fully masked row).")
     lines += ["",
               "FlashAttention-2 style: mma.sync m16n8k16 with fp32 accumulation, 64 query rows per block of 4 warps,",
-              "64-key tiles of K and V double-buffered with cp.async. Forward only: no backward on tensor cores yet.",
-              "Head dims (of Q/K and of V) must be multiples of 8 up to 256 and every pointer 16-byte aligned;",
-              "otherwise they return `SYMATTN_UNSUPPORTED` (-3) and the float32 functions above are the fallback.",
+              "64-key tiles of K and V double-buffered with cp.async; key tiles that the score's mask hides entirely",
+              "are skipped. `_backward_<dtype>` takes `Q`, `K`, `V`, `O`, `dO` = grad(O) in the input type and the",
+              "forward's `lse`, writes `dQ`, `dK`, `dV` in float32 (same shapes as Q, K, V) and uses `delta` (float32,",
+              "the shape of `lse`) as scratch: delta = rowsum(dO * O), then dQ per query tile and dK/dV per key tile.",
+              "Head dims (of Q/K and of V) must be multiples of 8, up to 256 (forward) or 128 (backward), and every",
+              "16-bit pointer 16-byte aligned; otherwise they return `SYMATTN_UNSUPPORTED` (-3) and the float32",
+              "functions above are the fallback.",
               "Build for sm_80 or newer (`-arch=sm_90`); `cuda_warp.h` holds the instructions and their CPU emulation.",
               ""]
     return lines
