@@ -414,7 +414,7 @@ output O
 def test_spec_emit_cuda_api(tmp_path):
     spec = symattn.load(REPO / "derivations" / "causal.attn")
     code = spec.emit("cuda")
-    assert set(code.files) == {"causal.cu", "causal.h", "cuda_host.h", "README.md"}
+    assert set(code.files) == {"causal.cu", "causal.h", "cuda_host.h", "cuda_warp.h", "README.md"}
     written = code.write(tmp_path)
     assert sorted(p.name for p in written) == sorted(code.files)
     assert "SA_LAUNCH" in (tmp_path / "cuda_host.h").read_text()
@@ -425,7 +425,8 @@ def test_cli_emit_cuda(tmp_path):
     done = run_cli("emit", "cuda", "derivations/multi_head.attn", "-o", str(out), "--dim", "N=8")
     assert done.returncode == 0, done.stderr
     assert "fused path" in done.stdout
-    assert {p.name for p in out.iterdir()} == {"multi_head.cu", "multi_head.h", "cuda_host.h", "README.md"}
+    assert {p.name for p in out.iterdir()} == {"multi_head.cu", "multi_head.h", "cuda_host.h", "cuda_warp.h",
+                                               "README.md"}
     generic = run_cli("emit", "cuda", "derivations/multi_head.attn", "-o", str(tmp_path / "g"), "--cuda-path",
                       "generic")
     assert generic.returncode == 0 and "generic path" in generic.stdout

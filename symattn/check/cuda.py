@@ -19,7 +19,10 @@ Contract:
   `budget` entries (default `BUDGET`), which the output then says.
   With `tsan=True` it also builds a small driver with -fsanitize=thread and
   runs it in a subprocess (so TSan's runtime owns the process): TSan must
-  report no race and the results must match too. Returns a `VerifyReport`;
+  report no race and the results must match too. With `tensor_cores=True`
+  (default) each fused core's bf16 and f16 tensor-core forward and backward run too, from
+  the same CPU build, at head dims 32, 64 and 128
+  (`check.cuda_tensor_core.verify_tensor_cores`). Returns a `VerifyReport`;
   `report.ok` is what `symattn verify --target cuda` turns into its exit status.
 """
 
@@ -48,6 +51,7 @@ from ..symbolic.derive import derive
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from ..ir.sizes import SizeChoice, fit_sizes, repair, user_sizes, valid_sizes
 from .numpy import relative_error as _relative_error
+from .cuda_tensor_core import TensorCoreCase, verify_tensor_cores
 
 __all__ = ["KernelResources", "GateResult", "VerifyReport", "compile_gate", "gate_cached", "parse_ptxas",
            "build_cpu", "build_directory",
@@ -402,6 +406,7 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE
     notes: list[str] = field(default_factory=list)                # e.g. that the size guard chose smaller sizes
+    tensor_core: list[TensorCoreCase] = field(default_factory=list)  # the bf16 / f16 forwards of the fused cores
 
     @property
     def ok(self) -> bool:
@@ -411,7 +416,7 @@ class VerifyReport:
 def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None, tsan: bool = True,
                 gate: bool = True, fused: bool = True, workdir: str | Path | None = None, seed: int = 0,
                 tolerance: float = TOLERANCE, out: Callable[[str], None] | None = None,
-                code: CudaCode | None = None, budget: int = BUDGET) -> VerifyReport:
+                code: CudaCode | None = None, budget: int = BUDGET, tensor_cores: bool = True) -> VerifyReport:
     typed: t.TypedSpec = getattr(spec, "typed", spec)
     say = out or (lambda line: None)
     code = code or emit_cuda(typed, fused=fused)
@@ -466,6 +471,11 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         say(f"  {label:<14}{error:>14.2e}  {verdict}")
         if error > tolerance:
             report.problems.append(f"{label}: max relative error {error:.2e} > {tolerance:g}")
+    if tensor_cores and p.tensor_cores:
+        progress.step("running the tensor-core kernels on the CPU (emulated mma)")
+        say("tensor-core forward and backward (inputs rounded to bf16 / f16, against float64 of the rounded inputs):")
+        report.tensor_core = verify_tensor_cores(code, library, sizes, batch, seed=seed, out=say)
+        report.problems += [problem for case in report.tensor_core for problem in case.problems]
 
     if tsan:
         progress.step("building the kernels under ThreadSanitizer")

@@ -14,7 +14,10 @@ launch functions declared in `<spec>.h`:
 gradient. Pointers are device pointers (host pointers under the CPU emulation),
 float32, row-major, with a leading batch axis on inputs, buffers, outputs and
 their gradients (params and their gradients have none). The backward reads the workspace the
-forward filled with the same arguments. The only user text in any file is
+forward filled with the same arguments. A spec with a fused attention core
+also gets, per core, `<core>_forward_{bf16,f16}` and `<core>_backward_{bf16,f16}`
+(the core alone on tensor cores: `tensor_core`, `tensor_core_backward`) and the
+file `cuda_warp.h` they include. The only user text in any file is
 the spec's validated identifiers and formulas printed from the typed IR.
 """
 
@@ -28,6 +31,8 @@ from ...ir.sizes import constraints
 from .flash import FLASH_PRELUDE, HEAD_DIMS, Sizes
 from .kernels import PRELUDE, Buffer, Kernel, helpers_for
 from .plan import KernelPlan
+from .tensor_core import TC_DTYPES, TC_PRELUDE
+from .tensor_core_backward import BACKWARD_PRELUDE, backward
 from .syntax import dim_c, numel_c, quotients
 
 __all__ = ["render", "runtime_header"]
@@ -39,13 +44,15 @@ STATUS = """\
 enum {
     SYMATTN_OK = 0,
     SYMATTN_BAD_SIZE = -1,              /* a dim or the batch is not positive, or a quotient of dims is not whole */
-    SYMATTN_HEAD_DIM_TOO_LARGE = -2     /* a fused attention core's head dim exceeds the largest instantiated */
+    SYMATTN_HEAD_DIM_TOO_LARGE = -2,    /* a fused attention core's head dim exceeds the largest instantiated */
+    SYMATTN_UNSUPPORTED = -3            /* a tensor-core entry: head dim not a multiple of 8 or over 256, or a
+                                           pointer not 16-byte aligned (use the fp32 <spec>_forward) */
 };
 #endif"""
 
 
-def runtime_header() -> str:
-    return resources.files("symattn").joinpath("runtime/cuda_host.h").read_text("utf-8")
+def runtime_header(name: str = "cuda_host.h") -> str:
+    return resources.files("symattn").joinpath(f"runtime/{name}").read_text("utf-8")
 
 
 def _shape(plan: KernelPlan, buffer: Buffer) -> str:
@@ -96,6 +103,7 @@ def _header(p: KernelPlan) -> str:
         "/* Gradients of every input and param, given grad(output); reads the forward's `workspace`. */",
         sig["backward"] + ";",
         "",
+        *_tensor_core_declarations(p),
         "#ifdef __cplusplus",
         "}",
         "#endif",
@@ -145,12 +153,17 @@ def _launch(p: KernelPlan, kernel: Kernel) -> list[str]:
     return lines + ["    }"]
 
 
-def _checks(p: KernelPlan) -> list[str]:
+def _size_checks(p: KernelPlan) -> list[str]:
     sizes = " || ".join(f"{d} <= 0" for d in [*p.dims, p.batch])
     lines = [f"    if ({sizes}) return SYMATTN_BAD_SIZE;"]
     for dim, num, den in quotients(c.dim for c in constraints(p.spec)):
         lines.append(f"    if ({dim_c(num, p.names)} % {dim_c(den, p.names)} != 0) return SYMATTN_BAD_SIZE;"
                      f"  // {format_dim(dim, list(p.spec.dims))} must be a whole number")
+    return lines
+
+
+def _checks(p: KernelPlan) -> list[str]:
+    lines = _size_checks(p)
     for core in p.cores:
         s = Sizes(core, p.names)
         dims = dict.fromkeys((s.d_qk, s.d_v))  # once each: d_qk and d_v are often the same dim
@@ -169,6 +182,28 @@ def _host(p: KernelPlan, which: str, kernels: list[Kernel]) -> str:
     lines += ["    (void)stream_;  // unused when the CPU emulation builds this file",
               "    return SA_LAST_ERROR();", "}"]
     return "\n".join(lines)
+
+
+def _tensor_core_declarations(p: KernelPlan) -> list[str]:
+    lines = []
+    for forward in p.tensor_cores:
+        lines += [f"/* {forward.core.output} alone on tensor cores: Q, K, V and O in bf16 (or f16), lse in fp32. */",
+                  *[forward.signature(dtype) + ";" for dtype in TC_DTYPES],
+                  "/* Its gradients (fp32) given grad(O) in the same type, O and lse from the forward above. */",
+                  *[backward(forward).signature(dtype) + ";" for dtype in TC_DTYPES], ""]
+    return lines
+
+
+def _tensor_core_section(p: KernelPlan) -> list[str]:
+    if not p.tensor_cores:
+        return []
+    lines = ["// ======================== attention cores on tensor cores ========================", ""]
+    for forward in p.tensor_cores:
+        grads = backward(forward)
+        lines += [forward.text, "", grads.text, ""]
+        lines += [forward.host(dtype, _size_checks(p)) + "\n" for dtype in TC_DTYPES]
+        lines += [grads.host(dtype, _size_checks(p)) + "\n" for dtype in TC_DTYPES]
+    return lines
 
 
 def _source(p: KernelPlan) -> str:
@@ -199,7 +234,40 @@ def _source(p: KernelPlan) -> str:
         parts += [helpers, ""]
     if p.cores:
         parts += [FLASH_PRELUDE, *[h + "\n" for h in p.helpers]]
-    return "\n".join(parts + body)
+    if p.tensor_cores:
+        parts += [TC_PRELUDE, BACKWARD_PRELUDE]
+    return "\n".join(parts + body + _tensor_core_section(p))
+
+
+def _tensor_core_readme(p: KernelPlan) -> list[str]:
+    if not p.tensor_cores:
+        return []
+    lines = ["## Tensor cores: the attention cores alone, bf16 or f16", "```c"]
+    lines += [f.signature(dtype) + ";" for f in p.tensor_cores for dtype in TC_DTYPES]
+    lines += [backward(f).signature(dtype) + ";" for f in p.tensor_cores for dtype in TC_DTYPES]
+    lines += ["```"]
+    for f in p.tensor_cores:
+        c, order = f.core, list(p.spec.dims)
+        lead = "".join(format_dim(d, order) + ", " for d in c.lead)
+        lines.append(f"- `{f.prefix}_forward_<dtype>`: `{c.output}` = softmax(score(`{c.q}` @ `{c.k}`.T)) @ `{c.v}` "
+                     f"with `Q` = `{c.q}` `[batch, {lead}{format_dim(c.n_q, order)}, {format_dim(c.d_qk, order)}]`, "
+                     f"`K` = `{c.k}` `[batch, {lead}{format_dim(c.n_k, order)}, {format_dim(c.d_qk, order)}]`, "
+                     f"`V` = `{c.v}` `[batch, {lead}{format_dim(c.n_k, order)}, {format_dim(c.d_v, order)}]`, "
+                     f"`O` `[batch, {lead}{format_dim(c.n_q, order)}, {format_dim(c.d_v, order)}]` in the input "
+                     f"type, `lse` `[batch, {lead}{format_dim(c.n_q, order)}]` float32 (row logsumexp; -inf and "
+                     "O = 0 on a fully masked row).")
+    lines += ["",
+              "FlashAttention-2 style: mma.sync m16n8k16 with fp32 accumulation, 64 query rows per block of 4 warps,",
+              "64-key tiles of K and V double-buffered with cp.async; key tiles that the score's mask hides entirely",
+              "are skipped. `_backward_<dtype>` takes `Q`, `K`, `V`, `O`, `dO` = grad(O) in the input type and the",
+              "forward's `lse`, writes `dQ`, `dK`, `dV` in float32 (same shapes as Q, K, V) and uses `delta` (float32,",
+              "the shape of `lse`) as scratch: delta = rowsum(dO * O), then dQ per query tile and dK/dV per key tile.",
+              "Head dims (of Q/K and of V) must be multiples of 8, up to 256 (forward) or 128 (backward), and every",
+              "16-bit pointer 16-byte aligned; otherwise they return `SYMATTN_UNSUPPORTED` (-3) and the float32",
+              "functions above are the fallback.",
+              "Build for sm_80 or newer (`-arch=sm_90`); `cuda_warp.h` holds the instructions and their CPU emulation.",
+              ""]
+    return lines
 
 
 def _readme(p: KernelPlan) -> str:
@@ -265,12 +333,14 @@ def _readme(p: KernelPlan) -> str:
         "The backward computes the gradients of L = sum over outputs of <O, grad(O)>.",
         "",
         "## Limits",
-        "- float32 only; every tensor contiguous and row-major, with the shapes above.",
+        "- float32 (the tensor-core functions: bf16 or f16); every tensor contiguous and row-major, with the shapes"
+        " above.",
         "- The batch (and, for matrix products over leading axes, batch x the product of those axes, and",
         "  for fused cores the number of heads) rides on a grid dimension: at most 65535.",
         f"- Fused attention cores: head dims (of Q/K and of V) up to {HEAD_DIMS[-1]}.",
         "- Generic path: a softmax over N keys stores its N x N weights in the workspace.",
         "",
+        *_tensor_core_readme(p),
         "## Path",
         fused or "Generic: per-stage kernels (tiled matmul, fused elementwise, row softmax and reductions).",
         *[f"- {note}" for note in p.notes],
@@ -284,9 +354,12 @@ def _readme(p: KernelPlan) -> str:
 
 
 def render(plan: KernelPlan) -> dict[str, str]:
-    return {
+    files = {
         f"{plan.prefix}.cu": _source(plan),
         f"{plan.prefix}.h": _header(plan),
         "cuda_host.h": runtime_header(),
         "README.md": _readme(plan),
     }
+    if plan.tensor_cores:
+        files["cuda_warp.h"] = runtime_header("cuda_warp.h")
+    return files

@@ -31,7 +31,8 @@ from .kernels import Buffer, Kernel
 from .names import CNames
 from .syntax import CPrinter, CudaCodegenError, dim_c
 
-__all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels"]
+__all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels",
+           "head_coordinates", "score_printer"]
 
 HEAD_DIMS = (32, 64)
 
@@ -446,3 +447,13 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
                        [dq], [q, k, v, d_out, lse, delta], grid_q, ("SA_ATTN_ROWS", "1", "1"),
                        extra=sizes.host_args(), phase="backward", variants=dq_variants)
     return [delta_kernel, dkdv, dq_kernel]
+
+
+def head_coordinates(core: AttentionCore, lead: list[str], names: CNames) -> str:
+    """C statements setting each head coordinate (`z0_`, ...) from the flat head index `head_`."""
+    return _lead_coords(core, lead, names)
+
+
+def score_printer(core: AttentionCore, names: CNames) -> CPrinter:
+    """A printer of the core's entry expressions: `s_` for Q @ K.T, tensors of constants recomputed."""
+    return CPrinter(names, _ScoreSource(dict(core.pure), names), special={core.product: "s_"})

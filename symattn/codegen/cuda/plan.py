@@ -45,7 +45,7 @@ from ...ir.gather import gather_forms
 from ...ir.printing import to_spec
 from ..program import build_program
 from ..program_ir import Program, Stmt
-from . import flash
+from . import flash, tensor_core
 from .core import AttentionCore, find_cores, substitute
 from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
                       reduce_kernel, scan_kernel, softmax_kernel)
@@ -87,6 +87,7 @@ class KernelPlan:
     cores: list[AttentionCore]
     notes: list[str] = field(default_factory=list)
     helpers: list[str] = field(default_factory=list)   # device functions emitted before the kernels
+    tensor_cores: list[tensor_core.TensorCoreForward] = field(default_factory=list)  # each core on tensor cores
 
     @property
     def path(self) -> str:
@@ -124,6 +125,7 @@ class _Planner:
         self.temps: dict[t.Node, Buffer] = {}
         self.kernels: list[Kernel] = []
         self.helpers: list[str] = []
+        self.tensor_cores: list[tensor_core.TensorCoreForward] = []
         self.phase = "forward"
         self.stage = ""
         self.derivation = program.derivation
@@ -379,6 +381,7 @@ class _Planner:
         self._emit(flash.forward_kernels(core, prefix, self.tensor_buffer(core.q), self.tensor_buffer(core.k),
                                          self.tensor_buffer(core.v), out, lse, self.names, self.dims, lead,
                                          self.batch, formula))
+        self.tensor_cores.append(tensor_core.forward(core, prefix, self.names, self.dims, lead, self.batch, formula))
 
     def _core_backward(self, core: AttentionCore) -> None:
         if core.output in self.done_backward:
@@ -594,4 +597,4 @@ def lower(program: Program, cores: Sequence[AttentionCore] = (), notes: Sequence
     workspace.sort(key=lambda buf: buf.phase != "forward")
     return KernelPlan(spec, prefix, names, planner.dims, planner.batch, planner.workspace_arg, planner.stream_arg,
                       planner.inputs, planner.outputs, planner.upstream, planner.gradients, workspace, forward,
-                      planner.kernels, cores, notes, planner.helpers)
+                      planner.kernels, cores, notes, planner.helpers, planner.tensor_cores)

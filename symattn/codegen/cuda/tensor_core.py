@@ -1,0 +1,441 @@
+"""The fused attention forward on tensor cores (bf16 / fp16 inputs, fp32 accumulation) for one `AttentionCore`.
+
+Contract: `forward(core, prefix, names, dims, lead, batch, formula)` returns a
+`TensorCoreForward`: the CUDA text of a FlashAttention-2 style forward kernel
+(a template over the head dim and the input type, instantiated for every
+`TC_HEAD_DIMS` and both `TC_DTYPES`) and, for each dtype, the host launch
+function `<prefix>_forward_<dtype>` (`host(dtype, checks)`; `checks` are the
+spec's size checks, which `emit` owns). The kernel calls the core's score
+device function `<prefix>_score` (from `flash.score_functions`), so a spec's
+scale, bias, softcap and masks are the very expression the fp32 path runs.
+
+The kernel: a block of 4 warps owns 64 query rows (16 per warp) of one
+(batch entry, head). Tiles of 64 keys of K and V stream through shared memory
+with cp.async, double buffered (the copy of tile t + 1 is in flight while
+tile t is computed). Each warp keeps its Q fragments in registers (ldmatrix;
+from shared memory at head dim 256, where registers would not hold them),
+computes S = Q K^T with mma.sync m16n8k16 into fp32 accumulators, applies the
+score function to each accumulator element at its (i, j) (the fragment
+layout: lane l holds rows l/4 and l/4 + 8, columns 2 (l % 4) and + 1 of each
+8-column tile), masks keys past the end, and runs the online softmax in base 2
+(scores times log2 e, exp2f; row max reduced over the 4 lanes of a row with
+shuffles; the O accumulator rescaled once per tile). P is rounded to the input
+type in registers and used directly as the A operand of P V (the accumulator
+layout of two 8-column tiles is the A layout of one 16-wide step); V comes
+through ldmatrix .trans. O is normalised, staged through shared memory and
+written with 128-bit stores in the input type; lse = m + log(l) in fp32. A
+fully masked row gives O = 0 and lse = -inf, as the fp32 path does.
+
+Masked tiles: `masked_condition` reads the score for a part that is -inf
+whatever s is (a `where` branch, or a tensor of constants such as a causal or
+window mask, added to the rest), and prints it as `<prefix>_masked(i, j)`.
+Where it exists, each warp evaluates it over its 16 rows x 64 keys of a tile
+and, when every entry is masked, skips that tile's products and softmax (the
+entries would contribute exactly 0; K and V are still loaded, the copies
+being shared by the block). Scores with no such part (softcap) skip nothing.
+
+Host limits (else `SYMATTN_UNSUPPORTED`, and the fp32 `<spec>_forward` is the
+fallback): head dims multiples of 8 up to 256, 16-byte aligned pointers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+from typing import Sequence
+
+from ...ir import typed as t
+from .core import AttentionCore
+from .flash import Sizes, head_coordinates, score_printer
+from .names import CNames
+from .syntax import CPrinter
+
+__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD",
+           "masked_condition", "skip_test"]
+
+TC_HEAD_DIMS = (32, 64, 96, 128, 256)
+TC_DTYPES = ("bf16", "f16")
+ROWS = KEYS = 64   # query rows per block, keys per tile (SA_TC_ROWS, SA_TC_KEYS)
+PAD = 8            # SA_TC_PAD
+
+
+def shared_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of the forward at `head_dim`: the Q tile, two K and two V tiles (sa_tc_shared_bytes)."""
+    return 5 * ROWS * (head_dim + PAD) * 2
+
+
+TC_PRELUDE = """\
+// Tensor-core attention (cuda_warp.h: mma.sync, ldmatrix, cp.async, shuffles, and their CPU emulation).
+#include "cuda_warp.h"
+#define SA_TC_ROWS @ROWS@      // query rows per block: 4 warps of 16
+#define SA_TC_KEYS @KEYS@      // keys per tile
+#define SA_TC_THREADS 128
+#define SA_TC_PAD @PAD@        // elements of padding per shared row: ldmatrix reads 8 rows without bank conflicts
+#ifdef __CUDACC__
+#define SA_TC_DYNAMIC_SHARED(name, bytes) extern __shared__ __align__(16) unsigned char name[]
+#define SA_TC_LAUNCH(kernel, grid, block, smem, stream, ...) \\
+    kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+// Shared memory over 48 KiB must be allowed per kernel before its launch.
+#define SA_TC_ALLOW_SHARED(kernel, bytes) \\
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
+typedef uint4 sa_tc_chunk;
+#else
+#define SA_TC_DYNAMIC_SHARED(name, bytes) alignas(16) static unsigned char name[bytes]
+#define SA_TC_LAUNCH(kernel, grid, block, smem, stream, ...) sa_host::launch(kernel, (grid), (block), __VA_ARGS__)
+#define SA_TC_ALLOW_SHARED(kernel, bytes) 0
+struct alignas(16) sa_tc_chunk { uint32_t w[4]; };
+#endif
+
+// The input types: the mma instruction and the rounding of fp32 pairs to one register.
+struct sa_tc_bf16 {
+    typedef sa_bf16 value;
+    static __device__ __forceinline__ float to_float(value x) { return sa_from_bf16(x); }
+    static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                               const float c[4]) { sa_mma_m16n8k16_bf16(d, a, b, c); }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return sa_pack_bf16x2(lo, hi); }
+};
+struct sa_tc_f16 {
+    typedef sa_f16 value;
+    static __device__ __forceinline__ float to_float(value x) { return sa_from_f16(x); }
+    static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                               const float c[4]) { sa_mma_m16n8k16_f16(d, a, b, c); }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return sa_pack_f16x2(lo, hi); }
+};
+
+// Bytes of shared memory of the forward at HEAD_DIM: the Q tile, then two K and two V tiles.
+static __host__ __device__ constexpr int sa_tc_shared_bytes(int head_dim) {
+    return 5 * SA_TC_ROWS * (head_dim + SA_TC_PAD) * 2;
+}
+
+// Start copying rows [row0, row0 + SA_TC_ROWS) x [0, HEAD_DIM) of a [rows, width] matrix of 2-byte
+// elements into a shared tile (row stride HEAD_DIM + SA_TC_PAD), 16 bytes per copy; rows at or past
+// `rows` and columns at or past `width` (a multiple of 8) are filled with zeros.
+template <int HEAD_DIM>
+static __device__ __forceinline__ void sa_tc_load_tile(unsigned char* tile, const unsigned char* matrix,
+                                                       int row0, int rows, int width) {
+    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int c_ = threadIdx.x; c_ < SA_TC_ROWS * CHUNKS; c_ += SA_TC_THREADS) {
+        const int r_ = c_ / CHUNKS, col_ = (c_ % CHUNKS) * 8;
+        const bool inside_ = row0 + r_ < rows && col_ < width;
+        const unsigned char* from_ = inside_ ? matrix + ((long long)(row0 + r_) * width + col_) * 2 : matrix;
+        sa_cp_async_16_zfill(tile + (r_ * (HEAD_DIM + SA_TC_PAD) + col_) * 2, from_, inside_ ? 16 : 0);
+    }
+}
+"""
+TC_PRELUDE = TC_PRELUDE.replace("@ROWS@", str(ROWS)).replace("@KEYS@", str(KEYS)).replace("@PAD@", str(PAD))
+
+_FORWARD = Template("""\
+// $formula
+// Forward on tensor cores: 4 warps x 16 query rows, tiles of SA_TC_KEYS keys (cp.async, double
+// buffered), S = Q K^T and O += P V by mma.sync m16n8k16, online softmax in base 2 in registers.
+template <int HEAD_DIM, typename TYPE>
+static __device__ __forceinline__ void ${prefix}_tc_forward(
+        unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_,
+        const unsigned char* __restrict__ k_, const unsigned char* __restrict__ v_,
+        int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    constexpr int STRIDE = HEAD_DIM + SA_TC_PAD;     // elements per shared row
+    constexpr int TILE = SA_TC_ROWS * STRIDE * 2;    // bytes per shared tile
+    constexpr int STEPS = HEAD_DIM / 16;             // k-steps of Q K^T; 16-column pairs of P V
+    constexpr bool Q_IN_REGISTERS = HEAD_DIM <= 128; // at 256 the fragments are reloaded per tile
+    constexpr float LOG2E = 1.4426950408889634f;
+    SA_TC_DYNAMIC_SHARED(shared_, sa_tc_shared_bytes(HEAD_DIM));
+    unsigned char* q_tile_ = shared_;
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$lead_coords
+    const long long plane_ = b_ * heads_ + head_;
+    q_ += plane_ * n_q_ * d_qk_ * 2;
+    k_ += plane_ * n_k_ * d_qk_ * 2;
+    v_ += plane_ * n_k_ * d_v_ * 2;
+    out_ += plane_ * n_q_ * d_v_ * 2;
+    lse_ += plane_ * n_q_;
+    const int lane_ = sa_lane_id(), warp_ = threadIdx.x / SA_WARP_SIZE;
+    const int group_ = lane_ >> 2, pair_ = (lane_ & 3) * 2;  // fragment row, and first column of a pair
+    const int q0_ = blockIdx.x * SA_TC_ROWS;
+    const int row0_ = q0_ + warp_ * 16 + group_;             // this lane's rows: row0_ and row0_ + 8
+    const int tiles_ = (n_k_ + SA_TC_KEYS - 1) / SA_TC_KEYS;
+
+    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, q0_, n_q_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + TILE, k_, 0, n_k_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + 3 * TILE, v_, 0, n_k_, d_v_);
+    sa_cp_async_commit();
+
+    uint32_t q_frag_[Q_IN_REGISTERS ? STEPS : 1][4];
+    float o_[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
+#pragma unroll
+        for (int e_ = 0; e_ < 4; ++e_) o_[n_][e_] = 0.0f;
+    float m_[2] = {-INFINITY, -INFINITY};  // running max of the rows, in base 2 (score * log2 e)
+    float l_[2] = {0.0f, 0.0f};            // this lane's part of the running sum of exp2(x - m)
+    // ldmatrix addresses: lane l names row l % 8 of 8x8 matrix l / 8.
+    const int a_row_ = (lane_ & 7) + ((lane_ >> 3) & 1) * 8, a_col_ = (lane_ >> 4) * 8;  // A of Q, V .trans
+    const int b_row_ = (lane_ & 7) + (lane_ >> 4) * 8, b_col_ = ((lane_ >> 3) & 1) * 8;  // B of K
+
+    for (int t_ = 0; t_ < tiles_; ++t_) {
+        if (t_ + 1 < tiles_) {  // the next tile's copy overlaps this tile's math
+            const int next_ = (t_ + 1) & 1;
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (1 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (3 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
+            sa_cp_async_commit();
+            sa_cp_async_wait<1>();
+        } else {
+            sa_cp_async_wait<0>();
+        }
+        __syncthreads();  // tile t (and, the first time, Q) is in shared memory for every warp
+        const unsigned char* k_tile_ = shared_ + (1 + (t_ & 1)) * TILE;
+        const unsigned char* v_tile_ = shared_ + (3 + (t_ & 1)) * TILE;
+        if (Q_IN_REGISTERS && t_ == 0) {
+#pragma unroll
+            for (int s_ = 0; s_ < (Q_IN_REGISTERS ? STEPS : 0); ++s_)
+                sa_ldmatrix_x4(q_frag_[s_], q_tile_ + ((warp_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
+        }
+$skip
+        {
+        // S = Q K^T: 8 tiles of 16 x 8, fp32.
+        float s_acc_[SA_TC_KEYS / 8][4];
+#pragma unroll
+        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
+#pragma unroll
+            for (int e_ = 0; e_ < 4; ++e_) s_acc_[n_][e_] = 0.0f;
+#pragma unroll
+        for (int s_ = 0; s_ < STEPS; ++s_) {
+            uint32_t a_[4];
+            if (Q_IN_REGISTERS) {
+#pragma unroll
+                for (int e_ = 0; e_ < 4; ++e_) a_[e_] = q_frag_[Q_IN_REGISTERS ? s_ : 0][e_];
+            } else {
+                sa_ldmatrix_x4(a_, q_tile_ + ((warp_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
+            }
+#pragma unroll
+            for (int n_ = 0; n_ < SA_TC_KEYS / 8; n_ += 2) {  // two key tiles per ldmatrix
+                uint32_t b_[4];
+                sa_ldmatrix_x4(b_, k_tile_ + ((n_ * 8 + b_row_) * STRIDE + s_ * 16 + b_col_) * 2);
+                TYPE::mma(s_acc_[n_], a_, b_, s_acc_[n_]);
+                TYPE::mma(s_acc_[n_ + 1], a_, b_ + 2, s_acc_[n_ + 1]);
+            }
+        }
+        // The spec's score at each element's (i, j), in base 2; keys past the end are masked.
+        float tile_max_[2] = {m_[0], m_[1]};
+#pragma unroll
+        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
+#pragma unroll
+            for (int e_ = 0; e_ < 4; ++e_) {
+                const int i_ = row0_ + (e_ >> 1) * 8;
+                const int j_ = t_ * SA_TC_KEYS + n_ * 8 + pair_ + (e_ & 1);
+                const float x_ = j_ < n_k_ ? ${prefix}_score(s_acc_[n_][e_], ${lead_args}i_, j_$dim_args) * LOG2E
+                                           : -INFINITY;
+                s_acc_[n_][e_] = x_;
+                tile_max_[e_ >> 1] = fmaxf(tile_max_[e_ >> 1], x_);
+            }
+        float base_[2];
+#pragma unroll
+        for (int r_ = 0; r_ < 2; ++r_) {  // the 4 lanes of a row hold its 64 scores between them
+            tile_max_[r_] = fmaxf(tile_max_[r_], sa_shfl_xor(tile_max_[r_], 1));
+            tile_max_[r_] = fmaxf(tile_max_[r_], sa_shfl_xor(tile_max_[r_], 2));
+            // exp2(m_old - m_new): 1 while the row is all masked (no -inf - -inf), 0 on its first score.
+            const float rescale_ = tile_max_[r_] == -INFINITY ? 1.0f : exp2f(m_[r_] - tile_max_[r_]);
+            base_[r_] = tile_max_[r_] == -INFINITY ? 0.0f : tile_max_[r_];
+            m_[r_] = tile_max_[r_];
+            l_[r_] *= rescale_;
+#pragma unroll
+            for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_) {
+                o_[n_][2 * r_] *= rescale_;
+                o_[n_][2 * r_ + 1] *= rescale_;
+            }
+        }
+#pragma unroll
+        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
+#pragma unroll
+            for (int e_ = 0; e_ < 4; ++e_) {
+                const float p_ = exp2f(s_acc_[n_][e_] - base_[e_ >> 1]);  // a masked entry gives exactly 0
+                l_[e_ >> 1] += p_;
+                s_acc_[n_][e_] = p_;
+            }
+        // O += P V: P's accumulators of key tiles 2k and 2k + 1 are the A fragment of step k.
+#pragma unroll
+        for (int k_step_ = 0; k_step_ < SA_TC_KEYS / 16; ++k_step_) {
+            uint32_t a_[4];
+            a_[0] = TYPE::pack(s_acc_[2 * k_step_][0], s_acc_[2 * k_step_][1]);
+            a_[1] = TYPE::pack(s_acc_[2 * k_step_][2], s_acc_[2 * k_step_][3]);
+            a_[2] = TYPE::pack(s_acc_[2 * k_step_ + 1][0], s_acc_[2 * k_step_ + 1][1]);
+            a_[3] = TYPE::pack(s_acc_[2 * k_step_ + 1][2], s_acc_[2 * k_step_ + 1][3]);
+#pragma unroll
+            for (int n_ = 0; n_ < HEAD_DIM / 8; n_ += 2) {  // two 8-column tiles of O per ldmatrix
+                uint32_t b_[4];
+                sa_ldmatrix_x4_trans(b_, v_tile_ + ((k_step_ * 16 + a_row_) * STRIDE + n_ * 8 + a_col_) * 2);
+                TYPE::mma(o_[n_], a_, b_, o_[n_]);
+                TYPE::mma(o_[n_ + 1], a_, b_ + 2, o_[n_ + 1]);
+            }
+        }
+        }
+        __syncthreads();  // every warp is done with tile t before its buffers are refilled
+    }
+    // O = acc / l, staged in this warp's rows of the Q tile, then written 16 bytes at a time.
+#pragma unroll
+    for (int r_ = 0; r_ < 2; ++r_) {
+        l_[r_] += sa_shfl_xor(l_[r_], 1);
+        l_[r_] += sa_shfl_xor(l_[r_], 2);
+        const float inv_ = l_[r_] > 0.0f ? 1.0f / l_[r_] : 0.0f;  // a fully masked row gives zeros
+        uint32_t* staged_ = (uint32_t*)(q_tile_ + ((warp_ * 16 + group_ + 8 * r_) * STRIDE + pair_) * 2);
+#pragma unroll
+        for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
+            staged_[n_ * 4] = TYPE::pack(o_[n_][2 * r_] * inv_, o_[n_][2 * r_ + 1] * inv_);
+        const int i_ = row0_ + 8 * r_;
+        if ((lane_ & 3) == 0 && i_ < n_q_)
+            lse_[i_] = l_[r_] > 0.0f ? m_[r_] * 0.6931471805599453f + logf(l_[r_]) : -INFINITY;
+    }
+    __syncthreads();  // the staged O tile is complete
+    constexpr int CHUNKS = HEAD_DIM / 8;
+#pragma unroll
+    for (int c_ = threadIdx.x; c_ < SA_TC_ROWS * CHUNKS; c_ += SA_TC_THREADS) {
+        const int r_ = c_ / CHUNKS, col_ = (c_ % CHUNKS) * 8;
+        if (q0_ + r_ < n_q_ && col_ < d_v_)
+            *(sa_tc_chunk*)(out_ + ((long long)(q0_ + r_) * d_v_ + col_) * 2) =
+                *(const sa_tc_chunk*)(q_tile_ + (r_ * STRIDE + col_) * 2);
+    }
+}""")
+
+_HOST = Template("""\
+extern "C" $signature {
+$checks
+    const int n_q_ = $n_q, n_k_ = $n_k, d_qk_ = $d_qk, d_v_ = $d_v, heads_ = $heads;
+    const int head_dim_ = d_qk_ > d_v_ ? d_qk_ : d_v_;
+    if (d_qk_ % 8 != 0 || d_v_ % 8 != 0 || head_dim_ > $largest) return SYMATTN_UNSUPPORTED;
+    if (((size_t)Q | (size_t)K | (size_t)V | (size_t)O) % 16 != 0) return SYMATTN_UNSUPPORTED;
+    const cudaStream_t stream_ = (cudaStream_t)stream;
+    const dim3 grid_((n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch), block_(SA_TC_THREADS);
+$dispatch
+    (void)stream_;  // unused when the CPU emulation builds this file
+    return SA_LAST_ERROR();
+}""")
+
+
+# A warp's test of one tile (rows of `row0_`, keys from `key0_`): skip it when every entry is masked.
+_SKIP = Template("""\
+        bool live_ = false;  // does any (row, key) of this warp's part of the tile escape the mask?
+#pragma unroll 4
+        for (int e_ = lane_; e_ < 16 * $cols; e_ += SA_WARP_SIZE) {
+            const int $row_ = $row0 + e_ / $cols, $col_ = $col0 + e_ % $cols;
+            live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
+        }
+        float any_ = live_ ? 1.0f : 0.0f;
+#pragma unroll
+        for (int m_ = 16; m_ > 0; m_ >>= 1) any_ = fmaxf(any_, sa_shfl_xor(any_, m_));
+        if (any_ != 0.0f)  // warp-uniform: the whole warp computes the tile or skips it""")
+
+
+def _masked(node: t.Node, product: t.Node, printer: CPrinter, coords: tuple) -> str | None:
+    """A C condition under which `node` is -inf for every finite value of the rest (s = the entry of
+    `product` included), or None. Only the -inf of a mask is read: x + -inf is -inf for finite x."""
+    if product not in t.walk(node):
+        return f"(({printer.entry(node, coords)}) == -INFINITY)"
+    if isinstance(node, t.Where) and product not in t.walk(node.cond):
+        a, b = (_masked(x, product, printer, coords) for x in (node.a, node.b))
+        if a is None and b is None:
+            return None
+        return f"({printer.entry(node.cond, coords)} ? {a or 'false'} : {b or 'false'})"
+    if isinstance(node, t.Binary) and node.op == "add":  # -inf + a finite value; both parts may mask
+        parts = [m for m in (_masked(x, product, printer, coords) for x in (node.a, node.b)) if m]
+        return " || ".join(parts) or None
+    if isinstance(node, t.Binary) and node.op == "sub":
+        return _masked(node.a, product, printer, coords)
+    return None
+
+
+def masked_condition(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str],
+                     lead: list[str]) -> str | None:
+    """The device function `<prefix>_masked(head coords, i, j, dims)`, or None when the score has no mask."""
+    coords = (*lead, "i_", "j_")
+    condition = _masked(core.score, core.product, score_printer(core, names), coords)
+    if condition is None:
+        return None
+    params = ", ".join([*[f"int {z}" for z in lead], "int i_", "int j_", *[f"int {d}" for d in dims]])
+    return "\n".join([
+        f"// True where the score of {core.output} is -inf whatever Q @ K.T is: a tile of such entries is skipped.",
+        f"static __device__ __forceinline__ bool {prefix}_masked({params}) {{",
+        f"    return {condition};",
+        "}"])
+
+
+def skip_test(forward: "TensorCoreForward", row: str, row0: str, col: str, col0: str, cols: str) -> str:
+    """C lines ending in `if (...)`: the warp-uniform test that guards one tile's work (or '')."""
+    if forward.mask is None:
+        return ""
+    return _SKIP.substitute(prefix=forward.prefix, row_=row, row0=row0, col_=col, col0=col0, cols=cols,
+                            lead_args="".join(f"{z}, " for z in forward.lead),
+                            dim_args="".join(f", {d}" for d in forward.dims))
+
+
+@dataclass
+class TensorCoreForward:
+    """The tensor-core forward of one core: kernels, and the host function per dtype."""
+
+    core: AttentionCore
+    prefix: str            # the core's prefix: `<prefix>_score`, `<prefix>_forward_bf16`, ...
+    text: str              # the device template and its `extern "C"` instantiations
+    sizes: Sizes
+    dims: list[str]        # C names of the spec's dims (arguments of the host function)
+    batch: str
+    lead: list[str]        # C names of the head coordinates the score function takes
+    lead_coords: str       # C statements setting them from `head_` (the flat head index)
+    mask: str | None       # the device function `<prefix>_masked`, when the score has a mask
+
+    def kernel(self, dtype: str, head_dim: int) -> str:
+        return f"{self.prefix}_tc_fwd_{dtype}_d{head_dim}"
+
+    def kernel_names(self) -> list[str]:
+        return [self.kernel(dtype, d) for dtype in TC_DTYPES for d in TC_HEAD_DIMS]
+
+    def signature(self, dtype: str) -> str:
+        dims = ", ".join(f"int {d}" for d in (*self.dims, self.batch))
+        return (f"int {self.prefix}_forward_{dtype}(const void* Q, const void* K, const void* V, void* O, "
+                f"float* lse, {dims}, void* stream)")
+
+    def host(self, dtype: str, checks: Sequence[str]) -> str:
+        dispatch = []
+        args = ("(unsigned char*)O, lse, (const unsigned char*)Q, (const unsigned char*)K, "
+                "(const unsigned char*)V, n_q_, n_k_, d_qk_, d_v_, heads_" + "".join(f", {d}" for d in self.dims))
+        for k, head_dim in enumerate(TC_HEAD_DIMS):
+            name = self.kernel(dtype, head_dim)
+            test = "else " if k else ""
+            test += f"if (head_dim_ <= {head_dim}) " if k < len(TC_HEAD_DIMS) - 1 else ""
+            dispatch += [f"    {test}{{",
+                         f"        const int smem_ = sa_tc_shared_bytes({head_dim});",
+                         f"        if (smem_ > 48 * 1024 && SA_TC_ALLOW_SHARED({name}, smem_) != 0)",
+                         "            return SA_LAST_ERROR();",
+                         f"        SA_TC_LAUNCH({name}, grid_, block_, smem_, stream_, {args});",
+                         "    }"]
+        return _HOST.substitute(signature=self.signature(dtype), checks="\n".join(checks), n_q=self.sizes.n_q,
+                                n_k=self.sizes.n_k, d_qk=self.sizes.d_qk, d_v=self.sizes.d_v,
+                                heads=self.sizes.heads, largest=TC_HEAD_DIMS[-1], batch=self.batch,
+                                dispatch="\n".join(dispatch))
+
+
+def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str], lead: list[str],
+                        batch: str, formula: str) -> TensorCoreForward:
+    """The tensor-core forward of `core`, whose score device function is `<prefix>_score`."""
+    dim_params = "".join(f", int {d}" for d in dims)
+    lead_coords = head_coordinates(core, lead, names)
+    mask = masked_condition(core, prefix, names, dims, lead)
+    forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch, list(lead), lead_coords,
+                                mask)
+    skip = skip_test(forward, "i_", "q0_ + warp_ * 16", "j_", "t_ * SA_TC_KEYS", "SA_TC_KEYS")
+    body = _FORWARD.substitute(prefix=prefix, formula=formula, dim_params=dim_params,
+                               dim_args="".join(f", {d}" for d in dims), lead_args="".join(f"{z}, " for z in lead),
+                               lead_coords=lead_coords, skip=skip)
+    if mask:
+        body = mask + "\n\n" + body
+    params = ("unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_, "
+              "const unsigned char* __restrict__ k_,\n        const unsigned char* __restrict__ v_, "
+              f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{dim_params}")
+    args = "out_, lse_, q_, k_, v_, n_q_, n_k_, d_qk_, d_v_, heads_" + "".join(f", {d}" for d in dims)
+    wrappers = [f"// {core.output} on tensor cores, for each input type and head dim"]
+    for dtype in TC_DTYPES:
+        for head_dim in TC_HEAD_DIMS:
+            wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_TC_THREADS) '
+                            f"{forward.kernel(dtype, head_dim)}(\n        {params}) {{\n"
+                            f"    {prefix}_tc_forward<{head_dim}, sa_tc_{dtype}>({args});\n}}")
+    forward.text = body + "\n\n" + "\n".join(wrappers)
+    return forward

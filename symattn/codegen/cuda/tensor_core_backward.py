@@ -1,0 +1,389 @@
+"""The fused attention backward on tensor cores (bf16 / f16 inputs, fp32 accumulation and gradients).
+
+Contract: `backward(forward)` takes the core's `TensorCoreForward` and returns
+a `TensorCoreBackward`: the CUDA text of three kernels (instantiated for both
+`TC_DTYPES` and every `BACKWARD_HEAD_DIMS`) and, per dtype, the host function
+`<prefix>_backward_<dtype>(Q, K, V, O, dO, lse, dQ, dK, dV, delta, dims...,
+batch, stream)`. Q, K, V, O, dO are in the input type (O and lse as the
+forward wrote them); dQ, dK, dV are written in fp32; `delta` is fp32 scratch
+of [batch, heads..., n_q]. FlashAttention-2's scheme, no atomics:
+
+- delta[i] = rowsum(dO * O)[i] (one thread per row);
+- dQ: a block of 4 warps owns 64 query rows (16 per warp) and streams 64-key
+  tiles of K and V (cp.async, double buffered): S = Q K^T and dP = dO V^T by
+  mma.sync, P = exp(score(S) - lse) recomputed, dS = P (dP - delta) score'(S)
+  (the score's derivative function, as the fp32 path's), dQ += dS K with dS
+  rounded to the input type in registers as the A operand (K via ldmatrix .trans);
+- dK, dV: a block owns 64 keys (16 per warp) and streams 64-query tiles of Q
+  and dO: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO and dK += dS^T Q, the
+  transposed products needing no exchange between warps.
+
+A warp skips a tile whose entries are all masked (`tensor_core.skip_test`,
+as in the forward). Q/dO (dQ) and K/V (dK/dV) fragments are reloaded from shared memory per tile
+rather than kept in registers, where they would not fit beside the two
+accumulators. Head dims up to 128 (`SYMATTN_UNSUPPORTED` above: at 256 the dK
+and dV accumulators alone would need 256 registers per thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+from typing import Sequence
+
+from .tensor_core import PAD, ROWS, TC_DTYPES, TensorCoreForward, skip_test
+
+__all__ = ["BACKWARD_HEAD_DIMS", "BACKWARD_PRELUDE", "TensorCoreBackward", "backward", "backward_shared_bytes"]
+
+BACKWARD_HEAD_DIMS = (32, 64, 96, 128)
+
+BACKWARD_PRELUDE = """\
+// Tensor-core backward: six shared tiles (two resident, two pairs double buffered).
+static __host__ __device__ constexpr int sa_tc_backward_shared_bytes(int head_dim) {
+    return 6 * SA_TC_ROWS * (head_dim + SA_TC_PAD) * 2;
+}
+
+// acc += A B^T for one warp: A is rows [a_row0, a_row0 + 16) of shared tile `a`, B the first COLS rows
+// from `b` (both [rows][HEAD_DIM], HEAD_DIM the contraction); acc is COLS / 8 C fragments of 16 x 8.
+template <int HEAD_DIM, typename TYPE, int COLS>
+static __device__ __forceinline__ void sa_tc_rows_by_rows(float (&acc)[COLS / 8][4], const unsigned char* a,
+                                                          int a_row0, const unsigned char* b, int lane) {
+    constexpr int STRIDE = HEAD_DIM + SA_TC_PAD;
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+    const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int s = 0; s < HEAD_DIM / 16; ++s) {
+        uint32_t fa[4];
+        sa_ldmatrix_x4(fa, a + ((a_row0 + a_row) * STRIDE + s * 16 + a_col) * 2);
+#pragma unroll
+        for (int n = 0; n < COLS / 8; n += 2) {
+            uint32_t fb[4];
+            sa_ldmatrix_x4(fb, b + ((n * 8 + b_row) * STRIDE + s * 16 + b_col) * 2);
+            TYPE::mma(acc[n], fa, fb, acc[n]);
+            TYPE::mma(acc[n + 1], fa, fb + 2, acc[n + 1]);
+        }
+    }
+}
+
+// out += P B for one warp: P is 16 x COLS held as COLS / 8 C fragments (rounded to the input type
+// here: the C layout of two 8-column tiles is the A layout of one 16-deep step), B the COLS rows from
+// `b` ([rows = the contraction][HEAD_DIM]), read with ldmatrix .trans.
+template <int HEAD_DIM, typename TYPE, int COLS>
+static __device__ __forceinline__ void sa_tc_frags_by_tile(float (&out)[HEAD_DIM / 8][4], const float (&p)[COLS / 8][4],
+                                                           const unsigned char* b, int lane) {
+    constexpr int STRIDE = HEAD_DIM + SA_TC_PAD;
+    const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_col = (lane >> 4) * 8;
+#pragma unroll
+    for (int k = 0; k < COLS / 16; ++k) {
+        uint32_t fa[4];
+        fa[0] = TYPE::pack(p[2 * k][0], p[2 * k][1]);
+        fa[1] = TYPE::pack(p[2 * k][2], p[2 * k][3]);
+        fa[2] = TYPE::pack(p[2 * k + 1][0], p[2 * k + 1][1]);
+        fa[3] = TYPE::pack(p[2 * k + 1][2], p[2 * k + 1][3]);
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+            uint32_t fb[4];
+            sa_ldmatrix_x4_trans(fb, b + ((k * 16 + b_row) * STRIDE + n * 8 + b_col) * 2);
+            TYPE::mma(out[n], fa, fb, out[n]);
+            TYPE::mma(out[n + 1], fa, fb + 2, out[n + 1]);
+        }
+    }
+}
+"""
+
+_KERNELS = Template("""\
+// delta[i] = rowsum(dO * O)[i] for the tensor-core backward of $output: one thread per query row.
+template <typename TYPE>
+static __device__ __forceinline__ void ${prefix}_tc_delta(
+        float* __restrict__ delta_, const unsigned char* __restrict__ o_, const unsigned char* __restrict__ do_,
+        int n_q_, int d_v_, int heads_) {
+    const long long plane_ = (long long)blockIdx.z * heads_ + blockIdx.y;
+    const typename TYPE::value* o_rows_ = (const typename TYPE::value*)o_ + plane_ * n_q_ * d_v_;
+    const typename TYPE::value* do_rows_ = (const typename TYPE::value*)do_ + plane_ * n_q_ * d_v_;
+    const int i_ = blockIdx.x * SA_TC_THREADS + threadIdx.x;
+    if (i_ < n_q_) {
+        float total_ = 0.0f;
+        for (int c_ = 0; c_ < d_v_; ++c_) {
+            const long long at_ = (long long)i_ * d_v_ + c_;
+            total_ += TYPE::to_float(o_rows_[at_]) * TYPE::to_float(do_rows_[at_]);
+        }
+        delta_[plane_ * n_q_ + i_] = total_;
+    }
+}
+
+// P and dS of entry (i, j) from s = (Q K^T)[i, j] and dp = (dO V^T)[i, j]: 0 outside the matrix and on
+// fully masked rows (lse = -inf), and dS = 0 where P = 0 (as the fp32 path).
+#define ${PREFIX}_TC_RECOMPUTE(s_, dp_, i_, j_, lse_i_, delta_i_, p_, ds_) \\
+    float p_ = 0.0f, ds_ = 0.0f; \\
+    if ((i_) < n_q_ && (j_) < n_k_ && (lse_i_) != -INFINITY) { \\
+        p_ = expf(${prefix}_score(s_, ${lead_args}i_, j_$dim_args) - (lse_i_)); \\
+        if (p_ != 0.0f) ds_ = p_ * ((dp_) - (delta_i_)) * ${prefix}_score_grad(s_, ${lead_args}i_, j_$dim_args); \\
+    }
+
+// dQ on tensor cores: 4 warps x 16 query rows, tiles of 64 keys of K and V (cp.async, double buffered).
+template <int HEAD_DIM, typename TYPE>
+static __device__ __forceinline__ void ${prefix}_tc_backward_dq(
+        float* __restrict__ dq_, const unsigned char* __restrict__ q_, const unsigned char* __restrict__ k_,
+        const unsigned char* __restrict__ v_, const unsigned char* __restrict__ do_,
+        const float* __restrict__ lse_, const float* __restrict__ delta_,
+        int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    constexpr int TILE = SA_TC_ROWS * (HEAD_DIM + SA_TC_PAD) * 2;
+    SA_TC_DYNAMIC_SHARED(shared_, sa_tc_backward_shared_bytes(HEAD_DIM));
+    unsigned char* q_tile_ = shared_;
+    unsigned char* do_tile_ = shared_ + TILE;
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$lead_coords
+    const long long plane_ = b_ * heads_ + head_;
+    q_ += plane_ * n_q_ * d_qk_ * 2;
+    k_ += plane_ * n_k_ * d_qk_ * 2;
+    v_ += plane_ * n_k_ * d_v_ * 2;
+    do_ += plane_ * n_q_ * d_v_ * 2;
+    dq_ += plane_ * n_q_ * d_qk_;
+    lse_ += plane_ * n_q_;
+    delta_ += plane_ * n_q_;
+    const int lane_ = sa_lane_id(), warp_ = threadIdx.x / SA_WARP_SIZE;
+    const int row0_ = blockIdx.x * SA_TC_ROWS + warp_ * 16 + (lane_ >> 2), pair_ = (lane_ & 3) * 2;
+    const int tiles_ = (n_k_ + SA_TC_KEYS - 1) / SA_TC_KEYS;
+    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, blockIdx.x * SA_TC_ROWS, n_q_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(do_tile_, do_, blockIdx.x * SA_TC_ROWS, n_q_, d_v_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + 2 * TILE, k_, 0, n_k_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + 4 * TILE, v_, 0, n_k_, d_v_);
+    sa_cp_async_commit();
+    float lse_row_[2], delta_row_[2];
+#pragma unroll
+    for (int r_ = 0; r_ < 2; ++r_) {
+        const int i_ = row0_ + 8 * r_;
+        lse_row_[r_] = i_ < n_q_ ? lse_[i_] : -INFINITY;
+        delta_row_[r_] = i_ < n_q_ ? delta_[i_] : 0.0f;
+    }
+    float dq_acc_[HEAD_DIM / 8][4] = {};
+    for (int t_ = 0; t_ < tiles_; ++t_) {
+        if (t_ + 1 < tiles_) {
+            const int next_ = (t_ + 1) & 1;
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (2 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (4 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
+            sa_cp_async_commit();
+            sa_cp_async_wait<1>();
+        } else {
+            sa_cp_async_wait<0>();
+        }
+        __syncthreads();  // tile t (and, the first time, Q and dO) is in shared memory
+        const unsigned char* k_tile_ = shared_ + (2 + (t_ & 1)) * TILE;
+        const unsigned char* v_tile_ = shared_ + (4 + (t_ & 1)) * TILE;
+$skip_dq
+        {
+        float s_[SA_TC_KEYS / 8][4] = {}, dp_[SA_TC_KEYS / 8][4] = {};
+        sa_tc_rows_by_rows<HEAD_DIM, TYPE, SA_TC_KEYS>(s_, q_tile_, warp_ * 16, k_tile_, lane_);
+        sa_tc_rows_by_rows<HEAD_DIM, TYPE, SA_TC_KEYS>(dp_, do_tile_, warp_ * 16, v_tile_, lane_);
+#pragma unroll
+        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
+#pragma unroll
+            for (int e_ = 0; e_ < 4; ++e_) {
+                const int i_ = row0_ + (e_ >> 1) * 8, j_ = t_ * SA_TC_KEYS + n_ * 8 + pair_ + (e_ & 1);
+                ${PREFIX}_TC_RECOMPUTE(s_[n_][e_], dp_[n_][e_], i_, j_, lse_row_[e_ >> 1], delta_row_[e_ >> 1],
+                                       p_, ds_)
+                (void)p_;
+                s_[n_][e_] = ds_;
+            }
+        sa_tc_frags_by_tile<HEAD_DIM, TYPE, SA_TC_KEYS>(dq_acc_, s_, k_tile_, lane_);  // dQ += dS K
+        }
+        __syncthreads();  // every warp is done with tile t before its buffers are refilled
+    }
+#pragma unroll
+    for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
+#pragma unroll
+        for (int e_ = 0; e_ < 4; ++e_) {
+            const int i_ = row0_ + (e_ >> 1) * 8, c_ = n_ * 8 + pair_ + (e_ & 1);
+            if (i_ < n_q_ && c_ < d_qk_) dq_[(long long)i_ * d_qk_ + c_] = dq_acc_[n_][e_];
+        }
+}
+
+// dK and dV on tensor cores: 4 warps x 16 keys, tiles of 64 queries of Q and dO (cp.async, double
+// buffered), taken COLS queries at a time (32 above head dim 64: S^T and dP^T beside dK and dV).
+template <int HEAD_DIM, typename TYPE>
+static __device__ __forceinline__ void ${prefix}_tc_backward_dkdv(
+        float* __restrict__ dk_, float* __restrict__ dv_, const unsigned char* __restrict__ q_,
+        const unsigned char* __restrict__ k_, const unsigned char* __restrict__ v_,
+        const unsigned char* __restrict__ do_, const float* __restrict__ lse_, const float* __restrict__ delta_,
+        int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    constexpr int STRIDE = HEAD_DIM + SA_TC_PAD;
+    constexpr int TILE = SA_TC_ROWS * STRIDE * 2;
+    constexpr int COLS = HEAD_DIM > 64 ? 32 : 64;
+    SA_TC_DYNAMIC_SHARED(shared_, sa_tc_backward_shared_bytes(HEAD_DIM));
+    unsigned char* k_tile_ = shared_;
+    unsigned char* v_tile_ = shared_ + TILE;
+    const int head_ = blockIdx.y;
+    const long long b_ = blockIdx.z;  // the batch entry
+$lead_coords
+    const long long plane_ = b_ * heads_ + head_;
+    q_ += plane_ * n_q_ * d_qk_ * 2;
+    k_ += plane_ * n_k_ * d_qk_ * 2;
+    v_ += plane_ * n_k_ * d_v_ * 2;
+    do_ += plane_ * n_q_ * d_v_ * 2;
+    dk_ += plane_ * n_k_ * d_qk_;
+    dv_ += plane_ * n_k_ * d_v_;
+    lse_ += plane_ * n_q_;
+    delta_ += plane_ * n_q_;
+    const int lane_ = sa_lane_id(), warp_ = threadIdx.x / SA_WARP_SIZE;
+    const int key0_ = blockIdx.x * SA_TC_ROWS + warp_ * 16 + (lane_ >> 2), pair_ = (lane_ & 3) * 2;
+    const int tiles_ = (n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS;
+    sa_tc_load_tile<HEAD_DIM>(k_tile_, k_, blockIdx.x * SA_TC_ROWS, n_k_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(v_tile_, v_, blockIdx.x * SA_TC_ROWS, n_k_, d_v_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + 2 * TILE, q_, 0, n_q_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + 4 * TILE, do_, 0, n_q_, d_v_);
+    sa_cp_async_commit();
+    float dk_acc_[HEAD_DIM / 8][4] = {}, dv_acc_[HEAD_DIM / 8][4] = {};
+    for (int t_ = 0; t_ < tiles_; ++t_) {
+        if (t_ + 1 < tiles_) {
+            const int next_ = (t_ + 1) & 1;
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (2 + next_) * TILE, q_, (t_ + 1) * SA_TC_ROWS, n_q_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (4 + next_) * TILE, do_, (t_ + 1) * SA_TC_ROWS, n_q_, d_v_);
+            sa_cp_async_commit();
+            sa_cp_async_wait<1>();
+        } else {
+            sa_cp_async_wait<0>();
+        }
+        __syncthreads();  // query tile t (and, the first time, K and V) is in shared memory
+$skip_dkdv
+        for (int part_ = 0; part_ < SA_TC_ROWS / COLS; ++part_) {
+            const unsigned char* q_part_ = shared_ + (2 + (t_ & 1)) * TILE + part_ * COLS * STRIDE * 2;
+            const unsigned char* do_part_ = shared_ + (4 + (t_ & 1)) * TILE + part_ * COLS * STRIDE * 2;
+            float s_[COLS / 8][4] = {}, dp_[COLS / 8][4] = {};  // S^T and dP^T: rows keys, columns queries
+            sa_tc_rows_by_rows<HEAD_DIM, TYPE, COLS>(s_, k_tile_, warp_ * 16, q_part_, lane_);
+            sa_tc_rows_by_rows<HEAD_DIM, TYPE, COLS>(dp_, v_tile_, warp_ * 16, do_part_, lane_);
+#pragma unroll
+            for (int n_ = 0; n_ < COLS / 8; ++n_)
+#pragma unroll
+                for (int e_ = 0; e_ < 4; ++e_) {
+                    const int j_ = key0_ + (e_ >> 1) * 8;
+                    const int i_ = t_ * SA_TC_ROWS + part_ * COLS + n_ * 8 + pair_ + (e_ & 1);
+                    const float lse_i_ = i_ < n_q_ ? lse_[i_] : -INFINITY;
+                    const float delta_i_ = i_ < n_q_ ? delta_[i_] : 0.0f;
+                    ${PREFIX}_TC_RECOMPUTE(s_[n_][e_], dp_[n_][e_], i_, j_, lse_i_, delta_i_, p_, ds_)
+                    s_[n_][e_] = p_;
+                    dp_[n_][e_] = ds_;
+                }
+            sa_tc_frags_by_tile<HEAD_DIM, TYPE, COLS>(dv_acc_, s_, do_part_, lane_);  // dV += P^T dO
+            sa_tc_frags_by_tile<HEAD_DIM, TYPE, COLS>(dk_acc_, dp_, q_part_, lane_);  // dK += dS^T Q
+        }
+        __syncthreads();  // every warp is done with tile t before its buffers are refilled
+    }
+#pragma unroll
+    for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
+#pragma unroll
+        for (int e_ = 0; e_ < 4; ++e_) {
+            const int j_ = key0_ + (e_ >> 1) * 8, c_ = n_ * 8 + pair_ + (e_ & 1);
+            if (j_ < n_k_ && c_ < d_qk_) dk_[(long long)j_ * d_qk_ + c_] = dk_acc_[n_][e_];
+            if (j_ < n_k_ && c_ < d_v_) dv_[(long long)j_ * d_v_ + c_] = dv_acc_[n_][e_];
+        }
+}""")
+
+_HOST = Template("""\
+extern "C" $signature {
+$checks
+    const int n_q_ = $n_q, n_k_ = $n_k, d_qk_ = $d_qk, d_v_ = $d_v, heads_ = $heads;
+    const int head_dim_ = d_qk_ > d_v_ ? d_qk_ : d_v_;
+    if (d_qk_ % 8 != 0 || d_v_ % 8 != 0 || head_dim_ > $largest) return SYMATTN_UNSUPPORTED;
+    if (((size_t)Q | (size_t)K | (size_t)V | (size_t)O | (size_t)dO) % 16 != 0) return SYMATTN_UNSUPPORTED;
+    const cudaStream_t stream_ = (cudaStream_t)stream;
+    const dim3 block_(SA_TC_THREADS);
+    SA_TC_LAUNCH(${prefix}_tc_delta_$dtype, dim3((n_q_ + SA_TC_THREADS - 1) / SA_TC_THREADS, heads_, $batch), block_, 0,
+                 stream_, delta, (const unsigned char*)O, (const unsigned char*)dO, n_q_, d_v_, heads_);
+    const dim3 grid_q_((n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch);
+    const dim3 grid_k_((n_k_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch);
+$dispatch
+    (void)stream_;  // unused when the CPU emulation builds this file
+    return SA_LAST_ERROR();
+}""")
+
+
+@dataclass
+class TensorCoreBackward:
+    forward: TensorCoreForward
+    text: str
+
+    @property
+    def prefix(self) -> str:
+        return self.forward.prefix
+
+    def kernel(self, which: str, dtype: str, head_dim: int | None = None) -> str:
+        return f"{self.prefix}_tc_{which}_{dtype}" + (f"_d{head_dim}" if head_dim else "")
+
+    def kernel_names(self) -> list[str]:
+        return [self.kernel("delta", dtype) for dtype in TC_DTYPES] + [
+            self.kernel(which, dtype, d) for which in ("bwd_dq", "bwd_dkdv") for dtype in TC_DTYPES
+            for d in BACKWARD_HEAD_DIMS]
+
+    def signature(self, dtype: str) -> str:
+        f = self.forward
+        dims = ", ".join(f"int {d}" for d in (*f.dims, f.batch))
+        return (f"int {self.prefix}_backward_{dtype}(const void* Q, const void* K, const void* V, const void* O, "
+                f"const void* dO, const float* lse, float* dQ, float* dK, float* dV, float* delta, {dims}, "
+                "void* stream)")
+
+    def host(self, dtype: str, checks: Sequence[str]) -> str:
+        f = self.forward
+        dims = "".join(f", {d}" for d in f.dims)
+        reads = ("(const unsigned char*)Q, (const unsigned char*)K, (const unsigned char*)V, "
+                 "(const unsigned char*)dO, lse, delta, n_q_, n_k_, d_qk_, d_v_, heads_" + dims)
+        dispatch = []
+        for k, head_dim in enumerate(BACKWARD_HEAD_DIMS):
+            last = k == len(BACKWARD_HEAD_DIMS) - 1
+            test = ("else " if k else "") + ("" if last else f"if (head_dim_ <= {head_dim}) ")
+            dq, dkdv = self.kernel("bwd_dq", dtype, head_dim), self.kernel("bwd_dkdv", dtype, head_dim)
+            dispatch += [f"    {test}{{",
+                         f"        const int smem_ = sa_tc_backward_shared_bytes({head_dim});",
+                         f"        if (smem_ > 48 * 1024 && (SA_TC_ALLOW_SHARED({dq}, smem_) != 0 ||",
+                         f"                                  SA_TC_ALLOW_SHARED({dkdv}, smem_) != 0))",
+                         "            return SA_LAST_ERROR();",
+                         f"        SA_TC_LAUNCH({dq}, grid_q_, block_, smem_, stream_, dQ, {reads});",
+                         f"        SA_TC_LAUNCH({dkdv}, grid_k_, block_, smem_, stream_, dK, dV, {reads});",
+                         "    }"]
+        s = f.sizes
+        return _HOST.substitute(signature=self.signature(dtype), checks="\n".join(checks), n_q=s.n_q, n_k=s.n_k,
+                                d_qk=s.d_qk, d_v=s.d_v, heads=s.heads, largest=BACKWARD_HEAD_DIMS[-1],
+                                batch=f.batch, prefix=self.prefix, dtype=dtype, dispatch="\n".join(dispatch))
+
+
+def backward_shared_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of the dQ and dK/dV kernels (sa_tc_backward_shared_bytes)."""
+    return 6 * ROWS * (head_dim + PAD) * 2
+
+
+def backward(forward: TensorCoreForward) -> TensorCoreBackward:
+    """The tensor-core backward of `forward`'s core (same score device functions, same head coordinates)."""
+    dims = forward.dims
+    dim_params = "".join(f", int {d}" for d in dims)
+    body = _KERNELS.substitute(prefix=forward.prefix, PREFIX=forward.prefix.upper(), output=forward.core.output,
+                               dim_params=dim_params, dim_args="".join(f", {d}" for d in dims),
+                               lead_args="".join(f"{z}, " for z in forward.lead), lead_coords=forward.lead_coords,
+                               skip_dq=skip_test(forward, "i_", "blockIdx.x * SA_TC_ROWS + warp_ * 16", "j_",
+                                                 "t_ * SA_TC_KEYS", "SA_TC_KEYS"),
+                               skip_dkdv=skip_test(forward, "j_", "blockIdx.x * SA_TC_ROWS + warp_ * 16", "i_",
+                                                   "t_ * SA_TC_ROWS", "SA_TC_ROWS"))
+    result = TensorCoreBackward(forward, "")
+    reads = ("const unsigned char* __restrict__ q_, const unsigned char* __restrict__ k_, "
+             "const unsigned char* __restrict__ v_,\n        const unsigned char* __restrict__ do_, "
+             "const float* __restrict__ lse_, const float* __restrict__ delta_, "
+             f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{dim_params}")
+    read_args = "q_, k_, v_, do_, lse_, delta_, n_q_, n_k_, d_qk_, d_v_, heads_" + "".join(f", {d}" for d in dims)
+    wrappers = [f"// The backward of {forward.core.output} on tensor cores, for each input type and head dim"]
+    for dtype in TC_DTYPES:
+        wrappers.append('extern "C" __global__ void __launch_bounds__(SA_TC_THREADS) '
+                        f'{result.kernel("delta", dtype)}(\n'
+                        "        float* __restrict__ delta_, const unsigned char* __restrict__ o_, "
+                        "const unsigned char* __restrict__ do_, int n_q_, int d_v_, int heads_) {\n"
+                        f"    {forward.prefix}_tc_delta<sa_tc_{dtype}>(delta_, o_, do_, n_q_, d_v_, heads_);\n}}")
+        for head_dim in BACKWARD_HEAD_DIMS:
+            template = f"<{head_dim}, sa_tc_{dtype}>"
+            wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_TC_THREADS) '
+                            f"{result.kernel('bwd_dq', dtype, head_dim)}(\n"
+                            f"        float* __restrict__ dq_, {reads}) {{\n"
+                            f"    {forward.prefix}_tc_backward_dq{template}(dq_, {read_args});\n}}")
+            wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_TC_THREADS, 1) '
+                            f"{result.kernel('bwd_dkdv', dtype, head_dim)}(\n"
+                            f"        float* __restrict__ dk_, float* __restrict__ dv_, {reads}) {{\n"
+                            f"    {forward.prefix}_tc_backward_dkdv{template}(dk_, dv_, {read_args});\n}}")
+    result.text = body + "\n\n" + "\n".join(wrappers)
+    return result
