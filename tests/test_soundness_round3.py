@@ -48,6 +48,14 @@ def softmax(s, axis=-1):
     return np.where(full, 0.0, e / np.where(full, 1.0, np.sum(e, axis=axis, keepdims=True)))
 
 
+def logsumexp(s, axis=-1):
+    """The stable formula: -inf for a fully masked row, NaN for a row holding NaN or +inf."""
+    s = np.asarray(s, dtype=np.float64)
+    m = np.max(s, axis=axis, keepdims=True)
+    shift = np.where(m == NEG_INF, 0.0, m)
+    return np.log(np.sum(np.exp(s - shift), axis=axis, keepdims=True)) + shift
+
+
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -558,7 +566,36 @@ output O
     Claim("relative(Z)", lambda v: _rel(v.Z), False),
 ))
 
-PROGRAMS = [RARE_MASKS, MAX_MIN, CUMSUM, EMPTY, AFFINE, ALGEBRA, GUARDED, RELATIVE]
+def _rows_forward(v):
+    v["Z"] = -np.log(v.X * v.X)
+    v["L"] = np.log(v.X * v.X)
+
+
+# Softmax and logsumexp of rows holding +inf (-log(0)) or NaN (log(0) - log(0)). The stable formula
+# (the generated NumPy and CUDA code, torch.softmax) makes such a softmax row NaN and its logsumexp
+# NaN; the float64 evaluator used to give [NaN, 0] for a row with +inf and 0s for a row with NaN,
+# so the first two claims, true for the generated code, were refuted, and the third was refuted with
+# a left side of 0 where NumPy computes NaN.
+ROWS = Program("nan-and-inf-rows", """dim N = 2, d = 2
+input X[N, d]
+Z = -log(X * X)
+L = log(X * X)
+O = X
+output O
+""", _rows_forward, (
+    Claim("softmax(Z, axis=-1) == softmax(Z, axis=-1) * (1 + 0 * sum(Z, axis=-1))",
+          lambda v: (softmax(v.Z), softmax(v.Z) * (1 + 0 * rsum(v.Z))), True),
+    Claim("logsumexp(Z, axis=-1) == logsumexp(Z, axis=-1) + 0 * max(Z, axis=-1)",
+          lambda v: (logsumexp(v.Z), logsumexp(v.Z) + 0 * amax(v.Z)), True),
+    Claim("sum(softmax(L - L, axis=-1), axis=-1) == ones(N, 1)", lambda v: (rsum(softmax(v.L - v.L)), 1.0), False),
+    Claim("softmax(L - L, axis=-1) == (L - L) * 0 + softmax(L - L, axis=-1)",
+          lambda v: (softmax(v.L - v.L), (v.L - v.L) * 0 + softmax(v.L - v.L)), True),
+    Claim("logsumexp(Z, axis=-1) == max(Z, axis=-1) + log(sum(exp(Z - max(Z, axis=-1)), axis=-1))",
+          lambda v: (logsumexp(v.Z), amax(v.Z) + np.log(rsum(np.exp(v.Z - amax(v.Z))))), True),
+    Claim("sum(softmax(Z, axis=-1), axis=-1) == ones(N, 1)", lambda v: (rsum(softmax(v.Z)), 1.0), False),
+))
+
+PROGRAMS = [RARE_MASKS, MAX_MIN, CUMSUM, EMPTY, AFFINE, ALGEBRA, GUARDED, RELATIVE, ROWS]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
@@ -580,3 +617,18 @@ def test_empty_slices_are_no_sizes_of_the_spec():
     spec = symattn.load(EMPTY.head + "check mean(X[1:N], axis=0) * (N - 1) == sum(X[1:N], axis=0)\n")
     with pytest.raises(symattn.SymAttnError, match="empty at N=1"):
         spec.with_dims(N=1)
+
+
+def test_the_float64_evaluator_computes_softmax_rows_as_the_generated_code_does():
+    """Counterexamples are computed by the float64 evaluator and must reproduce in the generated
+    NumPy code: rows holding NaN, +inf, only -inf, or some -inf."""
+    from symattn.codegen.numpy.runtime import _logsumexp, _softmax
+    from symattn.symbolic.evaluate import NUMERIC
+
+    rows = np.array([[np.nan, 1.0, 2.0], [np.inf, 1.0, 2.0], [NEG_INF] * 3, [NEG_INF, 0.0, 1.0], [0.5, -1.0, 2.0],
+                     [np.inf, NEG_INF, 0.0]])
+    with np.errstate(all="ignore"):
+        for mine, generated, plain in ((NUMERIC.softmax, _softmax, softmax), (NUMERIC.logsumexp, _logsumexp, logsumexp)):
+            a, b, c = mine(rows, -1), generated(rows, -1), plain(rows, -1)
+            assert not differs(a, b).any(), (a, b)
+            assert not differs(a, c).any(), (a, c)
