@@ -595,7 +595,35 @@ output O
     Claim("sum(softmax(Z, axis=-1), axis=-1) == ones(N, 1)", lambda v: (rsum(softmax(v.Z)), 1.0), False),
 ))
 
-PROGRAMS = [RARE_MASKS, MAX_MIN, CUMSUM, EMPTY, AFFINE, ALGEBRA, GUARDED, RELATIVE, ROWS]
+# Signed zeros: 0 * X is -0 where X < 0, X - X is +0, and 1 / (+0) = inf, 1 / (-0) = -inf. The
+# matrix level keyed a divisor by its canonical form, which is the same for 0 * X, 0 * Y and X - X,
+# so the first seven claims were "proved for all sizes"; a divisor whose zeros are all +0 (exp, abs,
+# sums of such) keeps its canonical key.
+SIGNED_ZERO = Program("signed-zero", """dim N = 2, d = 2
+input X[N, d], Y[N, d]
+Zx = 0 * X
+O = X
+output O
+""", lambda v: v.update(Zx=0 * v.X), (
+    Claim("1 / (0 * X) == 1 / (0 * Y)", lambda v: (1 / (0 * v.X), 1 / (0 * v.Y)), False),
+    Claim("1 / (X - X) == 1 / (0 * X)", lambda v: (1 / (v.X - v.X), 1 / (0 * v.X)), False),
+    Claim("1 / (-(X * 0)) == 1 / (X * 0)", lambda v: (1 / (-(v.X * 0)), 1 / (v.X * 0)), False),
+    Claim("1 / Zx == 1 / (0 * Y)", lambda v: (1 / v.Zx, 1 / (0 * v.Y)), False),
+    Claim("(0 * X) ^ -1 == (0 * Y) ^ -1", lambda v: ((0 * v.X) ** -1.0, (0 * v.Y) ** -1.0), False),
+    Claim("X / (0 * Y) == X / (0 * X)", lambda v: (v.X / (0 * v.Y), v.X / (0 * v.X)), False),
+    Claim("1 / (X * 0 + Y * 0) == 1 / (X * 0)", lambda v: (1 / (v.X * 0 + v.Y * 0), 1 / (v.X * 0)), False),
+    Claim("1 / tanh(0 * X) == 1 / tanh(0 * Y)", lambda v: (1 / np.tanh(0 * v.X), 1 / np.tanh(0 * v.Y)), False),
+    Claim("log(0 * X) == log(0 * Y)", lambda v: (np.log(0 * v.X), np.log(0 * v.Y)), True, PROVE),
+    Claim("sqrt(0 * X) == sqrt(0 * Y)", lambda v: (np.sqrt(0 * v.X), np.sqrt(0 * v.Y)), True, PROVE),
+    Claim("1 / abs(X - X) == 1 / abs(0 * X)", lambda v: (1 / np.abs(v.X - v.X), 1 / np.abs(0 * v.X)), True, PROVE),
+    Claim("1 / exp(0 * X) == 1 / exp(0 * Y)", lambda v: (1 / np.exp(0 * v.X), 1 / np.exp(0 * v.Y)), True, PROVE),
+    Claim("X / (1 + exp(Y)) == X / (exp(Y) + 1)", lambda v: (v.X / (1 + np.exp(v.Y)), v.X / (np.exp(v.Y) + 1)),
+          True, PROVE),
+    Claim("1 / Zx == 1 / (0 * X)", lambda v: (1 / v.Zx, 1 / (0 * v.X)), True, PROVE),
+    Claim("0 * X / (0 * Y) == 0 * X / (0 * X)", lambda v: (0 * v.X / (0 * v.Y), 0 * v.X / (0 * v.X)), True),
+))
+
+PROGRAMS = [RARE_MASKS, MAX_MIN, CUMSUM, EMPTY, AFFINE, ALGEBRA, GUARDED, RELATIVE, ROWS, SIGNED_ZERO]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
