@@ -10,6 +10,7 @@ the lower-triangular 0/1 factor `$tril`, `merge_heads`,
 opaque factor keyed by the canonical forms of its arguments. A form that cannot
 be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
 zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
+A divisor whose zeros may be -0 is keyed by its expression (`Converter.plus_zero`).
 """
 
 from __future__ import annotations
