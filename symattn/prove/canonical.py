@@ -40,7 +40,10 @@ merged with a like term of the other sign, and never selected through
 may be NaN is compared structurally rather than by its expansion, and the
 row-sum rule `sum(softmax(x), axis) = 1` needs a finite `x` (a fully masked
 row has softmax 0), and a factor that may be non-finite is never distributed
-over a sum (`(A + B) * M` is -inf where `A * M + B * M` is NaN). So a Proof
+over a sum (`(A + B) * M` is -inf where `A * M + B * M` is NaN). A divisor (and
+the base of a power) is keyed by its expression, not its canonical form, unless
+its zeros are all +0: `0 * X` and `X - X` have one form, but 1 / (-0) is -inf
+where 1 / (+0) is inf. So a Proof
 means: at every point, with float64 semantics aside from rounding and
 overflow, both sides are equal, or the same non-finite value (see
 `symattn.symbolic.finiteness`).

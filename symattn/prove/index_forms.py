@@ -10,6 +10,7 @@ the lower-triangular 0/1 factor `$tril`, `merge_heads`,
 opaque factor keyed by the canonical forms of its arguments. A form that cannot
 be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
 zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
+A divisor whose zeros may be -0 is keyed by its expression (`Converter.plus_zero`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,50 @@ def _mul_forms(a: list[Term], b: list[Term]) -> list[Term]:
 
 def _scale(form: list[Term], c) -> list[Term]:
     return [term.scaled(c) for term in form]
+
+
+_PLUS_ZERO_FUNCTIONS = {"exp", "sigmoid", "abs"}  # f(x) >= 0, and f(x) == 0 only as +0
+
+
+def _plus_zero(node: t.Node, defs: Mapping[str, t.Node | None], seen: set) -> bool:
+    """See `Converter.plus_zero`: entries >= 0 (or NaN), zeros +0, shown from the node's structure."""
+    if isinstance(node, (t.Scalar, t.DimValue)) or (node.shape == () and isinstance(node, (t.Unary, t.Binary))):
+        value = const_value(node)
+        if value is None or value.has(sympy.zoo, sympy.nan):
+            return False
+        # a literal 0 is +0; a computed one may be -0 (-0, 0 * -1)
+        return value.is_positive is True or (isinstance(node, t.Scalar) and value.is_zero is True)
+    if isinstance(node, t.Tensor):
+        definition = defs.get(node.name)
+        if definition is None or node.name in seen:
+            return False
+        return _plus_zero(definition, defs, seen | {node.name})
+    if isinstance(node, t.Unary):
+        return node.fn in _PLUS_ZERO_FUNCTIONS or (node.fn == "sqrt" and _plus_zero(node.x, defs, seen))
+    if isinstance(node, t.Binary):
+        if node.op == "pow":
+            exponent = const_value(node.b)
+            if exponent is not None and exponent.is_integer and exponent.is_even and exponent.is_positive:
+                return True  # (-0) ^ 2 is +0
+            return _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
+        if node.op == "mul" and node.a == node.b:
+            return True  # x * x: (-0) * (-0) is +0
+        return node.op in ("add", "mul", "div") and _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
+    if isinstance(node, t.Softmax):
+        return True
+    if isinstance(node, t.Constant):
+        return node.kind in ("ones", "eye")
+    if isinstance(node, t.Reduce):
+        return node.kind in ("sum", "mean", "max", "min") and _plus_zero(node.x, defs, seen)
+    if isinstance(node, t.MatMul):
+        return _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
+    if isinstance(node, t.Where):
+        return _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
+    if isinstance(node, (t.Transpose, t.Slice, t.SumTo, t.MergeHeads, t.SplitHeads, t.Scan)):
+        return _plus_zero(node.children[0], defs, seen)
+    if isinstance(node, t.Concat):
+        return all(_plus_zero(p, defs, seen) for p in node.parts)
+    return False
 
 
 class Converter:
@@ -190,7 +235,9 @@ class Converter:
             value = const_value(b)
             if value is not None and finite_real(value) and value.is_zero is False:
                 return _scale(self.conv(a, ia, env), 1 / value)
-            recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY)  # 1/0 is inf
+            # 1/0 is inf; 1/(+0) and 1/(-0) are inf and -inf, so the divisor is keyed by its expression
+            # unless its zeros are all +0 (0 * X and 0 * Y, X - X and 0 * X have one form, not one sign)
+            recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY, structural=not self.plus_zero(b))
             return _mul_forms(self.conv(a, ia, env), recip)
         if op == "pow":
             value = const_value(b)
@@ -199,7 +246,10 @@ class Converter:
                 for _ in range(int(value)):
                     form = _mul_forms(form, self.conv(a, ia, env))
                 return form
-            return self._opaque("$pow", node, [(a, ia), (b, ib)], idx, env)
+            # (-0) ^ -1 is -inf, (+0) ^ -1 inf: the base is keyed by its expression, as a divisor is
+            exponent = const_value(b)
+            signless = self.plus_zero(a) or (exponent is not None and exponent.is_positive is True)
+            return self._opaque("$pow", node, [(a, ia), (b, ib)], idx, env, structural=not signless)
         raise Unsupported(f"elementwise {op}")
 
     def _Compare(self, node, idx, env):
@@ -378,14 +428,23 @@ class Converter:
             return form
         return [term.summed(((token, self.ranges[token]),)) for term in form]
 
+    # zeros and their signs -----------------------------------------------------------
+    def plus_zero(self, node: t.Node) -> bool:
+        """Whether every entry of `node` is >= 0 or NaN, a zero always being +0: then two nodes with
+        one canonical form have zeros of one sign, and 1 / x is the same infinity for both. False
+        means not shown (X * 0 is -0 where X < 0, X - X is +0: one form, two signs)."""
+        return _plus_zero(node, self.defs, set())
+
     # opaque factors --------------------------------------------------------------
-    def _opaque(self, op: str, node: t.Node, args, idx, env, local=(), risk: int | None = None) -> list[Term]:
-        """One factor `op(args)` at tokens `idx` (see `_arguments`); its risk is the node's unless given."""
-        arguments, indices, _ = self._arguments(op, args, idx, env, local)
+    def _opaque(self, op: str, node: t.Node, args, idx, env, local=(), risk: int | None = None,
+                structural: bool = False) -> list[Term]:
+        """One factor `op(args)` at tokens `idx` (see `_arguments`); its risk is the node's unless given.
+        `structural`: the first argument is keyed by its expression, not its canonical form."""
+        arguments, indices, _ = self._arguments(op, args, idx, env, local, structural)
         risk = self.risk.node(node) if risk is None else risk
         return [Term(ONE, (Application(op, arguments, indices, risk),))]
 
-    def _arguments(self, op: str, args, idx, env, local) -> tuple[str, tuple[str, ...], list[int]]:
+    def _arguments(self, op: str, args, idx, env, local, structural: bool = False) -> tuple[str, tuple[str, ...], list[int]]:
         """(arguments text, indices, risk of each argument) of a factor `op(args)` at tokens `idx`:
         each argument is keyed by its canonical form with the factor's tokens named by position
         (`local` tokens: the reduced axes; tokens of the arguments' own become extra indices)."""
@@ -398,13 +457,16 @@ class Converter:
         # then only the same node is the same argument
         forms: list[list[Term] | t.Node] = []
         risks = []
-        for arg, arg_idx in args:
+        for number, (arg, arg_idx) in enumerate(args):
             arg_risk = self.risk.node(arg)
             risks.append(arg_risk)
-            if arg_risk == ANY:
+            if arg_risk == ANY or (structural and number == 0):
                 if env:
                     raise Unsupported("a possibly non-finite argument inside index notation")
                 forms.append(arg)
+                # references it reads can still be unfolded, for the same-expression comparison
+                self.seen.update(f"grad({n.name})" if isinstance(n, t.Grad) else n.name
+                                 for n in t.walk(arg) if isinstance(n, (t.Tensor, t.Grad)))
             else:
                 forms.append(rewrite(self.conv(arg, arg_idx, env)))  # keyed modulo the identities
         extras: list[str] = []

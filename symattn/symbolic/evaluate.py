@@ -92,19 +92,25 @@ class _Numeric(_Backend):
         return np.where(cond, a, b)
 
     def softmax(self, x, axis: int):
+        """The stable formula of the generated code: exp(x - row max) / its sum. A fully masked row
+        (all -inf) has weights 0; a row holding NaN or +inf is NaN (inf - inf), as in the generated
+        NumPy and CUDA code and torch.softmax (not 0s, or [NaN, 0, ...])."""
         x = np.asarray(x, dtype=np.float64)
         top = np.max(x, axis=axis, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0.0)  # a fully masked row: all -inf
-        e = np.exp(x - top)
-        total = np.sum(e, axis=axis, keepdims=True)
-        return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+        shift = np.where(top == -np.inf, 0.0, top)
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.exp(x - shift)
+            total = np.sum(e, axis=axis, keepdims=True)
+            return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
 
     def logsumexp(self, x, axis):
+        """log(sum(exp(x - row max))) + row max, as the generated code computes it: -inf for a fully
+        masked row, NaN for a row holding NaN or +inf."""
         x = np.asarray(x, dtype=np.float64)
         top = np.max(x, axis=axis, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0.0)
-        with np.errstate(divide="ignore"):
-            return np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+        shift = np.where(top == -np.inf, 0.0, top)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return np.log(np.sum(np.exp(x - shift), axis=axis, keepdims=True)) + shift
 
     def extreme(self, kind: str, x, axis):
         """max or min along `axis`, keeping it; NaN anywhere in a row gives NaN, as np.max says."""
@@ -138,6 +144,22 @@ def _ieee_divide(a, b):
             return sympy.nan
         return sympy.oo if a.is_positive else -sympy.oo if a.is_negative else sympy.nan
     return _ieee(a / b)
+
+
+def _non_finite_number(value) -> bool:
+    """NaN or an infinity (a row holding NaN or +inf, summed)."""
+    value = sympy.sympify(value)
+    return value is sympy.nan or value in (sympy.oo, sympy.zoo) or (value.is_number and value.has(sympy.nan))
+
+
+def _weight(u, total):
+    """One softmax weight exp(x) / total at 30 digits or exactly (see `_Symbolic.softmax`)."""
+    total = sympy.sympify(total)
+    if total.is_zero:
+        return sympy.Integer(0)
+    if _non_finite_number(total):
+        return sympy.nan
+    return u / total
 
 
 class _Symbolic(_Backend):
@@ -188,11 +210,14 @@ class _Symbolic(_Backend):
         e = self.unary("exp", x)
         total = np.sum(e, axis=axis, keepdims=True)
         # A fully masked row (every entry -oo) sums to exactly 0: its weights are 0, as in
-        # the numeric backend and the generated code, not 0 / 0.
-        return np.frompyfunc(lambda u, s: sympy.Integer(0) if sympy.sympify(s).is_zero else u / s, 2, 1)(e, total)
+        # the numeric backend and the generated code, not 0 / 0. A row holding NaN or +oo sums to
+        # NaN or +oo: every weight is NaN, as the stable formula (x - row max) gives.
+        return np.frompyfunc(_weight, 2, 1)(e, total)
 
     def logsumexp(self, x, axis):
-        return self.unary("log", np.sum(self.unary("exp", x), axis=axis, keepdims=True))
+        total = np.sum(self.unary("exp", x), axis=axis, keepdims=True)
+        return np.frompyfunc(lambda s: sympy.nan if _non_finite_number(s) else s, 1, 1)(
+            self.unary("log", total))
 
     def extreme(self, kind: str, x, axis):
         """sympy.Max or sympy.Min of each line along `axis`, keeping it; a NaN entry makes the line NaN."""

@@ -33,7 +33,7 @@ The regions cover every point (a point where some guard fails lies in an event o
 the innermost failing one), and an event sets at least one more symbol to 0, so
 the recursion ends. Masks (-inf) are followed through exp, softmax and logsumexp;
 anything the lattice cannot follow (exp of an infinity of unknown sign, a softmax
-row holding NaN, which the float64 evaluator maps to 0) is unknown, never guessed.
+row holding NaN or +inf, which the float64 evaluator makes a NaN row) is unknown, never guessed.
 """
 
 from __future__ import annotations
@@ -428,7 +428,7 @@ class _Guarded:
     @staticmethod
     def _weight(u, total) -> Value:
         """One softmax weight: exp(x) / (sum of exp over the row, > 0); a fully masked row is 0.
-        A row holding NaN or +inf is unknown (the float64 evaluator gives such a row 0s)."""
+        A row holding NaN or +inf is unknown (the float64 evaluator makes such a row NaN)."""
         u, total = _wrap(u), _wrap(total)
         deps = u.deps | total.deps
         if u.kind != FINITE or total.kind != FINITE:
