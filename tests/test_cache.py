@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import symattn
+from conftest import run_cli
 from symattn import budget, cache
 from symattn.docs import document
 from symattn.prove import claims
@@ -179,3 +180,17 @@ def test_a_change_to_any_source_file_is_another_fingerprint(tmp_path):
     with open(copy / "grammar" / "attention.lark", "a", encoding="utf-8") as out:
         out.write("// a change\n")
     assert fingerprint() != first
+
+
+def test_the_command_twice_reads_back_and_stays_quiet_when_piped(store, tmp_path):
+    """`symattn derive` in fresh interpreters, stderr piped: no progress, no noise; the second run
+    reads the document and figures the first stored, and writes the committed files."""
+    for attempt in ("cold", "warm"):
+        target = tmp_path / attempt / "sigmoid.md"
+        target.parent.mkdir()
+        result = run_cli("derive", NAME, "-o", str(target))
+        assert result.returncode == 0 and result.stdout == "" and result.stderr == "", (attempt, result.stderr)
+        assert target.read_text(encoding="utf-8") == MARKDOWN, attempt
+        assert (target.parent / "sigmoid-cost.png").read_bytes() == \
+            (ROOT / "derivations" / "sigmoid-cost.png").read_bytes(), attempt
+        assert len(files(store, "document")) == 1
