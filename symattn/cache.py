@@ -19,8 +19,10 @@ Where: `$SYMATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/symattn`, else
 SHA-256 of the pickled payload: a truncated or corrupted file fails that
 test and is recomputed (and rewritten), never unpickled. Files are written
 to a temporary name and renamed, so a reader never sees half a file; a
-directory that cannot be written is ignored. The directory is trusted as
-Python's own `__pycache__` is: it holds pickles.
+directory that cannot be written is ignored. Past `LIMIT` files the oldest
+are removed (every change to symattn's source makes new keys, so old files
+are never read again). The directory is trusted as Python's own
+`__pycache__` is: it holds pickles.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ T = TypeVar("T")
 MAGIC = b"symattn-cache 1\n"
 LIBRARIES = ("sympy", "mpmath", "numpy", "lark", "matplotlib", "pillow")
 SOURCES = (".py", ".lark", ".attn", ".h")   # the package files results can depend on
+LIMIT = 500        # files kept; a document with its figures is 10-100 kB
 
 
 def enabled() -> bool:
@@ -120,6 +123,20 @@ def _write(path: Path, value: object) -> None:
             os.unlink(temporary)
             raise
     except OSError:   # a read-only or full disk: the result is still returned, just not kept
+        return
+    _prune(path.parent)
+
+
+def _prune(folder: Path) -> None:
+    """Remove the oldest cache files past LIMIT (by modification time)."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.endswith(".pickle")]
+        if len(entries) <= LIMIT:
+            return
+        entries.sort(key=lambda e: e.stat().st_mtime)
+        for entry in entries[: len(entries) - LIMIT]:
+            os.unlink(entry.path)
+    except OSError:   # another process removed one first, or the folder is not ours to clean
         return
 
 

@@ -194,3 +194,15 @@ def test_the_command_twice_reads_back_and_stays_quiet_when_piped(store, tmp_path
         assert (target.parent / "sigmoid-cost.png").read_bytes() == \
             (ROOT / "derivations" / "sigmoid-cost.png").read_bytes(), attempt
         assert len(files(store, "document")) == 1
+
+
+def test_the_oldest_files_go_past_the_limit(store, monkeypatch):
+    monkeypatch.setattr(cache, "LIMIT", 2)
+    for k in range(4):
+        before = set(files(store, "test"))
+        cache.remembered("test", (k,), lambda: k, keep=lambda: True)
+        (new,) = set(files(store, "test")) - before
+        os.utime(new, (1_000_000 + 10 * k, 1_000_000 + 10 * k))  # distinct times, in the order written
+    assert len(files(store, "test")) == 2
+    assert cache.remembered("test", (3,), lambda: "computed", keep=lambda: True) == 3, "the newest stays"
+    assert cache.remembered("test", (0,), lambda: "computed", keep=lambda: True) == "computed", "the oldest went"
