@@ -39,7 +39,7 @@ from typing import Callable, TypeVar
 
 from .version import __version__
 
-__all__ = ["remembered", "directory", "enabled", "fingerprint"]
+__all__ = ["remembered", "place", "directory", "enabled", "fingerprint"]
 
 T = TypeVar("T")
 
@@ -138,6 +138,18 @@ def _prune(folder: Path) -> None:
             os.unlink(entry.path)
     except OSError:   # another process removed one first, or the folder is not ours to clean
         return
+
+
+def place(name: str) -> Path | None:
+    """A path in the cache directory for a file another library keeps itself (Lark's parser
+    tables), or None when the cache is off or the directory cannot be made."""
+    if not enabled():
+        return None
+    try:
+        directory().mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return directory() / name
 
 
 def remembered(kind: str, parts: tuple, compute: Callable[[], T], keep: Callable[[], bool]) -> T:

@@ -206,3 +206,28 @@ def test_the_oldest_files_go_past_the_limit(store, monkeypatch):
     assert len(files(store, "test")) == 2
     assert cache.remembered("test", (3,), lambda: "computed", keep=lambda: True) == 3, "the newest stays"
     assert cache.remembered("test", (0,), lambda: "computed", keep=lambda: True) == "computed", "the oldest went"
+
+
+BAD = "attention bad\ndim N = 4\ninput X[N, N]\nY = X @ @ X\noutput Y\n"
+
+
+def test_the_parser_tables_are_kept_and_a_damaged_file_is_rebuilt(store, tmp_path, monkeypatch):
+    """Lark's analysed grammar is kept in the cache directory: parse errors read the same from
+    tables built, read back, or rebuilt from a damaged file, and say nothing else."""
+    spec = tmp_path / "bad.attn"
+    spec.write_text(BAD, encoding="utf-8")
+    monkeypatch.setenv("SYMATTN_NO_CACHE", "1")
+    reference = run_cli("check", str(spec))
+    assert reference.returncode == 2 and "bad.attn:4:" in reference.stderr and "^" in reference.stderr
+    assert not store.exists()
+    monkeypatch.delenv("SYMATTN_NO_CACHE")
+    for attempt in ("built", "read back", "damaged"):
+        if attempt == "damaged":
+            tables = (store / "parser.lark").read_bytes()
+            damaged = tables[: len(tables) // 3]
+            (store / "parser.lark").write_bytes(damaged)
+        result = run_cli("check", str(spec))
+        assert (result.returncode, result.stdout, result.stderr) == \
+            (reference.returncode, reference.stdout, reference.stderr), attempt
+        assert (store / "parser.lark").is_file(), attempt
+    assert (store / "parser.lark").read_bytes() != damaged, "written again"
