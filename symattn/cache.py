@@ -11,7 +11,9 @@ grammar), the version of Python and of each library a result depends on
 source, or an upgrade, is a different key, so a hit is exactly what would
 be computed now. Callers pass a `keep` that is false when a time budget ran
 out (`symattn.budget.runs_out`): a claim that gave up on a busy machine may
-be proved on an idle one, and is never stored.
+be proved on an idle one, and is never stored. So a stored result is the
+one no budget cut short, which is what every budget gives on a machine fast
+enough (documents leave the budget out of their key; verdicts keep it).
 
 Where: `$SYMATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/symattn`, else
 `~/.cache/symattn`; one file per key. `SYMATTN_NO_CACHE=1` turns it off
