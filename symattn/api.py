@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
-from . import progress
+from . import budget, cache, progress
 from .ir import typed as t
 from .docs.display import spec_html, spec_latex
 from .ir.position import NOWHERE
@@ -26,6 +26,8 @@ from .ir.shapes import format_shape
 from .front.validate import validate
 
 __all__ = ["load", "Spec", "read_spec_file", "example_path", "example_text"]
+
+T = TypeVar("T")
 
 
 def example_text() -> str:
@@ -90,6 +92,7 @@ class Spec:
         self._verdicts: dict = {}
         self._gradient_checks: dict = {}
         self._torch_generated = None  # the generated torch module, loaded once for spec.torch()
+        self._runs_out = budget.runs_out()  # time budgets run out before this Spec existed (see `cached`)
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -136,6 +139,14 @@ class Spec:
         merged = {**{k: v for k, v in self.typed.sizes.items()}, **sizes}
         return load(self.typed.source, dims=merged, filename=self.typed.filename)
 
+    def cached(self, kind: str, parts: tuple, compute: Callable[[], T]) -> T:
+        """compute(), through the cache on disk (`symattn.cache`), keyed by `kind`, this spec's text,
+        file name and sizes, and `parts`. Stored only when no time budget has run out since this
+        Spec was made: whatever it remembers (sessions, verdicts) was computed since then, and a
+        result that depended on the clock is not reproducible."""
+        key = (self.typed.source, self.typed.filename, tuple(self.typed.sizes.items())) + tuple(parts)
+        return cache.remembered(kind, key, compute, keep=lambda: budget.runs_out() == self._runs_out)
+
     def derive(self):
         """Every grad(T) in matrix form, dims symbolic, with the steps that produced it."""
         from .symbolic.derive import derive
@@ -160,7 +171,8 @@ class Spec:
 
         Each claim gets `budget` seconds (default `symattn.budget.DEFAULT_SECONDS`; 0 means no
         limit); a claim over it is unknown, "gave up after ... s". Computed once per Spec and
-        (force, budget); later calls return the same verdicts."""
+        (force, budget), and kept on disk for the next run (`cached`); later calls return the same
+        verdicts."""
         from .budget import DEFAULT_SECONDS
         from .prove.claims import check_spec
 
@@ -173,7 +185,8 @@ class Spec:
             shared = self._sessions.get(bool(force))
             session = shared if shared is not None and shared.model_built else None
             with progress.task(f"check {self.name}"):
-                self._verdicts[key] = check_spec(self.typed, force=force, budget=seconds, session=session)
+                self._verdicts[key] = self.cached("verdicts", key, lambda: check_spec(
+                    self.typed, force=force, budget=seconds, session=session))
         return list(self._verdicts[key])
 
     def equivariance(self, output: str, source: str | tuple[str, ...] | list[str], dim: str | None = None,
@@ -211,13 +224,14 @@ class Spec:
 
     def verify_gradients(self, force: bool = False):
         """Every matrix-level gradient against the element-level chain rule, exactly, at the current sizes.
-        Computed once per Spec and `force`, in the shared `session`."""
+        Computed once per Spec and `force`, in the shared `session`, and kept on disk (`cached`)."""
         from .prove.claims import verify_gradients
 
         key = bool(force)
         if key not in self._gradient_checks:
             with progress.task(f"verify gradients of {self.name}"):
-                self._gradient_checks[key] = verify_gradients(self.typed, force=key, session=self.session(key))
+                self._gradient_checks[key] = self.cached("gradient-checks", (key,), lambda: verify_gradients(
+                    self.typed, force=key, session=self.session(key)))
         return list(self._gradient_checks[key])
 
     def numpy(self):

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["Budget", "OutOfTime", "time_budget", "checkpoint", "DEFAULT_SECONDS"]
+__all__ = ["Budget", "OutOfTime", "time_budget", "checkpoint", "runs_out", "DEFAULT_SECONDS"]
 
 def _default_seconds() -> float:
     """5 s, or the SYMATTN_BUDGET environment variable (seconds; a slow or shared machine)."""
@@ -60,6 +60,13 @@ class OutOfTime(BaseException):
 
 
 _local = threading.local()  # each thread has its own budgets; only the main thread's use the timer
+_runs_out = 0               # budgets that have run out in this process, any thread
+
+
+def runs_out() -> int:
+    """How many times a budget has run out in this process so far. A result computed while this
+    count stayed the same did not depend on the clock (`symattn.cache` stores only such results)."""
+    return _runs_out
 
 
 def _running() -> list[Budget]:
@@ -76,8 +83,10 @@ def _first() -> Budget | None:
 
 def checkpoint() -> None:
     """Raise OutOfTime when one of this thread's budgets is spent (cheap; call it in long loops)."""
+    global _runs_out
     first = _first()
     if first is not None and time.monotonic() >= first.deadline:
+        _runs_out += 1
         raise OutOfTime(first)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,12 @@ import pytest
 # Verdicts must not depend on how loaded the machine is: the tests give each claim a generous
 # time budget (tests of the budget itself pass theirs explicitly). Set before symattn is imported.
 os.environ.setdefault("SYMATTN_BUDGET", "120")
+
+# Every test computes what it checks: the cache on disk (symattn.cache) is off, and points at a
+# directory of this run, not the user's, for the tests of the cache that turn it on.
+os.environ["SYMATTN_NO_CACHE"] = "1"
+os.environ["SYMATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="symattn-test-cache-")
+atexit.register(shutil.rmtree, os.environ["SYMATTN_CACHE_DIR"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "derivations").glob("*.attn"))

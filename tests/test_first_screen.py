@@ -152,8 +152,9 @@ def test_an_explicit_format_on_a_terminal_means_the_document(capsys, monkeypatch
 
 @pytest.mark.parametrize("argv", [["derive", "derivations/causal.attn", "-o", "{tmp}/causal.md"],
                                   ["check", "derivations/multi_head.attn"],
-                                  ["verify", "derivations/additive.attn"]],
-                         ids=["derive", "check", "verify"])
+                                  ["verify", "derivations/additive.attn"],
+                                  ["emit", "numpy", "derivations/multi_head.attn", "-o", "{tmp}/multi_head.py"]],
+                         ids=["derive", "check", "verify", "emit"])
 def test_progress_only_on_a_terminal_and_erased(capsys, monkeypatch, tmp_path, argv):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(progress, "DELAY", 0.0)
@@ -162,7 +163,8 @@ def test_progress_only_on_a_terminal_and_erased(capsys, monkeypatch, tmp_path, a
     assert quiet == "", "progress when stderr is not a terminal"
     code, out, shown = _run(capsys, monkeypatch, argv, stderr_tty=True)
     assert code in (0, 1)
-    title = f"symattn {argv[0]} {Path(argv[1]).stem}"
+    spec = next(a for a in argv if a.endswith(".attn"))
+    title = f"symattn {' '.join(argv[: argv.index(spec)])} {Path(spec).stem}"
     assert shown.startswith("\r" + title), shown[:200]
     assert shown.endswith("\r\x1b[K"), "the line is not erased at the end"
     assert "\n" not in shown, "progress must stay on one line"

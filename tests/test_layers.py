@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "symattn"
 
 STAGES = ["base", "ir", "front", "symbolic", "prove", "codegen", "check", "docs", "entry"]
-BASE = {"errors", "budget", "progress", "present", "version"}
+BASE = {"errors", "budget", "cache", "progress", "present", "version"}
 ENTRY = {"api", "golden", "regenerate", "cli", "__init__", "__main__"}
 
 

@@ -350,7 +350,12 @@ class _NoFigures:
 def build(spec, force: bool = False, figures: bool = True) -> Document:
     """The derivation document of a `symattn.Spec`. With `figures=False` it has no Figure blocks
     (and no note about them): the document `build` gives, less its figures, for a caller that
-    has nowhere to put them."""
+    has nowhere to put them. Kept on disk (`Spec.cached`): the next run on the same spec, by the
+    same code, reads it back instead of building it again."""
+    return spec.cached("document", (bool(force), bool(figures)), lambda: _build(spec, force, figures))
+
+
+def _build(spec, force: bool, figures: bool) -> Document:
     from . import figures as figure_module
 
     typed = spec.typed

@@ -24,6 +24,7 @@ from lark.exceptions import (
 )
 
 from . import syntax as ir
+from .. import cache
 from ..errors import SpecError, SpecSyntaxError
 
 __all__ = ["parse", "grammar_text", "KEYWORDS"]
@@ -99,7 +100,11 @@ class _BracketLines:
 
 @functools.lru_cache(maxsize=1)
 def _parser() -> tuple[Lark, _BracketLines]:
+    """The parser. Lark keeps its analysed grammar in symattn's cache directory (`symattn.cache`;
+    Lark checks the file against the grammar, the options and its own version, and rebuilds it
+    when it does not match or cannot be read): most of the time a short spec takes to parse."""
     postlex = _BracketLines()
+    place = cache.place("parser.lark")
     parser = Lark(
         grammar_text(),
         parser="lalr",
@@ -107,6 +112,7 @@ def _parser() -> tuple[Lark, _BracketLines]:
         postlex=postlex,
         propagate_positions=True,
         maybe_placeholders=False,
+        cache=False if place is None else str(place),
     )
     return parser, postlex
 
