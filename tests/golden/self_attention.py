@@ -17,11 +17,22 @@ All arguments are keywords. Shapes (extra leading batch axes broadcast):
 Sizes are read from the arrays. float32 arrays give float32 results, float64
 arrays float64 (mixed ones promote as NumPy does; float16 is computed in float32,
 integers in float64). backward() returns dL/dT for L = sum(O * grad_O).
+
+Attention whose scores have more than TILED_ABOVE entries (batch x heads x queries
+x keys) is computed tiled, as FlashAttention does: blocks of BLOCK_Q queries x BLOCK_K
+keys through BLAS, an online softmax, the weights recomputed from the saved row
+log-sum-exp in the backward pass, fully masked blocks skipped; memory O(N * block)
+instead of O(N^2). Smaller attention is computed plainly. The three are module
+constants: set them to choose.
 """
 
 import numpy as np
 
 __all__ = ["forward", "backward", "forward_backward"]
+TILED_ABOVE = 4_194_304  # score entries (batch x heads x queries x keys) above which attention is tiled
+BLOCK_Q = 256  # query rows per block of the tiled pass
+BLOCK_K = 512  # keys per block of the tiled pass
+
 
 
 def forward(*, X, W_q, W_k, W_v):
@@ -45,7 +56,9 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     _, d_k = _bind("W_q", W_q, "[d, d_k]", (d, None))
     _bind("W_k", W_k, "[d, d_k]", (d, d_k))
     _bind("W_v", W_v, "[d, d_k]", (d, d_k))
-    _batch_axes(("X", X, 2), ("W_q", W_q, 2), ("W_k", W_k, 2), ("W_v", W_v, 2))
+    batch = _batch_axes(("X", X, 2), ("W_q", W_q, 2), ("W_k", W_k, 2), ("W_v", W_v, 2))
+    if int(np.prod(batch)) * N * N > TILED_ABOVE:  # the attention scores are large: tiled, O(N * block) memory
+        return _forward_backward_tiled(X, W_q, W_k, W_v, grad_O)
 
     # forward pass
     Q = X @ W_q
@@ -76,6 +89,57 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
     dQ = dS @ K
     dQ *= d_k ** -0.5
     del dP, dS
+    dW_v = X.swapaxes(-1, -2) @ dV
+    dW_k = X.swapaxes(-1, -2) @ dK
+    dW_q = X.swapaxes(-1, -2) @ dQ
+    # grad(X) = grad(Q) @ W_q.T + grad(K) @ W_k.T + grad(V) @ W_v.T
+    dX = dQ @ W_q.swapaxes(-1, -2)
+    dX += dK @ W_k.swapaxes(-1, -2)
+    dX += dV @ W_v.swapaxes(-1, -2)
+    gradients = {
+        "X": _sum_to(dX, X.shape),
+        "W_q": _sum_to(dW_q, W_q.shape),
+        "W_k": _sum_to(dW_k, W_k.shape),
+        "W_v": _sum_to(dW_v, W_v.shape),
+    }
+    return outputs, gradients
+
+
+def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
+    """_forward_backward with every attention core tiled (FlashAttention: blocks of BLOCK_Q queries x
+    BLOCK_K keys through BLAS, online softmax; the weights recomputed in the backward pass)."""
+    dtype, (X, W_q, W_k, W_v) = _as_float(X, W_q, W_k, W_v)
+    N, d = _bind("X", X, "[N, d]", (None, None))
+    _, d_k = _bind("W_q", W_q, "[d, d_k]", (d, None))
+    _bind("W_k", W_k, "[d, d_k]", (d, d_k))
+    _bind("W_v", W_v, "[d, d_k]", (d, d_k))
+    _batch_axes(("X", X, 2), ("W_q", W_q, 2), ("W_k", W_k, 2), ("W_v", W_v, 2))
+
+    # forward pass
+    Q = X @ W_q
+    K = X @ W_k
+    V = X @ W_v
+    # O = softmax(Q @ K.T / sqrt(d_k), axis=-1) @ V
+    def O_score(s, i, j):
+        """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]); s = Q @ K.T there."""
+        return s * d_k ** -0.5
+    def O_score_grad(s, i, j):
+        """d score / d s: 1 / sqrt(d_k)."""
+        return 1 / d_k ** 0.5
+    O, O_lse = _flash_forward(Q, K, V, O_score, None, BLOCK_Q, BLOCK_K)
+    outputs = {"O": O}
+    if grad_O is None:
+        return outputs, None
+
+    # backward pass: L = sum(O * grad(O)); dT is grad(T) = dL/dT
+    dO = _upstream("grad_O", grad_O, "[N, d_k]", (N, d_k), dtype)
+    dQ_via_O, dK_via_O, dV_via_O = _flash_backward(Q, K, V, O, O_lse, dO, O_score, O_score_grad, None, BLOCK_Q, BLOCK_K)
+    # grad(V) = P.T @ grad(O)
+    dV = dV_via_O
+    # grad(K) = grad(S).T @ Q / sqrt(d_k)
+    dK = dK_via_O
+    # grad(Q) = grad(S) @ K / sqrt(d_k)
+    dQ = dQ_via_O
     dW_v = X.swapaxes(-1, -2) @ dV
     dW_k = X.swapaxes(-1, -2) @ dK
     dW_q = X.swapaxes(-1, -2) @ dQ
@@ -183,3 +247,98 @@ def _softmax_backward_(P, dP, rowdot):
 def _rowdot(a, b):
     """sum(a * b, axis=-1), keeping the axis, without an array of the products."""
     return np.einsum("...j,...j->...", a, b)[..., None]
+
+
+def _flash_forward(q, k, v, score, keys, block_q, block_k):
+    """(o, lse): o = softmax(score(q @ k.T), axis=-1) @ v and each row's log-sum-exp, tiled (FlashAttention).
+
+    Blocks of block_q query rows x block_k keys: each block's scores come from
+    one matrix product, and an online softmax keeps each row's running max m and
+    sum l of exp(score - m), rescaling the partial output when m grows, so no
+    array is larger than a block (per batch entry and head). `score(s, i, j)` is
+    the score of the block with products s at rows i ([rows, 1]) and keys j
+    ([1, cols]); `keys(first, last)` (None: all) the range of keys rows
+    first..last may see, so blocks outside it are never computed. A fully
+    masked row gives o = 0 and lse = -inf, never NaN.
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    dtype = np.result_type(q, k, v)
+    o = np.zeros(batch + (n_q, v.shape[-1]), dtype)
+    lse = np.full(batch + (n_q, 1), -np.inf, dtype)
+    kt = k.swapaxes(-1, -2)
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+        i = np.arange(i0, i1)[:, None]
+        qi = q[..., i0:i1, :]
+        m = np.full(batch + (i1 - i0, 1), -np.inf, dtype)  # running max of each row's scores
+        l = np.zeros(batch + (i1 - i0, 1), dtype)           # running sum of exp(score - m)
+        acc = o[..., i0:i1, :]
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
+            p = score(qi @ kt[..., j0:j1], i, np.arange(j0, j1)[None, :])
+            top = np.maximum(m, p.max(axis=-1, keepdims=True))
+            shift = np.where(top == -np.inf, 0, top)  # a row masked so far: exp(-inf - 0) = 0
+            p -= shift
+            np.exp(p, out=p)
+            alpha = np.exp(m - shift)
+            l *= alpha
+            l += p.sum(axis=-1, keepdims=True)
+            acc *= alpha
+            acc += p @ v[..., j0:j1, :]
+            m = top
+        acc /= np.where(l == 0, 1, l)
+        with np.errstate(divide="ignore"):
+            lse[..., i0:i1, :] = m + np.log(l)
+    return o, lse
+
+
+def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, block_q, block_k):
+    """(dq, dk, dv) for o = softmax(score(q @ k.T), axis=-1) @ v, given do = grad(o), tiled (FlashAttention-2).
+
+    delta = rowsum(do * o) (= rowsum(dP * P)); per block, the weights are
+    recomputed from the saved lse, P = exp(score - lse), then dv += P.T @ do,
+    dP = do @ v.T, dS = P * (dP - delta) * score'(s), dq += dS @ k and
+    dk += dS.T @ q; the blocks are those the forward visited. A constant
+    score' (a scale) is applied to dq and dk once, at the end.
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
+    dtype = np.result_type(q, k, v, do)
+    dq = np.zeros(batch + q.shape[-2:], dtype)
+    dk = np.zeros(batch + k.shape[-2:], dtype)
+    dv = np.zeros(batch + v.shape[-2:], dtype)
+    delta = np.einsum("...j,...j->...", do, o)[..., None]
+    shift = np.where(lse == -np.inf, 0, lse)  # a fully masked row: exp(-inf - 0) = 0
+    kt, vt = k.swapaxes(-1, -2), v.swapaxes(-1, -2)
+    scale = None
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+        i = np.arange(i0, i1)[:, None]
+        qi, doi, dqi = q[..., i0:i1, :], do[..., i0:i1, :], dq[..., i0:i1, :]
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
+            j = np.arange(j0, j1)[None, :]
+            s = qi @ kt[..., j0:j1]
+            p = score(s, i, j)
+            if p is s:
+                p = s.copy()
+            p -= shift[..., i0:i1, :]
+            np.exp(p, out=p)
+            dv[..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
+            ds = doi @ vt[..., j0:j1]
+            ds -= delta[..., i0:i1, :]
+            ds *= p
+            grad = score_grad(s, i, j)
+            if np.ndim(grad) == 0:
+                scale = grad
+            else:
+                ds *= grad
+            dqi += ds @ k[..., j0:j1, :]
+            dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
+    if scale is not None and scale != 1:
+        dq *= scale
+        dk *= scale
+    return dq, dk, dv

@@ -24,7 +24,8 @@ from ...ir.printer import ADD, ATOM, MUL, NEG, POW
 from ..index import IndexArray, LEntry, LScalarTensor, LVar
 from .index_printer import IndexNotationPrinter
 from .syntax import BINARY, CONSTANT, INPLACE, REDUCE, RESERVED, SCALAR_UNARY, SCAN, UNARY, Code
-from ..program_ir import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, walk_labelled
+from ..program_ir import (Arange, CodegenError, FusedAttention, FusedAttentionGrad, FusedPart, Program, SoftmaxGrad, Stmt,
+                          Var, walk_labelled)
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
 
@@ -40,6 +41,7 @@ class NumPyPrinter(IndexNotationPrinter):
         self.owned: dict[str, bool] = {}
         self.parent: dict[str, str] = {}
         self.dims = {self.spec.dims[n].symbol: v for n, v in program.dim_vars.items()}
+        self.fused: dict[str, tuple[str, ...]] = {}  # fused core or gradient variable -> the names it binds
 
     # --- dims and scalars -----------------------------------------------------------------
 
@@ -366,6 +368,9 @@ class NumPyPrinter(IndexNotationPrinter):
         if isinstance(stmt.node, Arange):
             self.owned[var] = True
             return [f"{var} = np.arange({self.dim(stmt.node.size).text}, dtype=dtype)"]
+        if isinstance(stmt.node, (FusedAttention, FusedAttentionGrad)):
+            self.owned[var] = True
+            return self._fused(var, stmt.node)
         if stmt.labels is not None:
             code = self.label(stmt.node)
             self._record(var, stmt, code.fresh)
@@ -378,6 +383,32 @@ class NumPyPrinter(IndexNotationPrinter):
             lines = [f"{var} = {code.text}"]
             self._record(var, stmt, code.fresh)
         return lines
+
+    def _fused(self, var: str, node) -> list[str]:
+        """An attention core, tiled: its score closures, then the forward helper; or its backward helper."""
+        from .block import core_functions
+
+        core = self.p.cores[node.core]
+        names = self.p.names
+        if isinstance(node, FusedAttention):
+            base = var if var.isidentifier() else "core"
+            made = core_functions(core, self, base, self.spec.dims)
+            lse = names.numbered(f"{base}_lse")
+            self.fused[node.core] = (made.score, made.score_grad, made.keys or "None", lse)
+            self.helpers.add("_flash_forward")
+            q, k, v = (self.doprint(x).text for x in node.children)
+            return made.lines + [f"{var}, {lse} = _flash_forward({q}, {k}, {v}, {made.score}, "
+                                 f"{made.keys or 'None'}, BLOCK_Q, BLOCK_K)"]
+        score, grad, keys, lse = self.fused[node.core]
+        grads = tuple(names.numbered(f"d{getattr(core, role)}_via_{node.core}") for role in ("q", "k", "v"))
+        self.fused[var] = grads
+        self.helpers.add("_flash_backward")
+        q, k, v, o, do = (self.doprint(x).text for x in node.children)
+        return [f"{', '.join(grads)} = _flash_backward({q}, {k}, {v}, {o}, {lse}, {do}, {score}, {grad}, {keys}, "
+                f"BLOCK_Q, BLOCK_K)"]
+
+    def _print_FusedPart(self, node: FusedPart) -> Code:
+        return Code(self.fused[node.x.name][node.index], ATOM, fresh=False)
 
     def _record(self, var: str, stmt: Stmt, fresh: bool) -> None:
         self.owned[var] = fresh or self.consumed is not None

@@ -212,11 +212,107 @@ def _scatter(values, at, shape, rank):
     return out
 
 
+def _flash_forward(q, k, v, score, keys, block_q, block_k):
+    """(o, lse): o = softmax(score(q @ k.T), axis=-1) @ v and each row's log-sum-exp, tiled (FlashAttention).
+
+    Blocks of block_q query rows x block_k keys: each block's scores come from
+    one matrix product, and an online softmax keeps each row's running max m and
+    sum l of exp(score - m), rescaling the partial output when m grows, so no
+    array is larger than a block (per batch entry and head). `score(s, i, j)` is
+    the score of the block with products s at rows i ([rows, 1]) and keys j
+    ([1, cols]); `keys(first, last)` (None: all) the range of keys rows
+    first..last may see, so blocks outside it are never computed. A fully
+    masked row gives o = 0 and lse = -inf, never NaN.
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    dtype = np.result_type(q, k, v)
+    o = np.zeros(batch + (n_q, v.shape[-1]), dtype)
+    lse = np.full(batch + (n_q, 1), -np.inf, dtype)
+    kt = k.swapaxes(-1, -2)
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+        i = np.arange(i0, i1)[:, None]
+        qi = q[..., i0:i1, :]
+        m = np.full(batch + (i1 - i0, 1), -np.inf, dtype)  # running max of each row's scores
+        l = np.zeros(batch + (i1 - i0, 1), dtype)           # running sum of exp(score - m)
+        acc = o[..., i0:i1, :]
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
+            p = score(qi @ kt[..., j0:j1], i, np.arange(j0, j1)[None, :])
+            top = np.maximum(m, p.max(axis=-1, keepdims=True))
+            shift = np.where(top == -np.inf, 0, top)  # a row masked so far: exp(-inf - 0) = 0
+            p -= shift
+            np.exp(p, out=p)
+            alpha = np.exp(m - shift)
+            l *= alpha
+            l += p.sum(axis=-1, keepdims=True)
+            acc *= alpha
+            acc += p @ v[..., j0:j1, :]
+            m = top
+        acc /= np.where(l == 0, 1, l)
+        with np.errstate(divide="ignore"):
+            lse[..., i0:i1, :] = m + np.log(l)
+    return o, lse
+
+
+def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, block_q, block_k):
+    """(dq, dk, dv) for o = softmax(score(q @ k.T), axis=-1) @ v, given do = grad(o), tiled (FlashAttention-2).
+
+    delta = rowsum(do * o) (= rowsum(dP * P)); per block, the weights are
+    recomputed from the saved lse, P = exp(score - lse), then dv += P.T @ do,
+    dP = do @ v.T, dS = P * (dP - delta) * score'(s), dq += dS @ k and
+    dk += dS.T @ q; the blocks are those the forward visited. A constant
+    score' (a scale) is applied to dq and dk once, at the end.
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
+    dtype = np.result_type(q, k, v, do)
+    dq = np.zeros(batch + q.shape[-2:], dtype)
+    dk = np.zeros(batch + k.shape[-2:], dtype)
+    dv = np.zeros(batch + v.shape[-2:], dtype)
+    delta = np.einsum("...j,...j->...", do, o)[..., None]
+    shift = np.where(lse == -np.inf, 0, lse)  # a fully masked row: exp(-inf - 0) = 0
+    kt, vt = k.swapaxes(-1, -2), v.swapaxes(-1, -2)
+    scale = None
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+        i = np.arange(i0, i1)[:, None]
+        qi, doi, dqi = q[..., i0:i1, :], do[..., i0:i1, :], dq[..., i0:i1, :]
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
+            j = np.arange(j0, j1)[None, :]
+            s = qi @ kt[..., j0:j1]
+            p = score(s, i, j)
+            if p is s:
+                p = s.copy()
+            p -= shift[..., i0:i1, :]
+            np.exp(p, out=p)
+            dv[..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
+            ds = doi @ vt[..., j0:j1]
+            ds -= delta[..., i0:i1, :]
+            ds *= p
+            grad = score_grad(s, i, j)
+            if np.ndim(grad) == 0:
+                scale = grad
+            else:
+                ds *= grad
+            dqi += ds @ k[..., j0:j1, :]
+            dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
+    if scale is not None and scale != 1:
+        dq *= scale
+        dk *= scale
+    return dq, dk, dv
+
+
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
+    "_flash_forward", "_flash_backward",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}  # helper -> the helpers it calls
 
