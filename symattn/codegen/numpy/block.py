@@ -32,7 +32,7 @@ import sympy
 from ...ir import typed as t
 from ...ir.printer import ADD, ATOM, COMPARE, MUL, NEG, Printed, Printer
 from ...ir.printing import to_spec
-from ..cuda.core import AttentionCore, score_grad
+from ..cuda.core import AttentionCore, score_derivative
 from ..cuda.syntax import align
 from ..program_ir import CodegenError
 from ..triton.bounds import tile_bounds
@@ -56,8 +56,9 @@ class Piece(Printed):
 class CoreFunctions:
     lines: list[str]
     score: str
-    score_grad: str
-    keys: str | None  # None: every key block is visited
+    score_grad: str   # "None" where d score / d s is 1 (the score is s plus terms of the indices)
+    keys: str         # "None" where every key block is visited
+    scale: str        # the constant the product is scaled by ("1" when none), applied to the queries
 
 
 def _neg_inf(node: t.Node) -> bool:
@@ -77,11 +78,13 @@ class BlockPrinter(Printer):
     error = CodegenError
     rules = "NumPy block"
 
-    def __init__(self, core: AttentionCore, outer, indices: dict[str, str] | None = None) -> None:
+    def __init__(self, core: AttentionCore, outer, indices: dict[str, str] | None = None,
+                 product: t.Node | None = None) -> None:
         self.core = core
         self.outer = outer
         self.pure = dict(core.pure)
         self.indices = dict(indices or {})
+        self.product = product or core.product  # the node printed as `s`
 
     def coords(self, node: t.Node) -> tuple[str, ...]:
         """The block's coordinates for `node` (broadcastable to the score): heads, then `i`, `j`."""
@@ -96,8 +99,10 @@ class BlockPrinter(Printer):
         return self.doprint(node, self.coords(node))
 
     def doprint(self, node, *context) -> Piece:
-        if node == self.core.product:
+        if node == self.product:
             return Piece("s", ATOM, "value")
+        if node == self.core.product:
+            raise CodegenError("internal: the product outside its scaled form")
         if node.shape == () and _constant(node):  # Python arithmetic, as the plain path prints it
             code = self.outer.doprint(node)
             return Piece(code.text, code.prec, "scalar")
@@ -135,7 +140,8 @@ class BlockPrinter(Printer):
         if isinstance(node, t.Tensor) and node.name in self.pure:
             definition = self.pure[node.name]
             if isinstance(definition, t.IndexDef):
-                inner = BlockPrinter(self.core, self.outer, {i.name: c for i, c in zip(definition.indices, coords)})
+                inner = BlockPrinter(self.core, self.outer, {i.name: c for i, c in zip(definition.indices, coords)},
+                                 self.product)
                 return inner.mask(definition.body, ())
             return self.mask(definition, coords)
         return None
@@ -164,7 +170,8 @@ class BlockPrinter(Printer):
             raise CodegenError(f"the score reads {node.name}, which the tiled path cannot read block by block")
         definition = self.pure[node.name]
         if isinstance(definition, t.IndexDef):
-            inner = BlockPrinter(self.core, self.outer, {i.name: c for i, c in zip(definition.indices, coords)})
+            inner = BlockPrinter(self.core, self.outer, {i.name: c for i, c in zip(definition.indices, coords)},
+                                 self.product)
             piece = inner.doprint(definition.body, ())
         else:
             piece = self.doprint(definition, coords)
@@ -267,21 +274,44 @@ def _bound(text: str, outer, first: str) -> str:
     return str(expr.xreplace(rename))
 
 
+def scaled_product(core: AttentionCore) -> t.Binary | None:
+    """`(Q @ K.T) * c` or `(Q @ K.T) / c` for a constant c, when the score reads the product only so: the
+    scale is then applied to the queries once, and the score is a function of the scaled product."""
+    parents = [n for n in t.walk(core.score) if core.product in n.children]
+    if not parents or core.score == core.product:
+        return None
+    first = parents[0]
+    if not (isinstance(first, t.Binary) and first.op in ("mul", "div") and first.a == core.product
+            and first.b.shape == () and _constant(first.b)):
+        return None
+    return first if all(p == first for p in parents) else None
+
+
 def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str]) -> CoreFunctions:
     """The closures of one core (see the module docstring); `name` prefixes them."""
-    printer = BlockPrinter(core, outer)
-    score = printer.block(core.score)
-    derivative = score_grad(core)
-    grad = BlockPrinter(core, outer).block(derivative)
-    formula = to_spec(core.score, list(dims))
+    order = list(dims)
+    scaled = scaled_product(core)
+    product = scaled or core.product
+    scale = "1"
+    if scaled is not None:
+        scale = (outer.reciprocal(scaled.b) if scaled.op == "div" else outer.doprint(scaled.b)).text
+    score = BlockPrinter(core, outer, product=product).block(core.score)
+    derivative = score_derivative(core, product)
     lines = [f"def {name}_score(s, i, j):",
-             f'    """{formula} at query rows i ([rows, 1]) and key columns j ([1, cols]); s = {to_spec(core.product, list(dims))} there."""',
-             f"    return {score.text}",
-             f"def {name}_score_grad(s, i, j):",
-             f'    """d score / d s: {to_spec(derivative, list(dims))}."""',
-             f"    return {grad.text}"]
+             f'    """{to_spec(core.score, order)} at query rows i ([rows, 1]) and key columns j ([1, cols]), given',
+             f'    s = {to_spec(product, order)} there (it may work in the buffer of s)."""',
+             f"    return {score.text}"]
+    grad = "None"
+    if derivative is None or not (isinstance(derivative, t.Scalar) and derivative.value == 1):
+        grad = f"{name}_score_grad"
+        shown = to_spec(derivative, order) if derivative is not None else "0"
+        printed = BlockPrinter(core, outer, product=product).block(derivative) if derivative is not None \
+            else Piece("0", ATOM)
+        lines += [f"def {grad}(s, i, j):",
+                  f'    """d score / d s: {shown}."""',
+                  f"    return {printed.text}"]
     bounds = tile_bounds(core)
-    keys = None
+    keys = "None"
     if bounds.key_lo or bounds.key_hi:
         keys = f"{name}_keys"
         lo = ", ".join(["0"] + [_bound(x, outer, "first") for x in bounds.key_lo])
@@ -289,4 +319,4 @@ def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str]) -
         lines += [f"def {keys}(first, last):",
                   '    """The keys that query rows first..last may see: every other entry of theirs is masked."""',
                   f"    return {'max(' + lo + ')' if bounds.key_lo else '0'}, min({hi})"]
-    return CoreFunctions(lines, f"{name}_score", f"{name}_score_grad", keys)
+    return CoreFunctions(lines, f"{name}_score", grad, keys, scale)

@@ -394,18 +394,18 @@ class NumPyPrinter(IndexNotationPrinter):
             base = var if var.isidentifier() else "core"
             made = core_functions(core, self, base, self.spec.dims)
             lse = names.numbered(f"{base}_lse")
-            self.fused[node.core] = (made.score, made.score_grad, made.keys or "None", lse)
+            self.fused[node.core] = (made.score, made.score_grad, made.keys, made.scale, lse)
             self.helpers.add("_flash_forward")
             q, k, v = (self.doprint(x).text for x in node.children)
-            return made.lines + [f"{var}, {lse} = _flash_forward({q}, {k}, {v}, {made.score}, "
-                                 f"{made.keys or 'None'}, BLOCK_Q, BLOCK_K)"]
-        score, grad, keys, lse = self.fused[node.core]
+            return made.lines + [f"{var}, {lse} = _flash_forward({q}, {k}, {v}, {made.score}, {made.keys}, "
+                                 f"{made.scale}, {len(core.lead)}, BLOCK_Q, BLOCK_K)"]
+        score, grad, keys, scale, lse = self.fused[node.core]
         grads = tuple(names.numbered(f"d{getattr(core, role)}_via_{node.core}") for role in ("q", "k", "v"))
         self.fused[var] = grads
         self.helpers.add("_flash_backward")
         q, k, v, o, do = (self.doprint(x).text for x in node.children)
         return [f"{', '.join(grads)} = _flash_backward({q}, {k}, {v}, {o}, {lse}, {do}, {score}, {grad}, {keys}, "
-                f"BLOCK_Q, BLOCK_K)"]
+                f"{scale}, {len(core.lead)}, BLOCK_Q, BLOCK_K)"]
 
     def _print_FusedPart(self, node: FusedPart) -> Code:
         return Code(self.fused[node.x.name][node.index], ATOM, fresh=False)
