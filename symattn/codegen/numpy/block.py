@@ -36,7 +36,7 @@ from ..cuda.core import AttentionCore, score_derivative
 from ..cuda.syntax import align
 from ..program_ir import CodegenError
 from ..triton.bounds import tile_bounds
-from .syntax import PYTHON_PRECEDENCE, UNARY
+from .syntax import PYTHON_PRECEDENCE
 
 __all__ = ["CoreFunctions", "core_functions", "BlockPrinter"]
 
@@ -85,6 +85,7 @@ class BlockPrinter(Printer):
         self.pure = dict(core.pure)
         self.indices = dict(indices or {})
         self.product = product or core.product  # the node printed as `s`
+        self.syntax = outer.block_syntax
 
     def coords(self, node: t.Node) -> tuple[str, ...]:
         """The block's coordinates for `node` (broadcastable to the score): heads, then `i`, `j`."""
@@ -92,7 +93,8 @@ class BlockPrinter(Printer):
         heads = []
         for k, dim in enumerate(lead):
             after = ", ".join(["None"] * (len(lead) - k + 1))
-            heads.append(f"np.arange({self.outer.dim(dim).text})[:, {after}]")
+            arange = self.syntax["arange"].format(n=self.outer.dim(dim).text)
+            heads.append(f"{arange}[:, {after}]")
         return align(node.shape, self.core.score.shape, (*heads, "i", "j"))
 
     def block(self, node: t.Node) -> Piece:
@@ -114,12 +116,18 @@ class BlockPrinter(Printer):
     def _child(self, child: t.Node, parent: t.Node, coords) -> Piece:
         return self.doprint(child, align(child.shape, parent.shape, coords))
 
-    @staticmethod
-    def cast(piece: Piece, kind: str) -> Piece:
+    def cast(self, piece: Piece, kind: str) -> Piece:
         """An index-only array that meets the scores is cast to their dtype (else float32 would become float64)."""
         if kind == "value" and piece.kind == "index":
-            return Piece(f"{_fenced(piece)}.astype(dtype)", ATOM, "value")
+            return Piece(self.syntax["cast"].format(x=_fenced(piece)), ATOM, "value")
         return piece
+
+    def where(self, cond: str, a: str, b: str) -> str:
+        return f"{self.syntax['where']}({cond}, {a}, {b})"
+
+    @property
+    def inf(self) -> str:
+        return self.syntax["inf"]
 
     # --- masks: `x + where(c, 0, -inf)` is `np.where(c, x, -np.inf)` ---------------------------
 
@@ -193,10 +201,7 @@ class BlockPrinter(Printer):
         x = self._child(node.x, node, coords)
         if node.fn == "neg":
             return Piece("-" + self.parenthesize(x, NEG), self.prec("neg"), x.kind)
-        template, helper = UNARY[node.fn]
-        if helper:
-            self.outer.helpers.add(helper)
-        text = template.format(x=x.text)
+        text = self.outer.unary_template(node.fn).format(x=x.text)
         if x.kind == "scalar":
             return Piece(f"float({text})", ATOM, "scalar")
         return Piece(text, ATOM, "index" if x.kind == "bool" else x.kind)
@@ -209,7 +214,7 @@ class BlockPrinter(Printer):
                 if cond is not None:
                     x = self.doprint((node.a, node.b)[this], kids[this])
                     if x.kind == "value":
-                        return Piece(f"np.where({cond}, {x.text}, -np.inf)", ATOM, "value")
+                        return Piece(self.where(cond, x.text, f"-{self.inf}"), ATOM, "value")
         a, b = self.doprint(node.a, kids[0]), self.doprint(node.b, kids[1])
         kind = _join(a.kind, b.kind)
         a, b = self.cast(a, kind), self.cast(b, kind)
@@ -234,7 +239,7 @@ class BlockPrinter(Printer):
         if kind == "scalar":
             kind = "index"  # np.where of two numbers is a float64 array
         a, b = self.cast(a, kind), self.cast(b, kind)
-        return Piece(f"np.where({cond.text}, {a.text}, {b.text})", ATOM, kind)
+        return Piece(self.where(cond.text, a.text, b.text), ATOM, kind)
 
     def _print_Transpose(self, node: t.Transpose, coords) -> Piece:
         return self.doprint(node.x, (*coords[:-2], coords[-1], coords[-2]))
@@ -243,9 +248,9 @@ class BlockPrinter(Printer):
         if node.kind == "ones":
             return Piece("1.0", ATOM, "scalar")
         if node.kind == "eye":
-            return Piece(f"np.where({coords[0]} == {coords[1]}, 1.0, 0.0)", ATOM, "index")
+            return Piece(self.where(f"{coords[0]} == {coords[1]}", "1.0", "0.0"), ATOM, "index")
         if node.kind == "causal_mask":
-            return Piece(f"np.where({coords[1]} <= {coords[0]}, 0.0, -np.inf)", ATOM, "index")
+            return Piece(self.where(f"{coords[1]} <= {coords[0]}", "0.0", f"-{self.inf}"), ATOM, "index")
         raise CodegenError(f"no NumPy block rule for the constant {node.kind}")
 
 
