@@ -107,7 +107,8 @@ def _child(args) -> None:
                     cpu[name].append(time.process_time() - start_cpu)
             medians = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
             cpu_medians = {name: statistics.median(ts) * 1e3 for name, ts in cpu.items()}
-            rows.append(dict(causal=causal, n=n, threads=threads, ms=medians, cpu=cpu_medians, errors=errors, mib=memory,
+            rows.append(dict(causal=causal, n=n, threads=threads, ms=medians, cpu=cpu_medians, errors=errors,
+                             mib=memory,
                              inputs_mib=4 * q.nbytes / 2**20, load=os.getloadavg()[0]))
     print(json.dumps(rows))
 

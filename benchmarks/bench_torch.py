@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtypes", nargs="+", default=["float32"])
-    parser.add_argument("--block-q", type=int, default=None, help="the tiled attention's query block (default: the module's)")
+    parser.add_argument("--block-q", type=int, default=None,
+                        help="the tiled attention's query block (default: the module's)")
     parser.add_argument("--block-k", type=int, default=None, help="its key block")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

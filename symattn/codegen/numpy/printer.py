@@ -24,8 +24,8 @@ from ...ir.printer import ADD, ATOM, MUL, NEG, POW
 from ..index import IndexArray, LEntry, LScalarTensor, LVar
 from .index_printer import IndexNotationPrinter
 from .syntax import BINARY, CONSTANT, INPLACE, REDUCE, RESERVED, SCALAR_UNARY, SCAN, UNARY, Code
-from ..program_ir import (Arange, CodegenError, FusedAttention, FusedAttentionGrad, FusedPart, Program, SoftmaxGrad, Stmt,
-                          Var, walk_labelled)
+from ..program_ir import (Arange, CodegenError, FusedAttention, FusedAttentionGrad, FusedPart, Program, SoftmaxGrad,
+                          Stmt, Var, walk_labelled)
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
 
