@@ -17,6 +17,7 @@ within 1.2x of SDPA at N=2048, d=64.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -51,9 +52,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtypes", nargs="+", default=["float32"])
+    parser.add_argument("--block-q", type=int, default=None,
+                        help="the tiled attention's query block (default: the module's)")
+    parser.add_argument("--block-k", type=int, default=None, help="its key block")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     module = load_torch_module(symattn.load(CORE).emit("torch"), "bench_core")
+    module.BLOCK_Q = args.block_q or getattr(module, "BLOCK_Q", None)
+    module.BLOCK_K = args.block_k or getattr(module, "BLOCK_K", None)
 
     def generated(q, k, v):
         return module.forward(Q=q, K=k, V=v)["O"]
@@ -62,8 +68,9 @@ def main() -> None:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}")
-    print("| B, H | N | d | dtype | generated ms | SDPA ms | generated / SDPA |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    print(f"blocks {module.BLOCK_Q} x {module.BLOCK_K}" if hasattr(module, "BLOCK_Q") else "not tiled")
+    print("| B, H | N | d | dtype | generated ms | SDPA ms | generated / SDPA | by CPU time | load |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for n in args.sizes:
         for name in args.dtypes:
             dtype = getattr(torch, name)
@@ -79,15 +86,19 @@ def main() -> None:
                     if not err <= tolerance:
                         raise SystemExit(f"{label} is wrong at N={n} {name}: relative error {err:.2e}")
             times = {"generated": [], "SDPA": []}
+            cpu = {"generated": [], "SDPA": []}
             for round_ in range(args.repeat + 1):
                 order = [("generated", generated), ("SDPA", sdpa)][:: 1 if round_ % 2 else -1]
                 for label, fn in order:
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     _run(fn, q, k, v, g)
                     if round_:
                         times[label].append(time.perf_counter() - start)
+                        cpu[label].append(time.process_time() - start_cpu)
             a, b = statistics.median(times["generated"]) * 1e3, statistics.median(times["SDPA"]) * 1e3
-            print(f"| {args.batch}, {args.heads} | {n} | {args.dim} | {name} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+            by_cpu = statistics.median(cpu["generated"]) / statistics.median(cpu["SDPA"])
+            print(f"| {args.batch}, {args.heads} | {n} | {args.dim} | {name} | {a:.1f} | {b:.1f} | {a / b:.2f}x "
+                  f"| {by_cpu:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

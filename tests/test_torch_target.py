@@ -156,10 +156,18 @@ def test_shape_errors_are_value_errors(modules):
 
 
 def test_recomputes_softmax_from_the_row_logsumexp(modules):
-    spec = modules["self_attention"][0]
+    spec = modules["key_padding"][0]  # its score reads a buffer: no fused core, the plain form
     source = spec.emit("torch")
     assert "P, P_lse = _softmax_lse_(S, axis=-1)" in source
-    assert "return [O], [Q, K, V, P_lse]" in source  # no [N, N] tensor is saved
+    assert "return [O], [Mk, Q, K, V, P_lse]" in source  # no [N, N] tensor is saved
+    assert "np." not in source
+
+
+def test_fused_core_is_tiled_and_saves_only_its_logsumexp(modules):
+    spec = modules["self_attention"][0]
+    source = spec.emit("torch")
+    assert "O, O_lse = _flash_forward(Q, K, V, O_score, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)" in source
+    assert "return [O], [Q, K, V, O_lse]" in source  # no [N, N] tensor is saved, none is made
     assert "np." not in source
 
 

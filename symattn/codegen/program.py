@@ -39,8 +39,8 @@ from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Definition, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild,
-                         spec_text, walk_labelled)
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, FusedAttentionGrad, Namer, Program, SoftmaxGrad,
+                         Stmt, Var, rebuild, spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "build_program",
@@ -78,8 +78,9 @@ def _is_cheap(node: t.Node) -> bool:
 
 
 class _Builder:
-    def __init__(self, spec: t.TypedSpec, derivation: Derivation, reserved: Iterable[str]) -> None:
+    def __init__(self, spec: t.TypedSpec, derivation: Derivation, reserved: Iterable[str], fused=None) -> None:
         self.spec = spec
+        self.fused = fused
         self.derivation = derivation
         self.names = Namer(reserved)
         self.stmts: list[Stmt] = []
@@ -176,17 +177,19 @@ class _Builder:
             return self.grad(node.name)
         if node in self.named:
             return self.tensor(self.named[node])
+        if isinstance(node, FusedAttentionGrad):
+            return self.hoist(node, f"grads_{node.core}", f"grad({node.core}) back through the attention core")
         if node in self.shared and not _is_cheap(node):
             return self.hoist(node)
         return self._lower_inner(node)
 
-    def hoist(self, node: t.Node, name: str | None = None) -> Var:
+    def hoist(self, node: t.Node, name: str | None = None, title: str | None = None) -> Var:
         """`node` computed by a statement of its own."""
         if node not in self.hoisted:
             lowered = self._lower_inner(node)
             var = self.names.numbered(name or self._temp_name(node))
             self.hoisted[node] = var
-            self.add(var, lowered, spec_text(node, self.spec.dims), shape=node.shape)
+            self.add(var, lowered, title or spec_text(node, self.spec.dims), shape=node.shape)
         return Var(self.hoisted[node], node.shape)
 
     def _lower_inner(self, node: t.Node) -> t.Node:
@@ -232,7 +235,9 @@ class _Builder:
         lowered = self.lower(definition) if isinstance(definition, (t.Tensor, t.Grad)) \
             else self._lower_inner(definition)
         dims = list(self.spec.dims)
-        if isinstance(info.expr, t.IndexDef):
+        if self.fused is not None and name in self.fused.titles:
+            title = self.fused.titles[name]
+        elif isinstance(info.expr, t.IndexDef):
             idx = ", ".join(i.name for i in info.expr.indices)
             title = f"{name}[{idx}] = {to_spec(info.expr.body, dims)}"
         else:
@@ -250,6 +255,15 @@ class _Builder:
         self.add(var, lowered, self.derivation.one_line(name), shape=self.spec.tensors[name].shape,
                  rewritten=expr != derived, defines=Definition(name, True, derived))
 
+    def gradient(self, name: str) -> t.Node | None:
+        """grad(name) as derived; for a fused program, with the paths through an attention core fused."""
+        if self.fused is not None and name in self.fused.gradients:
+            return self.fused.gradients[name]
+        if self.fused is not None and name in self.fused.absorbed:
+            return None
+        gradient = self.derivation.gradients.get(name)
+        return None if gradient is None else gradient.expr
+
     def build(self) -> Program:
         spec, derivation = self.spec, self.derivation
         # Which gradients the inputs and params need, in the order derived (consumers first).
@@ -257,7 +271,7 @@ class _Builder:
         stack = list(spec.differentiable)
         while stack:
             name = stack.pop()
-            expr = derivation.gradients[name].expr if name in derivation.gradients else None
+            expr = self.gradient(name)
             if expr is None:
                 continue
             for ref in _grad_refs(expr):
@@ -266,12 +280,14 @@ class _Builder:
                     stack.append(ref)
         order = [n for n in derivation.gradients
                  if (n in wanted or n in spec.differentiable) and n not in spec.outputs
-                 and derivation.gradients[n].expr is not None]
+                 and self.gradient(n) is not None]
         rewriter = Rewriter(spec, derivation)
         self.forward_exprs = {name: rewriter(info.expr) for name, info in spec.tensors.items()
                               if info.expr is not None}
         rewriter.forward_exprs = self.forward_exprs
-        backward_exprs = {name: rewriter(derivation.gradients[name].expr) for name in order}
+        backward_exprs = {name: rewriter(self.gradient(name)) for name in order}
+        if self.fused is not None:
+            self.forward_exprs.update(self.fused.forward)
         self.named = {expr: name for name, expr in self.forward_exprs.items() if not isinstance(expr, t.IndexDef)}
         self.shared = _shared_nodes(list(self.forward_exprs.values()) + list(backward_exprs.values()))
         index_defs = [n for e in list(self.forward_exprs.values()) + list(backward_exprs.values())
@@ -286,7 +302,8 @@ class _Builder:
             if name in needed or spec.tensors[name].expr is None:
                 continue
             needed.add(name)
-            stack.extend(_tensor_refs(spec.tensors[name].expr))
+            fused = self.fused.forward.get(name) if self.fused is not None else None
+            stack.extend(_tensor_refs(fused or spec.tensors[name].expr))
         for name in spec.intermediates:
             if name in needed and name not in self.emitted:
                 self.emit_tensor(name)
@@ -297,7 +314,8 @@ class _Builder:
         leaf_grads = {name: self.grad_vars.get(name) for name in spec.differentiable}
 
         program = Program(spec, derivation, self.stmts, forward_count, self.tensor_vars, self.grad_vars,
-                          self.upstream, self.dim_vars, leaf_grads, names=self.names, info=self.info)
+                          self.upstream, self.dim_vars, leaf_grads, names=self.names, info=self.info,
+                          cores=dict(self.fused.cores) if self.fused is not None else {})
         _liveness(program)
         return program
 
@@ -331,8 +349,9 @@ def _liveness(program: Program) -> None:
 
 
 def build_program(spec: t.TypedSpec, derivation: Derivation | None = None,
-                  reserved: Iterable[str] = ()) -> Program:
-    """The straight-line program for `spec` (see the module docstring)."""
+                  reserved: Iterable[str] = (), fused=None) -> Program:
+    """The straight-line program for `spec` (see the module docstring); with `fused`, a
+    `symattn.codegen.fused.FusedPlan` of `spec`, each attention core is one fused operation."""
     if derivation is None:
         derivation = derive(spec)
-    return _Builder(spec, derivation, reserved).build()
+    return _Builder(spec, derivation, reserved, fused).build()

@@ -31,8 +31,8 @@ from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation
 from .index import IndexArray, LContract, LOp, LSum
 
-__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "spec_text", "rebuild",
-           "unrewrite", "RETURNED", "walk_labelled"]
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "FusedAttention", "FusedAttentionGrad", "FusedPart",
+           "Definition", "Stmt", "Program", "Namer", "spec_text", "rebuild", "unrewrite", "RETURNED", "walk_labelled"]
 
 
 class CodegenError(SymAttnError):
@@ -71,6 +71,54 @@ class Arange:
     size: sympy.Expr
 
 
+@dataclass(frozen=True, slots=True)
+class FusedAttention(t.Node):
+    """An attention core's output `softmax(score(q @ k.T)) @ v` computed as one operation (block by block,
+    never the whole score), with the row log-sum-exp its backward reads; `core` names the core's output
+    (`Program.cores`)."""
+
+    core: str
+    q: t.Node
+    k: t.Node
+    v: t.Node
+    shape: tuple
+
+    @property
+    def children(self):
+        return (self.q, self.k, self.v)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedAttentionGrad(t.Node):
+    """The three gradients (dq, dk, dv) through one attention core, from its output `o` and the output's
+    gradient `do` (FlashAttention-2's backward: the weights recomputed from the saved log-sum-exp)."""
+
+    core: str
+    q: t.Node
+    k: t.Node
+    v: t.Node
+    o: t.Node
+    do: t.Node
+    shape: tuple = ()
+
+    @property
+    def children(self):
+        return (self.q, self.k, self.v, self.o, self.do)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedPart(t.Node):
+    """Gradient number `index` (0: q, 1: k, 2: v) of a `FusedAttentionGrad`."""
+
+    x: t.Node
+    index: int
+    shape: tuple
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
 def unrewrite(node: t.Node) -> t.Node:
     if isinstance(node, SoftmaxGrad):
         inner = t.Binary("sub", unrewrite(node.g), unrewrite(node.original or node.rowdot), node.shape)
@@ -88,7 +136,8 @@ _CHILD_FIELDS = {
     t.Unary: ("x",), t.Binary: ("a", "b"), t.MatMul: ("a", "b"), t.Transpose: ("x",), t.Reduce: ("x",),
     t.Softmax: ("x",), t.Compare: ("a", "b"), t.Where: ("cond", "a", "b"), t.MergeHeads: ("x",),
     t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), t.Scan: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
-    t.Scatter: ("x",),
+    t.Scatter: ("x",), FusedAttention: ("q", "k", "v"), FusedAttentionGrad: ("q", "k", "v", "o", "do"),
+    FusedPart: ("x",),
 }
 
 
@@ -142,6 +191,7 @@ class Program:
     leaf_grads: dict[str, str | None]  # input or param -> variable of its gradient, None when L does not depend on it
     names: Namer | None = None  # for printers that need more variables
     info: dict[str, Stmt] = field(default_factory=dict)  # variable -> statement (arguments too)
+    cores: dict = field(default_factory=dict)  # core output -> AttentionCore, for FusedAttention statements
 
     @property
     def forward(self) -> list[Stmt]:

@@ -57,8 +57,21 @@ def _module_name(spec: t.TypedSpec) -> str:
     return spec.name if spec.name.isidentifier() else "attention"
 
 
-def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
-    """The text of the generated NumPy module for `spec` (see the module docstring)."""
+# The tiled path's defaults (module constants of a generated module that has one; a caller may change them)
+TILED_ABOVE = 1 << 22  # score entries (batch x heads x queries x keys) of a core above which it is tiled
+BLOCK_Q = 256          # query rows per block
+BLOCK_K = 512          # keys per block
+
+
+def numpy_source(spec: t.TypedSpec, derivation=None, tiled: bool = True) -> str:
+    """The text of the generated NumPy module for `spec` (see the module docstring).
+
+    With `tiled` (the default), a spec with a fused attention core (`symattn.codegen.fused`)
+    gets a second pass, `_forward_backward_tiled`, that evaluates each core block by block
+    (FlashAttention); `_forward_backward` calls it when a core's scores have more than
+    `TILED_ABOVE` entries. Without it, or when a score has no block form, the module is the
+    plain one.
+    """
     from .printer import RESERVED, NumPyPrinter
     from ..program import CodegenError, build_program
 
@@ -68,7 +81,6 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
             raise CodegenError(f"tensor {keyword} has the name of the keyword that passes grad({out}) to "
                                f"backward(); rename it")
     printer = NumPyPrinter(program)
-    order = list(spec.dims)
     leaves = [program.tensor_vars[n] for n in spec.given]
     keywords = [program.upstream[o] for o in spec.outputs]
     sizes = size_keywords(spec)
@@ -76,11 +88,70 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
         if name in keywords:
             raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
     unsafe = [n for n in list(spec.given) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
+    signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords]
+                          + [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes])
 
+    tiled_lines = _tiled_pass(spec, signature) if tiled else None
+    dispatch = None
+    if tiled_lines is not None:
+        tiled_lines, tiled_printer, cores = tiled_lines
+        printer.helpers |= tiled_printer.helpers
+        call = ", ".join(leaves + keywords + [program.dim_vars[n] for n in sizes])
+        entries = [" * ".join(["int(np.prod(batch))"] + [printer.dim(d).text for d in (*c.lead, c.n_q, c.n_k)])
+                   for c in cores]
+        size = entries[0] if len(entries) == 1 else f"max({', '.join(entries)})"
+        dispatch = [f"if {size} > TILED_ABOVE:  # the attention scores are large: tiled, O(N * block) memory",
+                    f"    return _forward_backward_tiled({call})"]
+    body = _body(spec, program, printer, dispatch)
+
+    lines = _header(spec, program, tiled_lines is not None)
+    lines += ["", "import numpy as np", "", '__all__ = ["forward", "backward", "forward_backward"]', "", ""]
+    if tiled_lines is not None:
+        lines[-2:-2] = [f"TILED_ABOVE = {TILED_ABOVE:_}  # score entries (batch x heads x queries x keys) above "
+                        "which attention is tiled",
+                        f"BLOCK_Q = {BLOCK_Q}  # query rows per block of the tiled pass",
+                        f"BLOCK_K = {BLOCK_K}  # keys per block of the tiled pass", ""]
+    lines += _public(spec, program, leaves, keywords, unsafe, printer, sizes)
+    lines.append(f"def _forward_backward({signature}):")
+    lines += [("    " + line) if line else "" for line in body]
+    if tiled_lines is not None:
+        lines += ["", ""] + tiled_lines
+    lines += _helper_sources(printer.helpers)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _tiled_pass(spec: t.TypedSpec, signature: str):
+    """(lines, printer, cores) of `_forward_backward_tiled`, or None when the spec has no core to tile."""
+    from .printer import RESERVED, NumPyPrinter
+    from ..fused import fused_plan
+    from ..program import CodegenError, build_program
+
+    plan = fused_plan(spec)
+    if plan is None:
+        return None
+    program = build_program(plan.spec, plan.derivation, reserved=RESERVED, fused=plan)
+    printer = NumPyPrinter(program)
+    try:
+        body = _body(plan.spec, program, printer, None)
+    except CodegenError:  # a score with no block form: the plain pass only
+        return None
+    lines = [f"def _forward_backward_tiled({signature}):",
+             '    """_forward_backward with every attention core tiled (FlashAttention: blocks of BLOCK_Q queries x',
+             '    BLOCK_K keys through BLAS, online softmax; the weights recomputed in the backward pass)."""']
+    lines += [("    " + line) if line else "" for line in body]
+    return lines, printer, list(plan.cores.values())
+
+
+def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: list[str] | None) -> list[str]:
+    """The statements of one pass: bind the sizes, the forward pass, the backward pass, the results."""
+    leaves = [program.tensor_vars[n] for n in spec.given]
+    keywords = [program.upstream[o] for o in spec.outputs]
+    order = list(spec.dims)
     body: list[str] = []
     body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream"})
-    body += bind_dims(spec, program, printer)
+    body += bind_dims(spec, program, printer, batch="batch" if dispatch else None)
+    body += dispatch or []
     body.append("")
     body.append("# forward pass")
     named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
@@ -120,16 +191,7 @@ def numpy_source(spec: t.TypedSpec, derivation=None) -> str:
     body += [f"    {g}," for g in grads]
     body.append("}")
     body.append("return outputs, gradients")
-
-    lines = _header(spec, program)
-    lines += ["", "import numpy as np", "", '__all__ = ["forward", "backward", "forward_backward"]', "", ""]
-    lines += _public(spec, program, leaves, keywords, unsafe, printer, sizes)
-    signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords]
-                          + [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes])
-    lines.append(f"def _forward_backward({signature}):")
-    lines += [("    " + line) if line else "" for line in body]
-    lines += _helper_sources(printer.helpers)
-    return "\n".join(lines).rstrip() + "\n"
+    return body
 
 
 def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
@@ -147,8 +209,9 @@ def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[st
     return out + lines
 
 
-def bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
-    """Read each dim's size from the first array that has it alone on an axis; check every array against them."""
+def bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, batch: str | None = None) -> list[str]:
+    """Read each dim's size from the first array that has it alone on an axis; check every array against them
+    (and keep the broadcast batch axes as `batch`, when named)."""
     order = list(spec.dims)
     bound: set[sympy.Symbol] = set()
     lines: list[str] = []
@@ -189,7 +252,7 @@ def bind_dims(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> lis
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
     ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
                       for leaf in spec.given)
-    lines.append(f"_batch_axes({ranks})")
+    lines.append(f"{batch + ' = ' if batch else ''}_batch_axes({ranks})")
     return lines
 
 
@@ -217,7 +280,7 @@ def _exact_dims(spec: t.TypedSpec, printer: NumPyPrinter) -> list[str]:
     return lines
 
 
-def _header(spec: t.TypedSpec, program: Program) -> list[str]:
+def _header(spec: t.TypedSpec, program: Program, tiled: bool = False) -> list[str]:
     order = list(spec.dims)
     name = _module_name(spec)
     rows = []
@@ -251,8 +314,18 @@ def _header(spec: t.TypedSpec, program: Program) -> list[str]:
         "arrays float64 (mixed ones promote as NumPy does; float16 is computed in float32,",
         "integers in float64). backward() returns dL/dT for L = "
         + " + ".join(f"sum({o} * grad_{o})" for o in spec.outputs) + ".",
-        '"""',
     ]
+    if tiled:
+        lines += [
+            "",
+            "Attention whose scores have more than TILED_ABOVE entries (batch x heads x queries",
+            "x keys) is computed tiled, as FlashAttention does: blocks of BLOCK_Q queries x BLOCK_K",
+            "keys through BLAS, an online softmax, the weights recomputed from the saved row",
+            "log-sum-exp in the backward pass, fully masked blocks skipped; memory O(N * block)",
+            "instead of O(N^2). Smaller attention is computed plainly. The three are module",
+            "constants: set them to choose.",
+        ]
+    lines.append('"""')
     return lines
 
 

@@ -24,7 +24,8 @@ from ...ir.printer import ADD, ATOM, MUL, NEG, POW
 from ..index import IndexArray, LEntry, LScalarTensor, LVar
 from .index_printer import IndexNotationPrinter
 from .syntax import BINARY, CONSTANT, INPLACE, REDUCE, RESERVED, SCALAR_UNARY, SCAN, UNARY, Code
-from ..program_ir import Arange, CodegenError, Program, SoftmaxGrad, Stmt, Var, walk_labelled
+from ..program_ir import (Arange, CodegenError, FusedAttention, FusedAttentionGrad, FusedPart, Program, SoftmaxGrad,
+                          Stmt, Var, walk_labelled)
 
 __all__ = ["NumPyPrinter", "Code", "RESERVED", "UNARY", "BINARY", "REDUCE", "CONSTANT"]
 
@@ -40,6 +41,9 @@ class NumPyPrinter(IndexNotationPrinter):
         self.owned: dict[str, bool] = {}
         self.parent: dict[str, str] = {}
         self.dims = {self.spec.dims[n].symbol: v for n, v in program.dim_vars.items()}
+        self.fused: dict[str, tuple[str, ...]] = {}  # fused core or gradient variable -> the names it binds
+        self.closures: dict[str, list[str]] = {}     # fused core -> the lines that define its score closures
+        self.defined: set[str] = set()               # cores whose closures the function printed so far defines
 
     # --- dims and scalars -----------------------------------------------------------------
 
@@ -366,6 +370,9 @@ class NumPyPrinter(IndexNotationPrinter):
         if isinstance(stmt.node, Arange):
             self.owned[var] = True
             return [f"{var} = np.arange({self.dim(stmt.node.size).text}, dtype=dtype)"]
+        if isinstance(stmt.node, (FusedAttention, FusedAttentionGrad)):
+            self.owned[var] = True
+            return self._fused(var, stmt.node)
         if stmt.labels is not None:
             code = self.label(stmt.node)
             self._record(var, stmt, code.fresh)
@@ -378,6 +385,55 @@ class NumPyPrinter(IndexNotationPrinter):
             lines = [f"{var} = {code.text}"]
             self._record(var, stmt, code.fresh)
         return lines
+
+    # --- fused attention cores (the tiled pass) ---------------------------------------------
+
+    # how the score closures spell things (`symattn.codegen.numpy.block`); the torch printer overrides
+    block_syntax = {"where": "np.where", "inf": "np.inf", "arange": "np.arange({n})", "cast": "{x}.astype(dtype)"}
+
+    def unary_template(self, fn: str) -> str:
+        """The template of a function applied to an array (its helper recorded as used)."""
+        template, helper = UNARY[fn]
+        if helper:
+            self.helpers.add(helper)
+        return template
+
+    def lse_name(self, core: str) -> str:
+        """The variable of a fused core's row log-sum-exp (chosen once)."""
+        if core not in self.fused:
+            base = self.p.tensor_vars.get(core, "core")
+            self.fused[core] = (self.p.names.numbered(f"{base if base.isidentifier() else 'core'}_lse"),)
+        return self.fused[core][-1]
+
+    def _fused(self, var: str, node) -> list[str]:
+        """An attention core, tiled: its score closures, then the forward helper; or its backward helper."""
+        from .block import core_functions
+
+        core = self.p.cores[node.core]
+        names = self.p.names
+        lse = self.lse_name(node.core)
+        if node.core not in self.closures:
+            made = core_functions(core, self, var if var.isidentifier() else "core", self.spec.dims)
+            self.closures[node.core] = made.lines
+            self.fused[node.core] = (made.score, made.score_grad, made.keys, made.scale, lse)
+        score, grad, keys, scale, _ = self.fused[node.core]
+        lines = [] if node.core in self.defined else list(self.closures[node.core])
+        self.defined.add(node.core)
+        heads = len(core.lead)
+        if isinstance(node, FusedAttention):
+            self.helpers.add("_flash_forward")
+            q, k, v = (self.doprint(x).text for x in node.children)
+            return lines + [f"{var}, {lse} = _flash_forward({q}, {k}, {v}, {score}, {keys}, {scale}, {heads}, "
+                            "BLOCK_Q, BLOCK_K)"]
+        grads = tuple(names.numbered(f"d{getattr(core, role)}_via_{node.core}") for role in ("q", "k", "v"))
+        self.fused[var] = grads
+        self.helpers.add("_flash_backward")
+        q, k, v, o, do = (self.doprint(x).text for x in node.children)
+        return lines + [f"{', '.join(grads)} = _flash_backward({q}, {k}, {v}, {o}, {lse}, {do}, {score}, {grad}, "
+                        f"{keys}, {scale}, {heads}, BLOCK_Q, BLOCK_K)"]
+
+    def _print_FusedPart(self, node: FusedPart) -> Code:
+        return Code(self.fused[node.x.name][node.index], ATOM, fresh=False)
 
     def _record(self, var: str, stmt: Stmt, fresh: bool) -> None:
         self.owned[var] = fresh or self.consumed is not None

@@ -212,13 +212,130 @@ def _scatter(values, at, shape, rank):
     return out
 
 
+def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
+    """(o, lse): o = softmax(score(scale * q @ k.T), axis=-1) @ v and each row's log-sum-exp, tiled (FlashAttention).
+
+    One batch entry at a time (the last `heads` leading axes, which the score
+    may read, stay together), blocks of block_q query rows x block_k keys: each
+    block's scores come from one matrix product, and an online softmax keeps
+    each row's running max m and sum l of exp(score - m), rescaling the partial
+    output when m grows, so no array is larger than a block. `score(s, i, j)`
+    is the score of the block with products s (it may overwrite s) at rows i
+    ([rows, 1]) and keys j ([1, cols]); `keys(first, last)` (None: all) the
+    range of keys rows first..last may see: blocks outside it are skipped. The
+    row sums come out of the product with v, which has a column of ones
+    appended. A fully masked row gives o = 0 and lse = -inf, never NaN.
+    """
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    dtype = np.result_type(q, k, v)
+    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    q = _entries(q * scale if scale != 1 else q, batch, heads)
+    k, v1 = _entries(k, batch, heads), _entries(_append(v, 1), batch, heads)  # p @ [v, 1] = [p @ v, rowsum(p)]
+    o = np.zeros(q.shape[:-1] + (d_v,), dtype)
+    lse = np.full(q.shape[:-1] + (1,), -np.inf, dtype)
+    for b in range(q.shape[0]):
+        kt = k[b].swapaxes(-1, -2)
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+            i = np.arange(i0, i1)[:, None]
+            qi = q[b, ..., i0:i1, :]
+            m = np.full(qi.shape[:-1] + (1,), -np.inf, dtype)  # running max of each row's scores
+            acc = np.zeros(qi.shape[:-1] + (d_v + 1,), dtype)  # running p @ v and sum of p, against m
+            for j0 in range(lo, hi, block_k):
+                j1 = min(j0 + block_k, hi)
+                p = score(qi @ kt[..., j0:j1], i, np.arange(j0, j1)[None, :])
+                top = np.maximum(m, p.max(axis=-1, keepdims=True))
+                shift = np.where(top == -np.inf, 0, top)  # a row masked so far: exp(-inf - 0) = 0
+                p -= shift
+                np.exp(p, out=p)
+                acc *= np.exp(m - shift)
+                acc += p @ v1[b, ..., j0:j1, :]
+                m = top
+            total = acc[..., d_v:]
+            o[b, ..., i0:i1, :] = acc[..., :d_v] / np.where(total == 0, 1, total)
+            with np.errstate(divide="ignore"):
+                lse[b, ..., i0:i1, :] = m + np.log(total)
+    return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
+
+
+def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, block_q, block_k):
+    """(dq, dk, dv) for o = softmax(score(scale * q @ k.T), axis=-1) @ v, given do = grad(o), tiled (FlashAttention-2).
+
+    delta = rowsum(do * o) (= rowsum(dP * P)); per block the weights are
+    recomputed from the saved lse, P = exp(score - lse), then dv += P.T @ do,
+    dS = P * (do @ v.T - delta) * score'(s), dq += dS @ k and dk += dS.T @ q,
+    over the blocks the forward visited. `score_grad(s, i, j)` is d score / d s
+    (evaluated before `score`, which may overwrite s); None means 1 (the score
+    is s plus terms of the indices), and then lse is subtracted inside the
+    product: [q, -lse] @ [k, 1].T. delta always is: [do, -delta] @ [v, 1].T.
+    """
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
+    dtype = np.result_type(q, k, v, do)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    shift = np.where(lse == -np.inf, 0, lse)  # a fully masked row: exp(-inf - 0) = 0
+    delta = np.einsum("...j,...j->...", do, o)[..., None]
+    q = q * scale if scale != 1 else q
+    q1, k1 = (_append(q, -shift), _append(k, 1)) if score_grad is None else (q, k)
+    q, q1, k, k1, do, do1, v1, shift = (_entries(x, batch, heads) for x in (
+        q, q1, k, k1, do, _append(do, -delta), _append(v, 1), shift))
+    dq, dk = np.zeros(q.shape, dtype), np.zeros(k.shape, dtype)
+    dv = np.zeros(k.shape[:-1] + (v1.shape[-1] - 1,), dtype)
+    for b in range(q.shape[0]):
+        kt, v1t = k1[b].swapaxes(-1, -2), v1[b].swapaxes(-1, -2)
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+            i = np.arange(i0, i1)[:, None]
+            qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
+            for j0 in range(lo, hi, block_k):
+                j1 = min(j0 + block_k, hi)
+                j = np.arange(j0, j1)[None, :]
+                s = q1i @ kt[..., j0:j1]
+                if score_grad is None:
+                    p = score(s, i, j)  # score(s) - lse: s has lse subtracted already
+                else:
+                    grad = score_grad(s, i, j)
+                    p = score(s, i, j)
+                    p -= shift[b, ..., i0:i1, :]
+                np.exp(p, out=p)
+                dv[b, ..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
+                ds = do1i @ v1t[..., j0:j1]  # do @ v.T - delta
+                ds *= p
+                if score_grad is not None:
+                    ds *= grad
+                dqi += ds @ k[b, ..., j0:j1, :]
+                dk[b, ..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
+    if scale != 1:
+        dq *= scale
+    return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
+
+
+def _append(x, column):
+    """x with one more column on its last axis: a number, or an array of one column (batch axes broadcast)."""
+    batch = np.broadcast_shapes(x.shape[:-2], np.shape(column)[:-2])
+    out = np.empty(batch + x.shape[-2:-1] + (x.shape[-1] + 1,), x.dtype)
+    out[..., :-1] = x
+    out[..., -1:] = column
+    return out
+
+
+def _entries(x, batch, heads):
+    """x broadcast to the batch axes `batch` and made [entries, *heads, rows, cols]: the leading axes but the last
+    `heads` flattened into one (a view where x has them all)."""
+    x = np.broadcast_to(x, batch + x.shape[-2:])
+    return x.reshape((-1,) + x.shape[x.ndim - 2 - heads:])
+
+
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
+    "_flash_forward", "_flash_backward", "_append", "_entries",
 )
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}  # helper -> the helpers it calls
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_flash_forward": ("_append", "_entries"),
+         "_flash_backward": ("_append", "_entries")}  # helper -> the helpers it calls
 
 
 def helper_source(name: str) -> str:

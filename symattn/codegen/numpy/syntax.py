@@ -42,7 +42,8 @@ CONSTANT = {
 }
 
 RESERVED = {"np", "dtype", "outputs", "gradients", "forward", "backward", "forward_backward",
-            "_forward_backward", "_", "float", "dict", "tuple", "list", "len", "range", "ValueError"} | set(HELPERS)
+            "_forward_backward", "_", "float", "dict", "tuple", "list", "len", "range", "ValueError",
+            "batch", "max", "min", "int", "TILED_ABOVE", "BLOCK_Q", "BLOCK_K", "_forward_backward_tiled"} | set(HELPERS)
 
 
 @dataclass(frozen=True)

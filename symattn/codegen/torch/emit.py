@@ -23,6 +23,7 @@ code from `symattn.codegen.torch.printer`, the helpers from its runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 import types
@@ -33,13 +34,19 @@ from ...version import __version__
 from ...ir import typed as t
 from ...ir.shapes import format_shape
 from ..numpy.emit import bind_dims, comment_lines, load_module, size_keywords
-from ..program_ir import Var
+from ..program_ir import FusedAttention, Var
 
 if TYPE_CHECKING:
     from ..program import Program
     from .printer import TorchPrinter
 
-__all__ = ["torch_source", "load_torch_module", "SoftmaxRecompute", "recompute_plan"]
+__all__ = ["torch_source", "load_torch_module", "SoftmaxRecompute", "recompute_plan", "BLOCK_Q", "BLOCK_K"]
+
+# A spec with attention cores whose scores have a block form computes them tiled, as FlashAttention does
+# (`symattn.codegen.fused`: blocks of BLOCK_Q queries x BLOCK_K keys, online softmax, the weights recomputed
+# in the backward pass): module constants of the generated module, these defaults.
+BLOCK_Q = 256
+BLOCK_K = 512
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,9 @@ def _op_name(spec: t.TypedSpec, source_hint: str) -> str:
 def torch_source(spec: t.TypedSpec, derivation=None) -> str:
     """The text of the generated PyTorch module for `spec` (see the module docstring)."""
     from ..program import CodegenError, build_program
-    from .printer import RESERVED, TorchPrinter
+    from .printer import RESERVED
+
+    from ..fused import fused_plan
 
     program = build_program(spec, derivation, reserved=RESERVED)
     for out, keyword in program.upstream.items():
@@ -146,16 +155,34 @@ def torch_source(spec: t.TypedSpec, derivation=None) -> str:
     for name in sizes:
         if name in program.upstream.values():
             raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
+    plan = fused_plan(spec)
+    if plan is not None:  # attention cores tiled (FlashAttention), where every score has a block form
+        try:
+            return _source(spec, build_program(plan.spec, plan.derivation, reserved=RESERVED, fused=plan))
+        except CodegenError:
+            pass
+    return _source(spec, program)
+
+
+def _source(spec: t.TypedSpec, program: Program) -> str:
+    from .printer import TorchPrinter
+
     printer = TorchPrinter(program)
     plans = recompute_plan(program)
     layout = _layout(program, plans)
+    cores = [stmt.node.core for stmt in program.forward if isinstance(stmt.node, FusedAttention)]
+    layout = dataclasses.replace(layout, saved=layout.saved + [printer.lse_name(core) for core in cores])
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream", "_own"})
 
     forward_body = _forward_body(program, printer, plans, layout)
+    printer.defined.clear()  # the backward is a function of its own: it defines the score closures again
     backward_body = _backward_body(program, printer, plans, layout)
     lines = _header(spec, program, layout, plans)
+    blocks = [f"BLOCK_Q = {BLOCK_Q}  # query rows per block of the tiled attention",
+              f"BLOCK_K = {BLOCK_K}  # keys per block", ""] if cores else []
     lines += ["", "import math", "", "import torch", "",
               '__all__ = ["forward", "backward", "forward_backward", "Function", "op", "op_backward"]', "",
+              *blocks,
               f"LEAVES = {_tuple(spec.given)}", f"DIFFERENTIABLE = {_tuple(spec.differentiable)}",
               f"OUTPUTS = {_tuple(spec.outputs)}", "", ""]
     lines += _public(spec, program, layout, printer)

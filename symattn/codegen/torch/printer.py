@@ -67,7 +67,7 @@ CONSTANT = {
 }
 RESERVED = (NUMPY_RESERVED - {"np"}) | {"torch", "math", "device", "op", "op_backward", "Function", "_forward",
                                         "_backward", "_outputs", "_gradients", "_tensors", "LEAVES", "OUTPUTS",
-                                        "DIFFERENTIABLE", "isinstance"} | set(HELPERS)
+                                        "DIFFERENTIABLE", "isinstance", "BLOCK_Q", "BLOCK_K"} | set(HELPERS)
 
 
 class TorchPrinter(NumPyPrinter):
@@ -86,6 +86,12 @@ class TorchPrinter(NumPyPrinter):
         if code.text in ("np.inf", "-np.inf", "np.pi"):
             return Code(code.text.replace("np.", "math."), code.prec, code.fresh, code.carrying)
         return code
+
+    block_syntax = {"where": "torch.where", "inf": "math.inf", "arange": "torch.arange({n}, device=device)",
+                    "cast": "{x}.to(dtype)"}
+
+    def unary_template(self, fn: str) -> str:
+        return UNARY[fn]
 
     def _print_Unary(self, node: t.Unary) -> Code:
         x = self.doprint(node.x)

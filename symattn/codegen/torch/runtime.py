@@ -256,8 +256,107 @@ HELPERS = (  # in the order generated modules list them
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
+    "_flash_forward", "_flash_backward", "_append", "_entries",
 )
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_flash_forward": ("_append", "_entries"),
+         "_flash_backward": ("_append", "_entries")}
+
+
+def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
+    """(o, lse) of o = softmax(score(scale * q @ k.T), dim=-1) @ v, tiled (FlashAttention): as in the NumPy
+    runtime, one batch entry at a time, blocks of block_q queries x block_k keys, an online softmax whose
+    row sums come from p @ [v, 1], blocks outside keys(first, last) skipped; a fully masked row gives o = 0
+    and lse = -inf."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    device = q.device
+    q = _entries(q * scale if scale != 1 else q, batch, heads)
+    k, v1 = _entries(k, batch, heads), _entries(_append(v, 1), batch, heads)
+    o = torch.zeros(q.shape[:-1] + (d_v,), dtype=q.dtype, device=device)
+    lse = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=q.dtype, device=device)
+    for b in range(q.shape[0]):
+        kt = k[b].transpose(-1, -2)
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+            i = torch.arange(i0, i1, device=device)[:, None]
+            qi = q[b, ..., i0:i1, :]
+            m = torch.full(qi.shape[:-1] + (1,), -math.inf, dtype=q.dtype, device=device)
+            acc = torch.zeros(qi.shape[:-1] + (d_v + 1,), dtype=q.dtype, device=device)
+            for j0 in range(lo, hi, block_k):
+                j1 = min(j0 + block_k, hi)
+                p = score(qi @ kt[..., j0:j1], i, torch.arange(j0, j1, device=device)[None, :])
+                top = torch.maximum(m, p.amax(dim=-1, keepdim=True))
+                shift = torch.where(top == -math.inf, 0.0, top)  # a row masked so far: exp(-inf - 0) = 0
+                p.sub_(shift).exp_()
+                acc.mul_(torch.exp(m - shift))
+                acc.add_(p @ v1[b, ..., j0:j1, :])
+                m = top
+            total = acc[..., d_v:]
+            o[b, ..., i0:i1, :] = acc[..., :d_v] / torch.where(total == 0, 1.0, total)
+            lse[b, ..., i0:i1, :] = m + torch.log(total)
+    return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
+
+
+def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, block_q, block_k):
+    """(dq, dk, dv) of o = softmax(score(scale * q @ k.T), dim=-1) @ v given do, tiled (FlashAttention-2), as in
+    the NumPy runtime: P recomputed from lse per block, dv += P.T @ do, dS = P * (do @ v.T - delta) * score',
+    dq += dS @ k, dk += dS.T @ q; delta (and lse, where d score / d s is 1: score_grad None) subtracted inside
+    the products."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    shift = torch.where(lse == -math.inf, 0.0, lse)  # a fully masked row: exp(-inf - 0) = 0
+    delta = (do * o).sum(dim=-1, keepdim=True)
+    q = q * scale if scale != 1 else q
+    q1, k1 = (_append(q, -shift), _append(k, 1)) if score_grad is None else (q, k)
+    q, q1, k, k1, do, do1, v1, shift = (_entries(x, batch, heads) for x in (
+        q, q1, k, k1, do, _append(do, -delta), _append(v, 1), shift))
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    dv = torch.zeros(k.shape[:-1] + (v1.shape[-1] - 1,), dtype=q.dtype, device=q.device)
+    for b in range(q.shape[0]):
+        kt, v1t = k1[b].transpose(-1, -2), v1[b].transpose(-1, -2)
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+            i = torch.arange(i0, i1, device=q.device)[:, None]
+            qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
+            for j0 in range(lo, hi, block_k):
+                j1 = min(j0 + block_k, hi)
+                j = torch.arange(j0, j1, device=q.device)[None, :]
+                s = q1i @ kt[..., j0:j1]
+                if score_grad is None:
+                    p = score(s, i, j)  # score(s) - lse: s has lse subtracted already
+                else:
+                    grad = score_grad(s, i, j)
+                    p = score(s, i, j)
+                    p = p - shift[b, ..., i0:i1, :]
+                p = p.exp_()
+                dv[b, ..., j0:j1, :] += p.transpose(-1, -2) @ doi
+                ds = do1i @ v1t[..., j0:j1]  # do @ v.T - delta
+                ds.mul_(p)
+                if score_grad is not None:
+                    ds = ds * grad
+                dqi += ds @ k[b, ..., j0:j1, :]
+                dk[b, ..., j0:j1, :] += ds.transpose(-1, -2) @ qi
+    if scale != 1:
+        dq.mul_(scale)
+    return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
+
+
+def _append(x, column):
+    """x with one more column on its last axis: a number, or a tensor of one column (batch axes broadcast)."""
+    batch = torch.broadcast_shapes(x.shape[:-2], column.shape[:-2] if torch.is_tensor(column) else ())
+    out = torch.empty(batch + x.shape[-2:-1] + (x.shape[-1] + 1,), dtype=x.dtype, device=x.device)
+    out[..., :-1] = x
+    out[..., -1:] = column
+    return out
+
+
+def _entries(x, batch, heads):
+    """x expanded to the batch axes `batch` and made [entries, *heads, rows, cols] (the leading axes but the
+    last `heads` flattened into one)."""
+    x = x.expand(batch + x.shape[-2:])
+    return x.reshape((-1,) + tuple(x.shape[x.dim() - 2 - heads:]))
 
 
 def helper_source(name: str) -> str:

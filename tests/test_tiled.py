@@ -1,0 +1,260 @@
+"""The generated NumPy module's tiled attention pass (issue 14) against independent computations.
+
+The tiled pass (`_forward_backward_tiled`: query blocks x key blocks, online
+softmax, weights recomputed from the saved log-sum-exp, masked blocks skipped)
+is forced on at small sizes by setting the module's TILED_ABOVE to 0 and its
+blocks to a few rows, with N not a multiple of either block. It is compared
+with a float64 attention written here (forward and the textbook backward),
+with the module's plain pass, and with central finite differences; a fully
+masked first row must give zeros, logits of 1e4 must stay finite, skipped
+blocks must be exactly the fully masked ones, and memory must stay far below
+one [N, N] array.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import sympy
+
+import symattn
+from symattn.codegen.numpy.emit import load_module, numpy_source
+
+from conftest import EXAMPLES
+
+CORE = """
+attention {name}
+dim N = 8, d = 4, w = 5
+input Q[N, d], K[N, d], V[N, d]
+{defs}
+O = softmax({score}, axis=-1) @ V
+output O
+"""
+
+# name -> (definitions, score, mask(i, j) or None, softcap or None)
+VARIANTS = {
+    "plain": ("", "Q @ K.T / sqrt(d)", None, None),
+    "causal": ("M[i:N, j:N] = where(j <= i, 0, -inf)", "Q @ K.T / sqrt(d) + M", lambda i, j: j <= i, None),
+    "strict_causal": ("M[i:N, j:N] = where(j < i, 0, -inf)", "Q @ K.T / sqrt(d) + M", lambda i, j: j < i, None),
+    "window": ("M[i:N, j:N] = where(j <= i, where(i - j < w, 0, -inf), -inf)", "Q @ K.T / sqrt(d) + M",
+               lambda i, j: (j <= i) & (i - j < 5), None),
+    "softcap": ("", "30 * tanh(Q @ K.T / sqrt(d) / 30)", None, 30.0),
+    "causal_constant": ("", "Q @ K.T / sqrt(d) + causal_mask(N)", lambda i, j: j <= i, None),
+}
+
+
+def reference(q, k, v, do, mask, cap):
+    """softmax(score) @ v and its gradients, in float64, as textbooks write them (one [N, N] array)."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    scale = q.shape[-1] ** -0.5
+    s = q @ k.swapaxes(-1, -2) * scale
+    r = cap * np.tanh(s / cap) if cap else s
+    n_q, n_k = s.shape[-2:]
+    if mask is not None:
+        r = np.where(mask(np.arange(n_q)[:, None], np.arange(n_k)[None, :]), r, -np.inf)
+    top = r.max(axis=-1, keepdims=True)
+    e = np.exp(r - np.where(np.isfinite(top), top, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(total == 0, 1, total)
+    o = p @ v
+    dv = p.swapaxes(-1, -2) @ do
+    dp = do @ v.swapaxes(-1, -2)
+    dr = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    ds = dr * (1 - np.tanh(s / cap) ** 2) if cap else dr
+    return o, ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, dv
+
+
+def module(name: str):
+    defs, score, _, _ = VARIANTS[name]
+    source = numpy_source(symattn.load(CORE.format(name=name, defs=defs, score=score)).typed)
+    return load_module(source)
+
+
+def tiled(mod, block_q=8, block_k=16):
+    mod.TILED_ABOVE, mod.BLOCK_Q, mod.BLOCK_K = 0, block_q, block_k
+    return mod
+
+
+def inputs(n=37, d=4, batch=(2, 3), dtype=np.float64, seed=0, size=1.0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(batch + (n, d)) * s).astype(dtype) for s in (size, size, 1, 1)]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("blocks", [(8, 16), (5, 7), (64, 64)])
+def test_tiled_against_a_float64_reference_and_the_plain_pass(name, blocks):
+    q, k, v, do = inputs()
+    mod = module(name)
+    plain_o, plain_g = mod.forward_backward(Q=q, K=k, V=v, grad_O=do)
+    o, g = tiled(mod, *blocks).forward_backward(Q=q, K=k, V=v, grad_O=do)
+    want = reference(q, k, v, do, *VARIANTS[name][2:])
+    for got, expected, plain in zip((o["O"], g["Q"], g["K"], g["V"]), want,
+                                    (plain_o["O"], plain_g["Q"], plain_g["K"], plain_g["V"])):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got, plain, rtol=1e-10, atol=1e-12)
+
+
+def test_fully_masked_first_row_gives_zeros_not_nan():
+    q, k, v, do = inputs(n=19)
+    o, g = tiled(module("strict_causal"), 4, 4).forward_backward(Q=q, K=k, V=v, grad_O=do)
+    assert np.all(o["O"][..., 0, :] == 0) and np.all(g["Q"][..., 0, :] == 0)
+    assert all(np.all(np.isfinite(x)) for x in (o["O"], *g.values()))
+    assert np.all(g["K"][..., -1, :] == 0) and np.all(g["V"][..., -1, :] == 0)  # the last key: no row sees it
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["plain", "causal", "softcap"])
+def test_logits_of_1e4_stay_finite_and_exact(name, dtype):
+    q, k, v, do = inputs(n=33, d=4, dtype=dtype, size=70.0)  # |q . k| / 2 up to about 1e4
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    assert np.abs(q64 @ k64.swapaxes(-1, -2)).max() / 2 > 5e3
+    o, g = tiled(module(name)).forward_backward(Q=q, K=k, V=v, grad_O=do)
+    want = reference(q, k, v, do, *VARIANTS[name][2:])
+    assert o["O"].dtype == dtype and g["Q"].dtype == dtype
+    tol = 1e-9 if dtype == np.float64 else 2e-2
+    for got, expected in zip((o["O"], g["Q"], g["K"], g["V"]), want):
+        assert np.all(np.isfinite(got))
+        scale = max(np.abs(expected).max(), 1.0)
+        assert np.abs(got - expected).max() / scale < tol
+
+
+@pytest.mark.parametrize("name", ["causal", "window", "softcap"])
+def test_tiled_backward_against_finite_differences(name):
+    q, k, v, do = inputs(n=11, d=3, batch=(2,), seed=3)
+    mod = tiled(module(name), 4, 3)
+    _, grads = mod.forward_backward(Q=q, K=k, V=v, grad_O=do)
+    args = {"Q": q, "K": k, "V": v}
+    rng = np.random.default_rng(1)
+    h = 1e-6
+    for tensor in args:
+        for _ in range(4):
+            at = tuple(rng.integers(0, s) for s in args[tensor].shape)
+            plus = {n: a.copy() for n, a in args.items()}
+            minus = {n: a.copy() for n, a in args.items()}
+            plus[tensor][at] += h
+            minus[tensor][at] -= h
+            loss = [np.sum(mod.forward(**x)["O"] * do) for x in (plus, minus)]
+            numeric = (loss[0] - loss[1]) / (2 * h)
+            assert abs(grads[tensor][at] - numeric) < 1e-6 * max(1.0, abs(numeric))
+
+
+@pytest.mark.parametrize("name, skipped", [("plain", False), ("causal", True), ("window", True),
+                                           ("causal_constant", True)])
+def test_only_fully_masked_blocks_are_skipped(name, skipped, monkeypatch):
+    mod = tiled(module(name), 4, 4)
+    mask = VARIANTS[name][2]
+    visited = []
+    forward = mod._flash_forward
+
+    def spy(q, k, v, score, keys, *rest):
+        def recording(s, i, j):
+            visited.append((i.ravel().copy(), j.ravel().copy()))
+            return score(s, i, j)
+        return forward(q, k, v, recording, keys, *rest)
+
+    monkeypatch.setattr(mod, "_flash_forward", spy)
+    q, k, v, _ = inputs(n=21, batch=())
+    mod.forward(Q=q, K=k, V=v)
+    seen = np.zeros((21, 21), bool)
+    for rows, cols in visited:
+        seen[np.ix_(rows, cols)] = True
+        if mask is not None:  # no visited block is fully masked
+            assert mask(rows[:, None], cols[None, :]).any()
+    if mask is not None:  # every entry that is not masked is visited
+        live = mask(np.arange(21)[:, None], np.arange(21)[None, :])
+        assert np.all(seen[live])
+    assert (not seen.all()) == skipped
+
+
+def test_threshold_chooses_the_pass(monkeypatch):
+    mod = module("plain")
+    calls = []
+    tiled_pass = mod._forward_backward_tiled
+    monkeypatch.setattr(mod, "_forward_backward_tiled", lambda *a: calls.append(1) or tiled_pass(*a))
+    q, k, v, _ = inputs(n=16, batch=(2,))
+    mod.forward(Q=q, K=k, V=v)
+    assert not calls  # 2 x 16 x 16 score entries: plain
+    mod.TILED_ABOVE = 2 * 16 * 16 - 1
+    mod.forward(Q=q, K=k, V=v)
+    assert calls == [1]
+
+
+def test_tiled_memory_is_linear_in_n():
+    n, d = 1024, 16
+    q, k, v, do = inputs(n=n, d=d, batch=(), dtype=np.float32)
+    mod = tiled(module("causal"), 64, 128)
+    mod.forward_backward(Q=q, K=k, V=v, grad_O=do)  # warm
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    mod.forward_backward(Q=q, K=k, V=v, grad_O=do)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    one_square = n * n * 4
+    assert peak < one_square / 4, f"peak {peak} bytes against one [N, N] array of {one_square}"
+
+
+def _fusing_examples():
+    out = []
+    for path in EXAMPLES:
+        spec = symattn.load(path.read_text(encoding="utf-8"))
+        if "_forward_backward_tiled" in numpy_source(spec.typed):
+            out.append(path.stem)
+    return out
+
+
+FUSING = _fusing_examples()
+
+
+def test_the_examples_that_fuse():
+    assert {"self_attention", "causal", "multi_head", "sliding_window", "softcap"} <= set(FUSING)
+
+
+@pytest.mark.parametrize("name", FUSING)
+def test_every_fusing_example_tiled_against_its_plain_pass(name):
+    path = next(p for p in EXAMPLES if p.stem == name)
+    spec = symattn.load(path.read_text(encoding="utf-8")).typed
+    mod = load_module(numpy_source(spec))
+    sizes = {n: (37 if n == "N" else 29 if n == "M" else int(v)) for n, v in spec.sizes.items()}
+    subs = {spec.dims[n].symbol: v for n, v in sizes.items()}
+    rng = np.random.default_rng(0)
+    args = {}
+    for leaf in spec.given:
+        shape = tuple(int(sympy.sympify(d).subs(subs)) for d in spec.tensors[leaf].shape)
+        batch = (2,) if spec.tensors[leaf].kind == "input" else ()
+        args[leaf] = rng.standard_normal(batch + shape)
+    keywords = {n: sizes[n] for n in sizes if f"{n}=" in numpy_source(spec).split("def forward(")[1].split(")")[0]}
+    outs = mod.forward(**args, **keywords)
+    upstream = {f"grad_{o}": rng.standard_normal(outs[o].shape) for o in spec.outputs}
+    plain = mod.forward_backward(**args, **upstream, **keywords)
+    got = tiled(mod, 8, 16).forward_backward(**args, **upstream, **keywords)
+    for want, have in zip(plain, got):
+        for key in want:
+            assert np.all(np.isfinite(have[key]))
+            np.testing.assert_allclose(have[key], want[key], rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_torch_module_tiled_against_the_float64_reference(name):
+    torch = pytest.importorskip("torch")
+    from symattn.codegen.torch import load_torch_module
+
+    defs, score, mask, cap = VARIANTS[name]
+    source = symattn.load(CORE.format(name=name, defs=defs, score=score)).emit("torch")
+    assert "_flash_forward(" in source and "_flash_backward(" in source
+    tm = load_torch_module(source, f"tiled_{name}")
+    tm.BLOCK_Q, tm.BLOCK_K = 5, 7
+    q, k, v, do = inputs(n=23)
+    outs, grads = tm.forward_backward(Q=torch.from_numpy(q), K=torch.from_numpy(k), V=torch.from_numpy(v),
+                                      grad_O=torch.from_numpy(do))
+    want = reference(q, k, v, do, mask, cap)
+    for got, expected in zip((outs["O"], grads["Q"], grads["K"], grads["V"]), want):
+        got = got.numpy()
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+    # differentiable through autograd, as the module's `forward` is
+    tensors = {n: torch.from_numpy(x).requires_grad_() for n, x in zip("QKV", (q, k, v))}
+    (tm.forward(**tensors)["O"] * torch.from_numpy(do)).sum().backward()
+    np.testing.assert_allclose(tensors["K"].grad.numpy(), want[2], rtol=1e-10, atol=1e-12)
