@@ -30,6 +30,11 @@ __all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", 
 MAP_THREADS = 128
 REDUCE_THREADS = 64
 TILE = 32
+# `__launch_bounds__(threads, 8)`: at least 8 blocks per SM, so ptxas may use up to 64 (map) or 128
+# (reduce) registers. With the thread count alone it capped some kernels at 32 and spilled around the
+# slow path of an IEEE division (alibi's softmax, cosine's grad_Q and grad_K).
+_MAP_BOUNDS = "SA_MAP_THREADS, 8"
+_REDUCE_BOUNDS = "SA_REDUCE_THREADS, 8"
 
 
 @dataclass(eq=False)
@@ -173,7 +178,7 @@ def map_kernel(name, comment, out: Buffer, reads, dims, coords, statements, valu
                phase: str) -> Kernel:
     """out[e] = value at the coordinates of e, for every entry e (grid-stride loop)."""
     count = numel_c(out.shape, names)
-    body = [_comment(comment), _signature(name, [out], reads, dims, "SA_MAP_THREADS") + " {",
+    body = [_comment(comment), _signature(name, [out], reads, dims, _MAP_BOUNDS) + " {",
             "    const long long b_ = blockIdx.y;  // the batch entry",
             *_offsets([out, *reads], names),
             f"    const long long count_ = {count};",
@@ -194,7 +199,7 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
     entry. max and min skip NaN entries (fmaxf), where NumPy's max gives NaN."""
     outputs = numel_c(out.shape, names)
     length = numel_c(red_shape, names)
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_REDUCE_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], reads, dims, _REDUCE_BOUNDS) + " {",
              "    const long long b_ = blockIdx.y;  // the batch entry",
              *_offsets([out, *reads], names),
              f"    const long long outputs_ = {outputs};",
@@ -262,7 +267,7 @@ def softmax_kernel(name, comment, out: Buffer, reads, dims, row_coords, axis_coo
                    names: CNames, batch: str, phase: str, row_shape) -> Kernel:
     """out = softmax(value) along one axis, stably; an all -inf row gives zeros. One block per row."""
     rows = numel_c(row_shape, names)
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_REDUCE_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], reads, dims, _REDUCE_BOUNDS) + " {",
              "    const long long b_ = blockIdx.y;  // the batch entry",
              *_offsets([out, *reads], names),
              f"    const long long rows_ = {rows};",
@@ -293,7 +298,7 @@ def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord
     walks the axis in order keeping the running total."""
     count = numel_c(line_shape, names)
     walk = "for (int s_ = length_ - 1; s_ >= 0; --s_)" if reverse else "for (int s_ = 0; s_ < length_; ++s_)"
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_MAP_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], reads, dims, _MAP_BOUNDS) + " {",
              "    const long long b_ = blockIdx.y;  // the batch entry",
              *_offsets([out, *reads], names),
              f"    const long long lines_ = {count};",
@@ -398,7 +403,7 @@ def batch_sum_kernel(name, comment, out: Buffer, per_batch: Buffer, dims, names:
                      batch_host: str) -> Kernel:
     """out[e] = sum over the batch of per_batch[b, e]: the gradient of a parameter shared by the batch."""
     count = numel_c(out.shape, names)
-    lines = [_comment(comment), _signature(name, [out], [per_batch], [batch_param, *dims], "SA_MAP_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], [per_batch], [batch_param, *dims], _MAP_BOUNDS) + " {",
              f"    const long long count_ = {count};",
              "    for (long long e_ = (long long)blockIdx.x * blockDim.x + threadIdx.x; e_ < count_;",
              "         e_ += (long long)gridDim.x * blockDim.x) {",
