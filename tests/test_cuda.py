@@ -102,12 +102,16 @@ def test_path_choice(emitted, stem):
         assert code.path == "generic" and not code.plan.cores
 
 
-def test_multi_head_heads_are_a_grid_axis(emitted):
+def test_multi_head_heads_and_batch_fold_into_grid_x(emitted):
+    """Row blocks x heads x batch on grid.x (up to 2^31 - 1 blocks), not heads and batch on y and z (65535)."""
     code = emitted.codes["multi_head"]
     (core,) = code.plan.cores
     assert [str(d) for d in core.lead] == ["h"]
     (forward,) = [k for k in code.plan.forward if k.variants]
-    assert forward.grid[1] == "h" and forward.grid[2] == code.plan.batch
+    assert forward.grid[1:] == ("1", "1")
+    assert forward.grid[0].endswith(f"* (h) * {code.plan.batch}")
+    assert forward.limits == [(f"(long long)((N + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS) * (h) * {code.plan.batch}",
+                               "SA_GRID_X_MAX")]
 
 
 def test_fused_path_never_stores_the_attention_matrix(emitted):

@@ -5,7 +5,8 @@ two device functions of (s, head coordinates, i, j); `forward_kernels` and
 `backward_kernels` return the `Kernel`s of the fused path:
 
 - forward: one block per SA_ATTN_ROWS query rows of one (batch entry, head),
-  one thread per row. Tiles of SA_ATTN_KEYS rows of K and V stream through
+  one thread per row; grid.x counts all of them (row blocks fastest), so heads
+  and batch have no 65535 limit. Tiles of SA_ATTN_KEYS rows of K and V stream through
   shared memory; each thread keeps its query row, its output accumulator and
   the running max m and sum l in registers (online softmax). Writes O and the
   row logsumexp lse = m + log(l). P is never stored.
@@ -141,11 +142,10 @@ static __device__ __forceinline__ void ${prefix}_forward(
         int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
     __shared__ float k_tile_[SA_ATTN_KEYS][HEAD_DIM];
     __shared__ float v_tile_[SA_ATTN_KEYS][HEAD_DIM];
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+$block_coords
 $lead_coords
 $offsets
-    const int i_ = blockIdx.x * SA_ATTN_ROWS + threadIdx.x;  // this thread's query row
+    const int i_ = row0_ + threadIdx.x;  // this thread's query row
     float q_[HEAD_DIM], acc_[HEAD_DIM];
 #pragma unroll
     for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
@@ -196,10 +196,9 @@ _DELTA = Template("""\
 extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS) ${prefix}_delta(
         float* __restrict__ $delta, const float* __restrict__ $O, const float* __restrict__ $dO,
         int n_q_, int d_v_, int heads_) {
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+$block_coords
 $offsets
-    const int i_ = blockIdx.x * SA_ATTN_ROWS + threadIdx.x;
+    const int i_ = row0_ + threadIdx.x;
     if (i_ < n_q_) {
         float total_ = 0.0f;
         for (int c_ = 0; c_ < d_v_; ++c_) total_ += $dO[(long long)i_ * d_v_ + c_] * $O[(long long)i_ * d_v_ + c_];
@@ -230,12 +229,11 @@ static __device__ __forceinline__ void ${prefix}_backward_dkdv(
     __shared__ float do_tile_[SA_ATTN_STEP][HEAD_DIM];
     __shared__ float lse_tile_[SA_ATTN_STEP];
     __shared__ float delta_tile_[SA_ATTN_STEP];
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+$block_coords
 $lead_coords
 $offsets
     const int t_ = threadIdx.x;
-    const int j_ = blockIdx.x * SA_ATTN_ROWS + t_;  // this thread's key row
+    const int j_ = row0_ + t_;  // this thread's key row
     float dk_[HEAD_DIM], dv_[HEAD_DIM];
 #pragma unroll
     for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
@@ -303,12 +301,11 @@ static __device__ __forceinline__ void ${prefix}_backward_dq(
     __shared__ float do_own_[SA_ATTN_ROWS][HEAD_DIM + 1];
     __shared__ float k_tile_[SA_ATTN_STEP][HEAD_DIM];
     __shared__ float v_tile_[SA_ATTN_STEP][HEAD_DIM];
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+$block_coords
 $lead_coords
 $offsets
     const int t_ = threadIdx.x;
-    const int i_ = blockIdx.x * SA_ATTN_ROWS + t_;  // this thread's query row
+    const int i_ = row0_ + t_;  // this thread's query row
     float dq_[HEAD_DIM];
 #pragma unroll
     for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
@@ -366,8 +363,23 @@ class Sizes:
                 ("heads_", self.heads)]
 
 
+def _block_coords(rows: str) -> str:
+    """The block's (batch entry, head, first row): grid.x folds all three, the row blocks fastest."""
+    return "\n".join([
+        "    // grid.x = row blocks x heads x batch (rows fastest): no grid.y/z limit on heads or batch.",
+        f"    const unsigned int row_blocks_ = ((unsigned int){rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS;",
+        "    const unsigned int entry_ = blockIdx.x / row_blocks_;",
+        "    const int head_ = (int)(entry_ % (unsigned int)heads_);",
+        "    const long long b_ = entry_ / (unsigned int)heads_;  // the batch entry",
+        "    const int row0_ = (int)(blockIdx.x % row_blocks_) * SA_ATTN_ROWS;"])
+
+
 def _grid(rows: str, heads: str, batch: str) -> tuple[str, str, str]:
-    return (f"({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS", heads, batch)
+    return (f"(unsigned int)(({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS) * ({heads}) * {batch}", "1", "1")
+
+
+def _limits(rows: str, heads: str, batch: str) -> list[tuple[str, str]]:
+    return [(f"(long long)(({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS) * ({heads}) * {batch}", "SA_GRID_X_MAX")]
 
 
 def _common(core, prefix, names, dims, lead):
@@ -384,7 +396,7 @@ def forward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: B
     offsets = "\n".join([_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),
                          _head_offset(p["V"], v, "n_k_", "d_v_"), _head_offset(p["O"], out, "n_q_", "d_v_"),
                          _head_offset(p["lse"], lse, "n_q_", "1")])
-    body = _FORWARD.substitute(common, formula=formula, offsets=offsets, **p)
+    body = _FORWARD.substitute(common, formula=formula, offsets=offsets, block_coords=_block_coords("n_q_"), **p)
     params = (f"float* __restrict__ {p['O']}, float* __restrict__ {p['lse']}, const float* __restrict__ {p['Q']}, "
               f"const float* __restrict__ {p['K']}, const float* __restrict__ {p['V']},\n        "
               f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{common['dim_params']}")
@@ -394,7 +406,7 @@ def forward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: B
     sizes = Sizes(core, names)
     return Kernel(f"{prefix}_fwd", [formula], body + "\n\n" + wrappers, [out, lse], [q, k, v],
                   _grid(sizes.n_q, sizes.heads, batch), ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(),
-                  phase="forward", variants=variants)
+                  phase="forward", variants=variants, limits=_limits(sizes.n_q, sizes.heads, batch))
 
 
 def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: Buffer, out: Buffer, d_out: Buffer,
@@ -404,17 +416,18 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
     sizes = Sizes(core, names)
     grid_q = _grid(sizes.n_q, sizes.heads, batch)
     grid_k = _grid(sizes.n_k, sizes.heads, batch)
+    limits_q, limits_k = _limits(sizes.n_q, sizes.heads, batch), _limits(sizes.n_k, sizes.heads, batch)
     recompute = Template(_RECOMPUTE).substitute(common)
     p = _param_names([("dQ", dq), ("dK", dk), ("dV", dv), ("Q", q), ("K", k), ("V", v), ("O", out),
                       ("dO", d_out), ("lse", lse), ("delta", delta)])
 
     delta_offsets = "\n".join([_head_offset(p["delta"], delta, "n_q_", "1"), _head_offset(p["O"], out, "n_q_", "d_v_"),
                                _head_offset(p["dO"], d_out, "n_q_", "d_v_")])
-    delta_text = _DELTA.substitute(common, offsets=delta_offsets, **p)
+    delta_text = _DELTA.substitute(common, offsets=delta_offsets, block_coords=_block_coords("n_q_"), **p)
     delta_kernel = Kernel(f"{prefix}_delta", [f"delta = rowsum(grad({core.output}) * {core.output})"], delta_text,
                           [delta], [out, d_out], grid_q, ("SA_ATTN_ROWS", "1", "1"),
                           extra=[("n_q_", sizes.n_q), ("d_v_", sizes.d_v), ("heads_", sizes.heads)],
-                          phase="backward", takes_dims=False)
+                          phase="backward", takes_dims=False, limits=limits_q)
 
     operands = [_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),
                 _head_offset(p["V"], v, "n_k_", "d_v_"), _head_offset(p["dO"], d_out, "n_q_", "d_v_"),
@@ -428,21 +441,24 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
 
     dkdv_offsets = "\n".join([_head_offset(p["dK"], dk, "n_k_", "d_qk_"), _head_offset(p["dV"], dv, "n_k_", "d_v_"),
                               *operands])
-    dkdv_body = _DKDV.substitute(common, offsets=dkdv_offsets, recompute=recompute, **p)
+    dkdv_body = _DKDV.substitute(common, offsets=dkdv_offsets, recompute=recompute,
+                                 block_coords=_block_coords("n_k_"), **p)
     dkdv_wrappers, dkdv_variants = _variants(
         f"{prefix}_bwd_dkdv", f"{prefix}_backward_dkdv",
         f"float* __restrict__ {p['dK']}, float* __restrict__ {p['dV']}, " + read_params,
         f"{p['dK']}, {p['dV']}, " + read_args, "dK and dV at each supported head dim")
     dkdv = Kernel(f"{prefix}_bwd_dkdv", [f"grad({core.k}), grad({core.v}) through {core.output}"],
                   dkdv_body + "\n\n" + dkdv_wrappers, [dk, dv], [q, k, v, d_out, lse, delta], grid_k,
-                  ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(), phase="backward", variants=dkdv_variants)
+                  ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(), phase="backward", variants=dkdv_variants,
+                  limits=limits_k)
 
     dq_offsets = "\n".join([_head_offset(p["dQ"], dq, "n_q_", "d_qk_"), *operands])
-    dq_body = _DQ.substitute(common, offsets=dq_offsets, recompute=recompute, **p)
+    dq_body = _DQ.substitute(common, offsets=dq_offsets, recompute=recompute, block_coords=_block_coords("n_q_"),
+                           **p)
     dq_wrappers, dq_variants = _variants(
         f"{prefix}_bwd_dq", f"{prefix}_backward_dq", f"float* __restrict__ {p['dQ']}, " + read_params,
         f"{p['dQ']}, " + read_args, "dQ at each supported head dim")
     dq_kernel = Kernel(f"{prefix}_bwd_dq", [f"grad({core.q}) through {core.output}"], dq_body + "\n\n" + dq_wrappers,
                        [dq], [q, k, v, d_out, lse, delta], grid_q, ("SA_ATTN_ROWS", "1", "1"),
-                       extra=sizes.host_args(), phase="backward", variants=dq_variants)
+                       extra=sizes.host_args(), phase="backward", variants=dq_variants, limits=limits_q)
     return [delta_kernel, dkdv, dq_kernel]

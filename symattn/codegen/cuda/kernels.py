@@ -9,8 +9,9 @@ runs the same text. Every thread of a block reaches every `__syncthreads()`
 (loops whose trip count is uniform over the block; bounds are checked on
 loads and stores, never by returning early).
 
-Launch shapes: the batch entry is `blockIdx.y` (map, reduce, softmax) or part
-of `blockIdx.z` (matmul, with the leading axes of the product).
+Launch shapes: the batch entry is `blockIdx.y` (map, reduce, softmax, scan) or
+part of `blockIdx.z` (matmul, with the leading axes of the product); the host
+splits a batch larger than those axes hold into several launches (`Kernel.batch_axis`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ class Kernel:
     phase: str = "forward"
     variants: list[tuple[str, str]] = field(default_factory=list)  # (host condition, kernel) for dispatch
     takes_dims: bool = True          # the spec's dims follow the extra int arguments
+    # The grid axis (1: y, 2: z) that counts batch entries, `per_entry` blocks each: the host launches
+    # the kernel once per slice of at most SA_GRID_YZ_MAX / per_entry entries, its pointers advanced.
+    batch_axis: int | None = None
+    per_entry: str = "1"
+    # (C expression of a block count, its limit macro): the host returns SYMATTN_GRID_TOO_LARGE beyond it.
+    limits: list[tuple[str, str]] = field(default_factory=list)
 
 PRELUDE = f"""\
 // Launch shapes of the generic kernels.
@@ -190,7 +197,8 @@ def map_kernel(name, comment, out: Buffer, reads, dims, coords, statements, valu
             "    }",
             "}"]
     return Kernel(name, list(comment), "\n".join(body), [out], list(reads),
-                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coords, red_shape, value, kind: str,
@@ -234,7 +242,8 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
                   f"        if (threadIdx.x == 0) {out.name}[o_] = {result};"]
     lines += ["    }", "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
-                  (f"sa_blocks({outputs}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({outputs}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 def column_reduction(kind: str, red_coords, red_shape, value: str, names: CNames) -> list[str]:
@@ -289,7 +298,8 @@ def softmax_kernel(name, comment, out: Buffer, reads, dims, row_coords, axis_coo
              "    }",
              "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
-                  (f"sa_blocks({rows}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({rows}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord, length, value, out_offset,
@@ -316,7 +326,8 @@ def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord
              "    }",
              "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
-                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 @dataclass
@@ -395,8 +406,12 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
               "}"]
     grid = (f"({cols} + SA_TILE - 1) / SA_TILE", f"({rows} + SA_TILE - 1) / SA_TILE",
             batch if lead == "1" else f"{batch} * ({lead})")
+    limits = [(grid[1], "SA_GRID_YZ_MAX")]
+    if lead != "1":
+        limits.append((lead, "SA_GRID_YZ_MAX"))
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads), grid,
-                  ("SA_TILE_THREADS", "SA_TILE_THREADS", "1"), phase=phase)
+                  ("SA_TILE_THREADS", "SA_TILE_THREADS", "1"), phase=phase, batch_axis=2, per_entry=lead,
+                  limits=limits)
 
 
 def batch_sum_kernel(name, comment, out: Buffer, per_batch: Buffer, dims, names: CNames, batch_param: str,
