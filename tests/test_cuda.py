@@ -379,6 +379,101 @@ def test_reference_gradients_match_finite_differences(stem):
 # --- the emitted files ----------------------------------------------------------------------
 
 
+def test_launch_functions_take_a_stream_and_check_every_launch(emitted):
+    """cudaStream_t last in every entry point; a stale error cleared first; a check after every launch."""
+    for stem, code in emitted.codes.items():
+        p = code.plan
+        header, source = code.files[f"{code.prefix}.h"], code.files[code.source_name]
+        for which in ("forward", "backward"):
+            assert re.search(rf"int {code.prefix}_{which}\([^)]*, int {p.batch}, cudaStream_t {p.stream_arg}\);",
+                             header), (stem, which)
+            body = source[source.index(f'extern "C" int {code.prefix}_{which}('):]
+            body = body[:body.index("\n}\n")]
+            first = body.index("SA_LAUNCH(")
+            assert body.index("(void)SA_LAST_ERROR();") < first
+            assert body.rindex("return SYMATTN_GRID_TOO_LARGE" if "GRID_TOO_LARGE" in body else "return") < first
+            # One check per launch site; the head-dim variants of a fused kernel are one site.
+            sites = len(re.findall(r"^\s*(?:SA_LAUNCH|\{\n\s*const int head_dim_)", body, flags=re.M))
+            assert body.count("SA_CHECK_LAUNCH();") == sites, (stem, which)
+            assert body.endswith("return SYMATTN_OK;")
+        assert "SYMATTN_GRID_TOO_LARGE = -3" in header
+        assert "`cudaStream_t`" in code.files["README.md"]
+
+
+# A driver that includes the emitted .cu with SA_LAUNCH replaced by a line in a log (kernel, grid, the
+# first pointer argument): the host code runs, no kernel does, so huge batches cost nothing.
+_LAUNCH_LOG = """\
+#include "cuda_host.h"
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#undef SA_LAUNCH
+#define SA_LAUNCH(kernel, grid, block, stream, first, ...) \\
+    std::printf("%s %u %u %u %llu\\n", #kernel, (grid).x, (grid).y, (grid).z, (unsigned long long)(uintptr_t)(first))
+#include "SPEC.cu"
+int main(int argc, char** argv) {
+    float* base = (float*)(uintptr_t)0x100000000ull;  // never dereferenced: no kernel runs
+    int d[DIMS];
+    for (int k = 0; k < DIMS; ++k) d[k] = std::atoi(argv[k + 1]);
+    std::printf("status %d\\n", CALL);
+    return 0;
+}
+"""
+
+
+def _launch_log(code, tmp_path, dims):
+    """[(kernel, (x, y, z), first pointer's offset in floats from the base)] and the forward's status."""
+    p = code.plan
+    count = len(p.inputs) + len(p.outputs) + 1
+    call = f"{p.prefix}_forward({', '.join(['base'] * count)}, {', '.join(f'd[{k}]' for k in range(len(dims)))}, 0)"
+    directory = tmp_path / p.prefix
+    code.write(directory)
+    driver = directory / "log.cpp"
+    driver.write_text(_LAUNCH_LOG.replace("SPEC", p.prefix).replace("DIMS", str(len(dims))).replace("CALL", call))
+    binary = directory / "log"
+    subprocess.run([CXX, "-std=c++20", "-O0", "-pthread", "-Wno-unknown-pragmas", str(driver), "-o", str(binary)],
+                   check=True, capture_output=True)
+    lines = subprocess.run([str(binary), *map(str, dims)], check=True, capture_output=True, text=True).stdout.split("\n")
+    launches = [(n, (int(x), int(y), int(z)), (int(a) - 0x100000000) // 4)
+                for n, x, y, z, a in (line.split() for line in lines if line and not line.startswith("status"))]
+    status = int(next(line for line in lines if line.startswith("status")).split()[1])
+    return launches, status
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_a_batch_beyond_65535_is_split_into_launches(tmp_path):
+    """A generic kernel's batch rides on grid.y: 65537 entries are two launches, the second one's pointers
+    advanced by 65535 entries."""
+    spec = symattn.load("dim N = 3, d = 2\ninput X[N, d]\nparam w[d]\nO = tanh(X) * w\noutput O\n",
+                        filename="wide.attn")
+    code = emit_cuda(spec)
+    launches, status = _launch_log(code, tmp_path, [3, 2, 65537])
+    assert status == 0
+    own = [(grid, offset) for name, grid, offset in launches if name == "wide_O"]
+    assert own == [((1, 65535, 1), 0), ((1, 2, 1), 65535 * 3 * 2)]
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_fused_grid_and_grid_limits(emitted, tmp_path):
+    """multi_head: the fused kernel's grid.x is row blocks x heads x batch; the head-batched matmuls take
+    65535 // h entries per launch; sizes beyond a grid limit return SYMATTN_GRID_TOO_LARGE (-3) and
+    launch nothing."""
+    code = emitted.codes["multi_head"]  # dims N, d, h, d_k, then the batch
+    launches, status = _launch_log(code, tmp_path, [67, 6, 3, 2, 40000])
+    assert status == 0
+    (fused,) = [grid for name, grid, _ in launches if name.endswith("_attn_fwd_d32")]
+    assert fused == (2 * 3 * 40000, 1, 1)
+    q = [(grid, offset) for name, grid, offset in launches if name == "multi_head_Q"]
+    assert [grid[2] for grid, _ in q] == [21845 * 3, (40000 - 21845) * 3]
+    for dims in ([67, 6, 70000, 2, 1],            # h heads on grid.z beside the batch: over 65535
+                 [67, 6, 2, 2, 2 ** 30 + 1],     # 2 row blocks x 2 heads x batch: over 2^31 - 1
+                 [65535 * 32 + 1, 6, 3, 2, 1]):  # rows / 32 matmul row tiles on grid.y: over 65535
+        launches, status = _launch_log(code, tmp_path, dims)
+        assert (status, launches) == (-3, []), dims
+
+
 def test_readme_and_header_name_every_argument(emitted):
     for stem, code in emitted.codes.items():
         readme = code.files["README.md"]
