@@ -573,6 +573,24 @@ def test_gpu_benchmark_plans_and_skips_without_a_gpu():
     assert done.returncode == 0 and "skipped:" in done.stdout, done.stdout + done.stderr
 
 
+def test_occupancy_arithmetic():
+    """benchmarks/cuda_occupancy.py's sm_90 occupancy, against figures worked by hand."""
+    spec = importlib.util.spec_from_file_location("cuda_occupancy", REPO / "benchmarks" / "cuda_occupancy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cuda_occupancy"] = module
+    spec.loader.exec_module(module)
+    occupancy = module.occupancy
+    # 131 registers: 4192 per warp, allocated 4352 (17 x 256); 65536 // 4352 = 15 warps = 7 blocks of 2 warps.
+    assert vars(occupancy(131, 8192, 64)) == {"blocks": 7, "warps": 14, "limiter": "registers"}
+    # 32 registers, 2-warp blocks: 64 warps' worth of registers, but at most 32 blocks.
+    assert vars(occupancy(32, 0, 64)) == {"blocks": 32, "warps": 64, "limiter": "blocks"}
+    assert vars(occupancy(32, 0, 128)) == {"blocks": 16, "warps": 64, "limiter": "warps"}
+    # 48 KiB + 1 KiB reserved per block: 228 KiB // 49 KiB = 4 blocks.
+    assert vars(occupancy(24, 48 * 1024, 64)) == {"blocks": 4, "warps": 8, "limiter": "shared memory"}
+    # 255 registers: 8192 per warp; 8 warps; 64 threads: 4 blocks.
+    assert vars(occupancy(255, 0, 64)) == {"blocks": 4, "warps": 8, "limiter": "registers"}
+
+
 @pytest.mark.slow
 @needs_cxx
 def test_gpu_benchmark_plumbing_on_the_cpu_build(tmp_path):
