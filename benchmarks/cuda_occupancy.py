@@ -69,13 +69,21 @@ def occupancy(registers: int, shared_bytes: int, threads: int) -> Occupancy:
     return Occupancy(blocks, blocks * warps_per_block, limiter)
 
 
+def _evaluate(text: str, values: dict[str, int]) -> int | None:
+    """An integer expression of SA_ macros (`SA_TILE_THREADS * SA_TILE_THREADS`), or None."""
+    expr = re.sub(r"\bSA_\w+\b", lambda m: str(values.get(m.group(0), m.group(0))), text.split("//")[0].strip())
+    if not re.fullmatch(r"[\d\s()*/+-]+", expr):
+        return None
+    return int(eval(expr.replace("/", "//")))  # noqa: S307 - digits and operators only
+
+
 def _macros(source: str) -> dict[str, int]:
     """The numeric #defines of the emitted source (SA_ATTN_ROWS 64, ...), resolved in order."""
     values: dict[str, int] = {}
     for name, text in re.findall(r"^#define (SA_\w+) (.+)$", source, flags=re.M):
-        expr = re.sub(r"\bSA_\w+\b", lambda m: str(values.get(m.group(0), m.group(0))), text.split("//")[0].strip())
-        if re.fullmatch(r"[\d\s()*/+-]+", expr):
-            values[name] = int(eval(expr.replace("/", "//")))  # noqa: S307 - digits and operators only
+        value = _evaluate(text, values)
+        if value is not None:
+            values[name] = value
     return values
 
 
@@ -83,16 +91,13 @@ def rows(stem_or_path: str) -> list[dict]:
     path = Path(stem_or_path)
     spec = symattn.load(path if path.suffix == ".attn" else REPO / "derivations" / f"{stem_or_path}.attn")
     code = emit_cuda(spec)
-    macros = _macros(code.files[code.source_name])
-    threads, head_dims = {}, {}
-    for kernel in (*code.plan.forward, *code.plan.backward):
-        count = 1
-        for axis in kernel.block:
-            count *= macros[axis] if axis in macros else int(axis)
-        for name in [kernel.name, *(variant for _, variant in kernel.variants)]:
-            threads[name] = count
-        for _, variant in kernel.variants:
-            head_dims[variant] = variant.rsplit("_d", 1)[1]
+    source = code.files[code.source_name]
+    macros = _macros(source)
+    # Threads per block: every emitted kernel launches exactly its __launch_bounds__ maximum.
+    threads = {name: _evaluate(bound, macros)
+               for bound, name in re.findall(r"__launch_bounds__\(([^,)]+)(?:, \d+)?\) (\w+)\(", source)}
+    head_dims = {variant: variant.rsplit("_d", 1)[1]
+                 for kernel in (*code.plan.forward, *code.plan.backward) for _, variant in kernel.variants}
     with tempfile.TemporaryDirectory() as tmp:
         code.write(tmp)
         gate = compile_gate(Path(tmp) / code.source_name)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import sympy
 
 import symattn
 from conftest import EXAMPLES, REPO, run_cli
@@ -29,6 +30,8 @@ from symattn.codegen.cuda.plan import lower
 from symattn.codegen.program import CodegenError, Definition, build_program
 from symattn.check.cuda import (_Runner, _concrete, build_cpu, build_directory, compile_gate, find_cxx, find_nvcc, gate_cached,
                                  parse_ptxas, reference, verify_cuda, verify_sizes)
+from symattn.check.cuda_sizes import head_dim_sizes, instantiation
+from symattn.codegen.cuda.flash import HEAD_DIMS
 
 NVCC = find_nvcc()
 CXX = find_cxx()
@@ -110,7 +113,9 @@ def test_multi_head_heads_and_batch_fold_into_grid_x(emitted):
     (forward,) = [k for k in code.plan.forward if k.variants]
     assert forward.grid[1:] == ("1", "1")
     assert forward.grid[0].endswith(f"* (h) * {code.plan.batch}")
-    assert forward.limits == [(f"(long long)((N + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS) * (h) * {code.plan.batch}",
+    rows = "SA_ATTN_ROWS_FOR(d_k)"  # threads (rows) per block of the variant launched: 32 above head dim 64
+    assert forward.block == (rows, "1", "1")
+    assert forward.limits == [(f"(long long)((N + {rows} - 1) / {rows}) * (h) * {code.plan.batch}",
                                "SA_GRID_X_MAX")]
 
 
@@ -228,6 +233,16 @@ def test_verify_forward_backward_with_and_without_tsan(builds, stem):
     assert report.ok, report.problems
     assert report.tsan_report == ""
     assert all(n % 16 for n in report.sizes.values()) and max(report.sizes.values()) > 64
+    # A fused path runs every head-dim instantiation: the main sizes one, the other runs the rest.
+    if code.plan.cores:
+        (core,) = code.plan.cores
+        main = instantiation(int(sympy.sympify(core.d_qk).subs(
+            {spec.typed.dims[n].symbol: v for n, v in report.sizes.items()})))
+        assert sorted([main, *(run.head_dim for run in report.head_dim_runs)]) == list(HEAD_DIMS)
+        for run in report.head_dim_runs:
+            assert set(run.errors) == expected == set(run.tsan_errors)
+    else:
+        assert report.head_dim_runs == []
 
 
 @pytest.mark.slow
@@ -246,22 +261,42 @@ def test_tsan_catches_a_missing_syncthreads(builds):
     assert "ThreadSanitizer reported a data race" in report.problems and not report.ok
 
 
+def test_head_dim_sizes_reach_every_instantiation(emitted):
+    """The verify sizes and head_dim_sizes together select every HEAD_DIMS instantiation, moving only
+    head dims (d_k; h in rope's 2 * h) and keeping sizes valid."""
+    assert HEAD_DIMS == (32, 64, 128)
+    for stem in FUSED:
+        spec, code = emitted.specs[stem].typed, emitted.codes[stem]
+        (core,) = code.plan.cores
+        sizes = verify_sizes(spec)
+        others = head_dim_sizes(spec, code, sizes)
+
+        def head_dim(values):
+            subs = {spec.dims[n].symbol: v for n, v in values.items()}
+            return max(int(sympy.sympify(core.d_qk).subs(subs)), int(sympy.sympify(core.d_v).subs(subs)))
+
+        assert sorted(instantiation(head_dim(s)) for s in [sizes, *others]) == [32, 64, 128], stem
+        for other in others:
+            assert head_dim(other) in (39, 40, 71, 72), (stem, other)
+            # Only head dims move, and the sequence lengths shrink (emulation time): 67 -> 41, 45 -> 33.
+            assert {n for n in other if other[n] != sizes[n]} <= {"d_k", "h", "N", "M", "T"}, (stem, other)
+            assert all(other[n] in (41, 33) for n in ("N", "M", "T") if n in other), (stem, other)
+    assert head_dim_sizes(emitted.specs["additive"].typed, emitted.codes["additive"], {}) == []
+
+
 @pytest.mark.slow
 @needs_cxx
-def test_head_dim_64_instantiation_and_the_limit(builds):
-    """d_k = 40 runs the HEAD_DIM = 64 kernels (same build); d_k = 70 is refused with status -2."""
+def test_head_dim_limit(builds):
+    """A head dim above the largest instantiation (128) is refused with status -2."""
     spec, code = builds.specs["self_attention"], builds.codes["self_attention"]
     builds.result("self_attention", "plain")
-    sizes = {**verify_sizes(spec.typed), "d_k": 40}
-    report = verify_cuda(spec, code=code, sizes=sizes, gate=False, tsan=False, workdir=builds.root)
-    assert report.ok, report.problems
     runner = _Runner(build_cpu(code, builds.root), code)
     p = code.plan
-    sizes = {"N": 5, "d": 3, "d_k": 70}
+    sizes = {"N": 5, "d": 3, "d_k": 130}
     arrays = {id(b): np.zeros(_concrete(b, sizes, 1), np.float32)
               for b in (*p.inputs, *p.outputs, *p.upstream, *p.gradients)}
     with pytest.raises(RuntimeError, match="returned -2"):
-        runner(arrays, [5, 3, 70, 1])
+        runner(arrays, [5, 3, 130, 1])
 
 
 @pytest.mark.slow
@@ -467,6 +502,9 @@ def test_fused_grid_and_grid_limits(emitted, tmp_path):
     assert fused == (2 * 3 * 40000, 1, 1)
     q = [(grid, offset) for name, grid, offset in launches if name == "multi_head_Q"]
     assert [grid[2] for grid, _ in q] == [21845 * 3, (40000 - 21845) * 3]
+    launches, status = _launch_log(code, tmp_path, [67, 6, 3, 100, 5])  # head dim 100: 32 rows per block
+    assert status == 0
+    assert [grid for name, grid, _ in launches if "_attn_" in name and "delta" not in name] == [(3 * 3 * 5, 1, 1)]
     for dims in ([67, 6, 70000, 2, 1],            # h heads on grid.z beside the batch: over 65535
                  [67, 6, 2, 2, 2 ** 30 + 1],     # 2 row blocks x 2 heads x batch: over 2^31 - 1
                  [65535 * 32 + 1, 6, 3, 2, 1]):  # rows / 32 matmul row tiles on grid.y: over 65535

@@ -75,8 +75,10 @@ def head_dim_sizes(spec: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int]) 
 
     For each such bound, the head dim (of Q and K) of every core is set just above the previous
     bound (39 for the 64 kernels: not a multiple of a tile), solving for one of its dims that the
-    user did not give (`d_k`, or `h` in `2 * h`); sizes that then break a constraint (`d / h`
-    whole) are repaired by moving the other dims. Empty without a fused core.
+    user did not give (`d_k`, or `h` in `2 * h`), and the sequence lengths (query and key rows)
+    are cut to about 5/8 (67 to 41, at least 33: still more than one tile), because the CPU
+    emulation's time grows with their square; sizes that then break a constraint (`d / h` whole)
+    are repaired by moving the other dims. Empty without a fused core.
     """
     cores = code.plan.cores
     if not cores:
@@ -89,12 +91,14 @@ def head_dim_sizes(spec: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int]) 
         return max(int(sympy.sympify(core.d_qk).subs(subs)), int(sympy.sympify(core.d_v).subs(subs)))
 
     covered = {instantiation(head_dim(core, sizes)) for core in cores}
+    rows = {symbols[s] for core in cores for d in (core.n_q, core.n_k)
+            for s in sympy.sympify(d).free_symbols if s in symbols} - fixed
     found = []
     for k, bound in enumerate(HEAD_DIMS):
         if bound in covered:
             continue
         low = HEAD_DIMS[k - 1] if k else 0
-        candidate = dict(sizes)
+        candidate = {n: max(v * 5 // 8, 33) if n in rows and v > 41 else v for n, v in sizes.items()}
         for core in cores:
             expr = sympy.sympify(core.d_qk)
             for target in range(low + 7, bound + 1):
