@@ -468,7 +468,8 @@ def _launch_log(code, tmp_path, dims):
     binary = directory / "log"
     subprocess.run([CXX, "-std=c++20", "-O0", "-pthread", "-Wno-unknown-pragmas", str(driver), "-o", str(binary)],
                    check=True, capture_output=True)
-    lines = subprocess.run([str(binary), *map(str, dims)], check=True, capture_output=True, text=True).stdout.split("\n")
+    done = subprocess.run([str(binary), *map(str, dims)], check=True, capture_output=True, text=True)
+    lines = done.stdout.split("\n")
     launches = [(n, (int(x), int(y), int(z)), (int(a) - 0x100000000) // 4)
                 for n, x, y, z, a in (line.split() for line in lines if line and not line.startswith("status"))]
     status = int(next(line for line in lines if line.startswith("status")).split()[1])

@@ -52,10 +52,9 @@ from ..symbolic.evaluate import NUMERIC, Evaluator
 from .cuda_sizes import BUDGET, guarded_sizes, head_dim_sizes, instantiation, verify_sizes
 from .numpy import relative_error as _relative_error
 
-__all__ = ["KernelResources", "GateResult", "VerifyReport", "HeadDimRun", "compile_gate", "gate_cached", "parse_ptxas",
-           "build_cpu", "build_directory",
-           "verify_cuda", "verify_sizes", "guarded_sizes", "head_dim_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE",
-           "SHARED_LIMIT", "BUDGET"]
+__all__ = ["KernelResources", "GateResult", "VerifyReport", "HeadDimRun", "compile_gate", "gate_cached",
+           "parse_ptxas", "build_cpu", "build_directory", "verify_cuda", "verify_sizes", "guarded_sizes",
+           "head_dim_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE", "SHARED_LIMIT", "BUDGET"]
 
 TOLERANCE = 1e-4              # max |got - want| / max |want|, per tensor (float32 against float64)
 SHARED_LIMIT = 48 * 1024      # static shared memory per block
