@@ -115,8 +115,8 @@ def test_multi_head_heads_and_batch_fold_into_grid_x(emitted):
     assert forward.grid[0].endswith(f"* (h) * {code.plan.batch}")
     rows = "SA_ATTN_ROWS_FOR(d_k)"  # threads (rows) per block of the variant launched: 32 above head dim 64
     assert forward.block == (rows, "1", "1")
-    assert forward.limits == [(f"(long long)((N + {rows} - 1) / {rows}) * (h) * {code.plan.batch}",
-                               "SA_GRID_X_MAX")]
+    assert [(limit.blocks, limit.most) for limit in forward.limits] == [
+        (f"(long long)((N + {rows} - 1) / {rows}) * (h) * {code.plan.batch}", "SA_GRID_X_MAX")]
 
 
 def test_fused_path_never_stores_the_attention_matrix(emitted):

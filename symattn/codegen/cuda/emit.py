@@ -198,10 +198,9 @@ def _checks(p: KernelPlan, kernels: list[Kernel]) -> list[str]:
         dims = dict.fromkeys((s.d_qk, s.d_v))  # once each: d_qk and d_v are often the same dim
         lines.append(f"    if ({' || '.join(f'{d} > {HEAD_DIMS[-1]}' for d in dims)}) "
                      f"return SYMATTN_HEAD_DIM_TOO_LARGE;  // {core.output}: fused kernels up to {HEAD_DIMS[-1]}")
-    limits = dict.fromkeys(limit for kernel in kernels for limit in kernel.limits)
-    for count, most in limits:
-        wide = count if count.startswith("(long long)") else f"(long long)({count})"
-        lines.append(f"    if ({wide} > {most}) return SYMATTN_GRID_TOO_LARGE;  // blocks along one grid axis")
+    for limit in dict.fromkeys(limit for kernel in kernels for limit in kernel.limits):
+        wide = limit.blocks if limit.blocks.startswith("(long long)") else f"(long long)({limit.blocks})"
+        lines.append(f"    if ({wide} > {limit.most}) return SYMATTN_GRID_TOO_LARGE;  // blocks along one grid axis")
     return lines
 
 

@@ -34,7 +34,7 @@ from typing import Sequence
 from ...ir import typed as t
 from ...ir.printing import to_spec
 from .core import AttentionCore, score_grad
-from .kernels import Buffer, Kernel
+from .kernels import Buffer, GridLimit, Kernel
 from .names import CNames
 from .syntax import CPrinter, CudaCodegenError, dim_c
 
@@ -426,8 +426,8 @@ def _grid(rows: str, heads: str, batch: str, per_block: str) -> tuple[str, str, 
     return (f"(unsigned int)(({rows} + {per_block} - 1) / {per_block}) * ({heads}) * {batch}", "1", "1")
 
 
-def _limits(rows: str, heads: str, batch: str, per_block: str) -> list[tuple[str, str]]:
-    return [(f"(long long)(({rows} + {per_block} - 1) / {per_block}) * ({heads}) * {batch}", "SA_GRID_X_MAX")]
+def _limits(rows: str, heads: str, batch: str, per_block: str) -> list[GridLimit]:
+    return [GridLimit(f"(long long)(({rows} + {per_block} - 1) / {per_block}) * ({heads}) * {batch}", "SA_GRID_X_MAX")]
 
 
 def _common(core, prefix, names, dims, lead):

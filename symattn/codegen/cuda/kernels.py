@@ -23,8 +23,8 @@ from typing import Sequence
 from .names import CNames
 from .syntax import dim_c, numel_c, offset_c
 
-__all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel", "matmul_kernel",
-           "batch_sum_kernel",
+__all__ = ["Buffer", "Kernel", "GridLimit", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel",
+           "matmul_kernel", "batch_sum_kernel",
            "unravel", "PRELUDE", "HELPERS", "helpers_for",
            "column_reduction"]
 
@@ -54,6 +54,14 @@ class Buffer:
         return f"ws_.{self.name}" if self.kind == "workspace" else self.name
 
 
+@dataclass(frozen=True)
+class GridLimit:
+    """A block count along one grid axis and its limit: beyond it the host returns SYMATTN_GRID_TOO_LARGE."""
+
+    blocks: str                # C expression (host side)
+    most: str                  # SA_GRID_X_MAX or SA_GRID_YZ_MAX
+
+
 @dataclass(eq=False)
 class Kernel:
     name: str
@@ -71,8 +79,7 @@ class Kernel:
     # the kernel once per slice of at most SA_GRID_YZ_MAX / per_entry entries, its pointers advanced.
     batch_axis: int | None = None
     per_entry: str = "1"
-    # (C expression of a block count, its limit macro): the host returns SYMATTN_GRID_TOO_LARGE beyond it.
-    limits: list[tuple[str, str]] = field(default_factory=list)
+    limits: list[GridLimit] = field(default_factory=list)  # checked by the host before any launch
 
 PRELUDE = f"""\
 // Launch shapes of the generic kernels.
@@ -406,9 +413,9 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
               "}"]
     grid = (f"({cols} + SA_TILE - 1) / SA_TILE", f"({rows} + SA_TILE - 1) / SA_TILE",
             batch if lead == "1" else f"{batch} * ({lead})")
-    limits = [(grid[1], "SA_GRID_YZ_MAX")]
+    limits = [GridLimit(grid[1], "SA_GRID_YZ_MAX")]
     if lead != "1":
-        limits.append((lead, "SA_GRID_YZ_MAX"))
+        limits.append(GridLimit(lead, "SA_GRID_YZ_MAX"))
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads), grid,
                   ("SA_TILE_THREADS", "SA_TILE_THREADS", "1"), phase=phase, batch_axis=2, per_entry=lead,
                   limits=limits)
