@@ -377,8 +377,11 @@ output O
 @pytest.mark.parametrize("name", list(NEW_SPECS))
 def test_specs_beyond_the_examples(builds, name):
     spec = symattn.load(NEW_SPECS[name], filename=f"{name}.attn")
+    # large_logits at the other head dims (d = 39, 71) has logits in the thousands, where float32 itself
+    # misses the tolerance (plain NumPy float32 against float64 at N = 41, d = 71: grad(Q) 2.3e-4 > 1e-4):
+    # it runs at its own sizes only (d = 5, logits in the hundreds).
     report = verify_cuda(spec, gate=name == "batched_3d" and NVCC is not None, tsan=name == "softcap",
-                         workdir=builds.root)
+                         workdir=builds.root, head_dims=name != "large_logits")
     assert report.path == ("generic" if name in ("assorted", "batched_3d") else "fused")
     assert report.ok, report.problems
     if name == "masked_rows":
