@@ -225,7 +225,7 @@ def test_backward_refuses_head_dim_256(built):
     x = np.zeros((1, 70, 256), np.uint16)
     lse = np.zeros((1, 70), np.float32)
     grads, status = run_backward(library, forward, "bf16", [70, 256], 1, dict(q=x, k=x, v=x, o=x, do=x, lse=lse))
-    assert status == -3 and np.all(np.isnan(grads["dQ"]))
+    assert status == -4 and np.all(np.isnan(grads["dQ"]))
 
 
 @pytest.mark.slow
@@ -251,10 +251,10 @@ def test_unsupported_shapes_are_refused(built):
     (forward,) = code.plan.tensor_cores
     q = np.zeros((1, 70, 20), np.uint16)
     out, lse, status = run_forward(library, forward, "bf16", [70, 20], 1, q, q, q, (1, 70, 20))
-    assert status == -3 and not out.any()
+    assert status == -4 and not out.any()
     q = np.zeros(70 * 64 + 1, np.uint16)[1:].reshape(1, 70, 64)  # 2 bytes past a 16-byte boundary
     out, lse, status = run_forward(library, forward, "bf16", [70, 64], 1, q, q, q, (1, 70, 64))
-    assert status == -3
+    assert status == -4
 
 
 @pytest.mark.slow

@@ -16,7 +16,10 @@ Contract:
   equal meaning `verify.relative_error`'s: within tolerance, or non-finite in
   the same way. Sizes come from `guarded_sizes`: `verify_sizes`, made
   smaller by the size guard (`sizes.fit_sizes`) when their work exceeds
-  `budget` entries (default `BUDGET`), which the output then says.
+  `budget` entries (default `BUDGET`), which the output then says. A fused
+  path is run again at `head_dim_sizes`, one set per head-dim instantiation
+  (`HEAD_DIMS`) the main sizes leave out, so that every instantiated kernel
+  runs (and under TSan too).
   With `tsan=True` it also builds a small driver with -fsanitize=thread and
   runs it in a subprocess (so TSan's runtime owns the process): TSan must
   report no race and the results must match too. With `tensor_cores=True`
@@ -49,18 +52,16 @@ from ..codegen.cuda import CudaCode, emit_cuda
 from ..codegen.cuda.kernels import Buffer
 from ..symbolic.derive import derive
 from ..symbolic.evaluate import NUMERIC, Evaluator
-from ..ir.sizes import SizeChoice, fit_sizes, repair, user_sizes, valid_sizes
+from .cuda_sizes import BUDGET, guarded_sizes, head_dim_sizes, instantiation, verify_sizes
 from .numpy import relative_error as _relative_error
 from .cuda_tensor_core import TensorCoreCase, verify_tensor_cores
 
-__all__ = ["KernelResources", "GateResult", "VerifyReport", "compile_gate", "gate_cached", "parse_ptxas",
-           "build_cpu", "build_directory",
-           "verify_cuda", "verify_sizes", "guarded_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE",
-           "SHARED_LIMIT", "BUDGET"]
+__all__ = ["KernelResources", "GateResult", "VerifyReport", "HeadDimRun", "compile_gate", "gate_cached",
+           "parse_ptxas", "build_cpu", "build_directory", "verify_cuda", "verify_sizes", "guarded_sizes",
+           "head_dim_sizes", "reference", "find_nvcc", "find_cxx", "TOLERANCE", "SHARED_LIMIT", "BUDGET"]
 
 TOLERANCE = 1e-4              # max |got - want| / max |want|, per tensor (float32 against float64)
 SHARED_LIMIT = 48 * 1024      # static shared memory per block
-BUDGET = 16_000_000           # entries of the spec's arrays: above it the size guard picks smaller sizes
 CXX_FLAGS = ["-O1", "-std=c++20", "-pthread", "-Wno-unknown-pragmas"]
 
 
@@ -316,48 +317,6 @@ def _tsan_run(executable: Path, code: CudaCode, arrays: dict[int, np.ndarray], d
 # --- the reference ------------------------------------------------------------------------
 
 
-def verify_sizes(spec: t.TypedSpec) -> dict[str, int]:
-    """Sizes for verification: sequence dims (first axis of an input) 67, 45, ...; others small.
-
-    None is a multiple of a tile size (16, 32, 64), and 67 spans more than one tile of every kernel.
-    A dim the user overrode (--dim) keeps the user's size.
-    """
-    sequence, other = iter([67, 45, 29, 23]), iter([5, 3, 6, 7, 9, 11, 13, 4])
-    firsts = {spec.tensors[x].shape[0] for x in spec.given  # inputs and buffers (a KV cache's T)
-              if spec.tensors[x].kind != "param" and spec.tensors[x].shape}
-    sizes = {}
-    chosen = []
-    for name, info in spec.dims.items():
-        if spec.sizes[name] != info.default:
-            sizes[name] = spec.sizes[name]
-        else:
-            sizes[name] = next(sequence, 31) if info.symbol in firsts else next(other, 5)
-            chosen.append(name)
-    # A shape such as [h, N, d / h] (split_heads) needs d divisible by h: scale a chosen numerator.
-    shapes = [d for info in spec.tensors.values() for d in info.shape]
-    for _ in range(4):
-        subs = {spec.dims[n].symbol: v for n, v in sizes.items()}
-        bad = [d for d in shapes if not sympy.sympify(d).subs(subs).is_integer]
-        if not bad:
-            break
-        numerator, denominator = sympy.fraction(sympy.together(bad[0]))
-        free = [str(s) for s in numerator.free_symbols if str(s) in chosen]
-        if not free:
-            break
-        sizes[free[0]] *= int(denominator.subs(subs))
-    if not valid_sizes(spec, sizes):  # e.g. (N + 1) / 2 needs an odd N: the nearest sizes that fit
-        sizes = repair(spec, sizes, chosen) or repair(spec, sizes) or sizes
-    return sizes
-
-
-def guarded_sizes(spec: t.TypedSpec, budget: int = BUDGET) -> SizeChoice:
-    """`verify_sizes`, made smaller by the size guard when their work exceeds `budget` entries.
-
-    Sizes given with --dim stand unless they are over the budget too.
-    """
-    return fit_sizes(spec, budget, sizes=verify_sizes(spec), fixed=user_sizes(spec))
-
-
 def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, np.ndarray],
               upstream: Mapping[str, np.ndarray], batch: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Outputs and input and param gradients in float64, one batch entry at a time (params shared,
@@ -394,6 +353,16 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 @dataclass
+class HeadDimRun:
+    """A run at sizes that select another head-dim instantiation of the fused kernels."""
+
+    sizes: dict[str, int]
+    head_dim: int                                                 # the HEAD_DIMS bound its kernels have
+    errors: dict[str, float] = field(default_factory=dict)
+    tsan_errors: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class VerifyReport:
     spec: str
     path: str
@@ -407,16 +376,57 @@ class VerifyReport:
     tolerance: float = TOLERANCE
     notes: list[str] = field(default_factory=list)                # e.g. that the size guard chose smaller sizes
     tensor_core: list[TensorCoreCase] = field(default_factory=list)  # the bf16 / f16 forwards of the fused cores
+    head_dim_runs: list[HeadDimRun] = field(default_factory=list)  # the other instantiations' runs
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
+@dataclass
+class _Run:
+    """One run's arrays (by buffer id), the float64 results they are held to, and their labels."""
+
+    arrays: dict[int, np.ndarray]
+    want: dict[int, np.ndarray]
+    labels: dict[int, str]
+    dims: list[int]
+
+
+def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch: int, seed: int) -> _Run:
+    rng = np.random.default_rng(seed)
+    p = code.plan
+    arrays: dict[int, np.ndarray] = {}
+    for b in (*p.inputs, *p.upstream):
+        arrays[id(b)] = rng.standard_normal(_concrete(b, sizes, batch)).astype(np.float32)
+    for b in (*p.outputs, *p.gradients):
+        arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
+    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}
+    upstream = {o: arrays[id(b)].astype(np.float64) for o, b in zip(typed.outputs, p.upstream)}
+    labels = {id(b): o for o, b in zip(typed.outputs, p.outputs)}
+    labels.update({id(b): f"grad({x})" for x, b in zip(typed.differentiable, p.gradients)})
+    progress.step("the float64 reference")
+    want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
+    want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
+    want.update({id(b): want_grad[x] for x, b in zip(typed.differentiable, p.gradients)})
+    return _Run(arrays, want, labels, _dim_values(code, sizes) + [batch])
+
+
+def _compare(run: _Run, results: Mapping[int, np.ndarray], tolerance: float, where: str,
+             problems: list[str]) -> dict[str, float]:
+    errors = {}
+    for key, label in run.labels.items():
+        errors[label] = relative_error(results[key], run.want[key])
+        if errors[label] > tolerance:
+            problems.append(f"{where}{label}: max relative error {errors[label]:.2e} > {tolerance:g}")
+    return errors
+
+
 def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None, tsan: bool = True,
                 gate: bool = True, fused: bool = True, workdir: str | Path | None = None, seed: int = 0,
                 tolerance: float = TOLERANCE, out: Callable[[str], None] | None = None,
-                code: CudaCode | None = None, budget: int = BUDGET, tensor_cores: bool = True) -> VerifyReport:
+                code: CudaCode | None = None, budget: int = BUDGET, tensor_cores: bool = True,
+                head_dims: bool = True) -> VerifyReport:
     typed: t.TypedSpec = getattr(spec, "typed", spec)
     say = out or (lambda line: None)
     code = code or emit_cuda(typed, fused=fused)
@@ -442,62 +452,71 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         _say_gate(report.gate, say)
         report.problems += report.gate.problems
 
-    rng = np.random.default_rng(seed)
-    p = code.plan
-    arrays: dict[int, np.ndarray] = {}
-    for b in (*p.inputs, *p.upstream):
-        arrays[id(b)] = rng.standard_normal(_concrete(b, sizes, batch)).astype(np.float32)
-    for b in (*p.outputs, *p.gradients):
-        arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
-    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}
-    upstream = {o: arrays[id(b)].astype(np.float64) for o, b in zip(typed.outputs, p.upstream)}
-    labels = {id(b): o for o, b in zip(typed.outputs, p.outputs)}
-    labels.update({id(b): f"grad({x})" for x, b in zip(typed.differentiable, p.gradients)})
-    dims = _dim_values(code, sizes) + [batch]
-
-    progress.step("the float64 reference")
-    want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
-    want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
-    want.update({id(b): want_grad[x] for x, b in zip(typed.differentiable, p.gradients)})
+    run = _prepare(typed, code, sizes, batch, seed)
     progress.step("building the kernels for the CPU")
     library = build_cpu(code, workdir, tsan=False)
     progress.step("running the kernels on the CPU")
-    _Runner(library, code)(arrays, dims)
+    runner = _Runner(library, code)
+    fresh = {k: v.copy() for k, v in run.arrays.items()}
+    runner(fresh, run.dims)
+    report.errors = _compare(run, fresh, tolerance, "", report.problems)
     say(f"{'tensor':<16}{'max rel error':>14}")
-    for key, label in labels.items():
-        error = relative_error(arrays[key], want[key])
-        report.errors[label] = error
+    for label, error in report.errors.items():
         verdict = "ok" if error <= tolerance else f"FAIL (tolerance {tolerance:g})"
         say(f"  {label:<14}{error:>14.2e}  {verdict}")
-        if error > tolerance:
-            report.problems.append(f"{label}: max relative error {error:.2e} > {tolerance:g}")
-    if tensor_cores and p.tensor_cores:
+    if tensor_cores and code.plan.tensor_cores:
         progress.step("running the tensor-core kernels on the CPU (emulated mma)")
         say("tensor-core forward and backward (inputs rounded to bf16 / f16, against float64 of the rounded inputs):")
         report.tensor_core = verify_tensor_cores(code, library, sizes, batch, seed=seed, out=say)
         report.problems += [problem for case in report.tensor_core for problem in case.problems]
 
+    executable = None
     if tsan:
         progress.step("building the kernels under ThreadSanitizer")
         executable = build_cpu(code, workdir, tsan=True)
-        fresh = {k: v.copy() for k, v in arrays.items()}
         progress.step("running the kernels under ThreadSanitizer")
-        race, results = _tsan_run(executable, code, fresh, dims, timeout=900)
+        race, results = _tsan_run(executable, code, {k: v.copy() for k, v in run.arrays.items()}, run.dims,
+                                  timeout=900)
         report.tsan_report = race
-        worst = 0.0
-        for key, label in labels.items():
-            error = relative_error(results[key], want[key])
-            report.tsan_errors[label] = error
-            worst = max(worst, error)
-            if error > tolerance:
-                report.problems.append(f"under TSan, {label}: max relative error {error:.2e} > {tolerance:g}")
+        report.tsan_errors = _compare(run, results, tolerance, "under TSan, ", report.problems)
         if race:
             report.problems.append("ThreadSanitizer reported a data race")
             say("ThreadSanitizer: DATA RACE\n" + "\n".join("  " + line for line in _race_summary(race)))
         else:
-            say(f"ThreadSanitizer: no race (forward and backward); max rel error {worst:.2e}")
+            say(f"ThreadSanitizer: no race (forward and backward); "
+                f"max rel error {max(report.tsan_errors.values(), default=0.0):.2e}")
+
+    for other in head_dim_sizes(typed, code, sizes) if head_dims else []:
+        _other_head_dim(typed, code, report, other, runner, executable, seed, say)
     say("result: " + ("ok" if report.ok else "FAILED: " + "; ".join(report.problems)))
     return report
+
+
+def _other_head_dim(typed, code, report: VerifyReport, sizes: dict[str, int], runner: _Runner,
+                    executable: Path | None, seed: int, say: Callable[[str], None]) -> None:
+    """Run (and under TSan, when `executable`) at sizes that select another head-dim instantiation."""
+    changed = ", ".join(f"{k}={v}" for k, v in sizes.items() if v != report.sizes[k])
+    bound = max(instantiation(max(int(sympy.sympify(d).subs({typed.dims[n].symbol: v for n, v in sizes.items()}))
+                                   for d in (c.d_qk, c.d_v))) for c in code.plan.cores)
+    progress.step(f"the head dim {bound} kernels")
+    run = _prepare(typed, code, sizes, report.batch, seed)
+    entry = HeadDimRun(sizes, bound)
+    fresh = {k: v.copy() for k, v in run.arrays.items()}
+    runner(fresh, run.dims)
+    entry.errors = _compare(run, fresh, report.tolerance, f"at {changed}, ", report.problems)
+    line = f"head dim {bound} kernels at {changed}: max rel error {max(entry.errors.values(), default=0.0):.2e}"
+    if executable is not None:
+        race, results = _tsan_run(executable, code, {k: v.copy() for k, v in run.arrays.items()}, run.dims,
+                                  timeout=900)
+        entry.tsan_errors = _compare(run, results, report.tolerance, f"under TSan at {changed}, ", report.problems)
+        if race:
+            report.tsan_report = (report.tsan_report or "") + race
+            report.problems.append(f"ThreadSanitizer reported a data race at {changed}")
+            say("ThreadSanitizer: DATA RACE\n" + "\n".join("  " + line for line in _race_summary(race)))
+        line += ", under TSan " + ("a DATA RACE" if race else "no race")
+    ok = not any(e > report.tolerance for e in (*entry.errors.values(), *entry.tsan_errors.values()))
+    say(line + ("  ok" if ok else "  FAIL"))
+    report.head_dim_runs.append(entry)
 
 
 def _race_summary(report: str, limit: int = 12) -> list[str]:

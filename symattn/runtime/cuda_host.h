@@ -49,7 +49,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 
-typedef void* cudaStream_t;
+typedef struct CUstream_st* cudaStream_t;  // as the CUDA runtime declares it; launches ignore the stream
 
 struct dim3 {
     unsigned int x, y, z;

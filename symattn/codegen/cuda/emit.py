@@ -6,19 +6,23 @@ it computes) and the host code: a workspace layout and the `extern "C"`
 launch functions declared in `<spec>.h`:
 
     size_t <spec>_workspace_bytes(dims..., int batch);
-    int <spec>_forward(given..., outputs..., float* workspace, dims..., int batch, void* stream);
+    int <spec>_forward(given..., outputs..., float* workspace, dims..., int batch, cudaStream_t stream);
     int <spec>_backward(given..., outputs..., grad_outputs..., grad_inputs_and_params...,
-                        float* workspace, dims..., int batch, void* stream);
+                        float* workspace, dims..., int batch, cudaStream_t stream);
 
 `given` is every input, param and buffer in declaration order; a buffer has no
 gradient. Pointers are device pointers (host pointers under the CPU emulation),
 float32, row-major, with a leading batch axis on inputs, buffers, outputs and
 their gradients (params and their gradients have none). The backward reads the workspace the
-forward filled with the same arguments. A spec with a fused attention core
-also gets, per core, `<core>_forward_{bf16,f16}` and `<core>_backward_{bf16,f16}`
-(the core alone on tensor cores: `tensor_core`, `tensor_core_backward`) and the
-file `cuda_warp.h` they include. The only user text in any file is
-the spec's validated identifiers and formulas printed from the typed IR.
+forward filled with the same arguments. The launch functions check sizes and
+grid limits before launching anything, clear a stale CUDA error on entry, and
+check every launch (`SA_CHECK_LAUNCH`), returning the first failure's status;
+kernels run asynchronously on `stream` (the CPU emulation ignores it). A spec
+with a fused attention core also gets, per core, `<core>_forward_{bf16,f16}`
+and `<core>_backward_{bf16,f16}` (the core alone on tensor cores:
+`tensor_core`, `tensor_core_backward`) and the file `cuda_warp.h` they
+include. The only user text in any file is the spec's validated identifiers
+and formulas printed from the typed IR.
 """
 
 from __future__ import annotations
@@ -45,10 +49,24 @@ enum {
     SYMATTN_OK = 0,
     SYMATTN_BAD_SIZE = -1,              /* a dim or the batch is not positive, or a quotient of dims is not whole */
     SYMATTN_HEAD_DIM_TOO_LARGE = -2,    /* a fused attention core's head dim exceeds the largest instantiated */
-    SYMATTN_UNSUPPORTED = -3            /* a tensor-core entry: head dim not a multiple of 8 or over 256, or a
+    SYMATTN_GRID_TOO_LARGE = -3,        /* a launch would need more blocks than a grid axis holds */
+    SYMATTN_UNSUPPORTED = -4            /* a tensor-core entry: head dim not a multiple of 8 or over 256, or a
                                            pointer not 16-byte aligned (use the fp32 <spec>_forward) */
 };
+#endif
+
+/* The CUDA runtime's own definition (driver_types.h), repeated so that C callers need no CUDA header. */
+#ifndef __DRIVER_TYPES_H__
+typedef struct CUstream_st* cudaStream_t;
 #endif"""
+
+HOST_PRELUDE = """\
+// Host side: grid limits of sm_90 (blocks along grid.x, and along grid.y or grid.z), and the check
+// after every launch (a cudaError_t, as the function's status; always 0 under the CPU emulation).
+#define SA_GRID_X_MAX 2147483647LL
+#define SA_GRID_YZ_MAX 65535
+#define SA_CHECK_LAUNCH() do { const int status_ = SA_LAST_ERROR(); if (status_ != 0) return status_; } while (0)
+"""
 
 
 def runtime_header(name: str = "cuda_host.h") -> str:
@@ -74,7 +92,7 @@ def signatures(plan: KernelPlan) -> dict[str, str]:
                + [f"float* {p.workspace_arg}"])
     backward = ([f"const float* {b.name}" for b in (*p.inputs, *p.outputs, *p.upstream)]
                 + [f"float* {b.name}" for b in p.gradients] + [f"float* {p.workspace_arg}"])
-    tail = _dims_params(p) + f", void* {p.stream_arg}"
+    tail = _dims_params(p) + f", cudaStream_t {p.stream_arg}"
     return {
         "workspace": f"size_t {p.prefix}_workspace_bytes({_dims_params(p)})",
         "forward": f"int {p.prefix}_forward({', '.join(forward)}, {tail})",
@@ -130,27 +148,51 @@ def _layout(p: KernelPlan) -> str:
     return "\n".join(lines)
 
 
-def _launch(p: KernelPlan, kernel: Kernel) -> list[str]:
-    args = [b.host for b in (*kernel.writes, *kernel.reads)] + [expr for _, expr in kernel.extra]
+def _arguments(p: KernelPlan, kernel: Kernel, sliced: bool) -> str:
+    """The launch's arguments; `sliced`: batched pointers advanced to the batch entry b0_."""
+    def pointer(b: Buffer) -> str:
+        return f"{b.host} + b0_ * ({numel_c(b.shape, p.names)})" if sliced and b.batched else b.host
+    args = [pointer(b) for b in (*kernel.writes, *kernel.reads)] + [expr for _, expr in kernel.extra]
     if kernel.takes_dims:
         args += p.dims
-    grid = f"dim3({', '.join(kernel.grid)})"
+    return ", ".join(args)
+
+
+def _dispatch(kernel: Kernel, grid: str, args: str, stream: str, indent: str) -> list[str]:
+    """SA_LAUNCH of the kernel, or of the variant (head dim) that fits."""
     block = f"dim3({', '.join(kernel.block)})"
-    joined = ", ".join(args)
-    lines = [f"    // {kernel.comment[0]}"]
     if not kernel.variants:
-        return lines + [f"    SA_LAUNCH({kernel.name}, {grid}, {block}, stream_, {joined});"]
+        return [f"{indent}SA_LAUNCH({kernel.name}, {grid}, {block}, {stream}, {args});"]
     extra = dict(kernel.extra)
     larger = (extra["d_qk_"] if extra["d_qk_"] == extra["d_v_"]
               else f"{extra['d_qk_']} > {extra['d_v_']} ? {extra['d_qk_']} : {extra['d_v_']}")
-    lines += ["    {", f"        const int head_dim_ = {larger};"]
+    lines = [f"{indent}{{", f"{indent}    const int head_dim_ = {larger};"]
     for k, (condition, name) in enumerate(kernel.variants):
-        keyword = "if" if k == 0 else "else if"
+        launch = f"SA_LAUNCH({name}, {grid}, {block}, {stream}, {args});"
         if k == len(kernel.variants) - 1:
-            lines.append(f"        else SA_LAUNCH({name}, {grid}, {block}, stream_, {joined});  // checked above")
+            lines.append(f"{indent}    else {launch}  // checked above")
         else:
-            lines.append(f"        {keyword} ({condition}) SA_LAUNCH({name}, {grid}, {block}, stream_, {joined});")
-    return lines + ["    }"]
+            lines.append(f"{indent}    {'if' if k == 0 else 'else if'} ({condition}) {launch}")
+    return lines + [f"{indent}}}"]
+
+
+def _launch(p: KernelPlan, kernel: Kernel) -> list[str]:
+    lines = [f"    // {kernel.comment[0]}"]
+    if kernel.batch_axis is None:
+        grid = f"dim3({', '.join(kernel.grid)})"
+        return [*lines, *_dispatch(kernel, grid, _arguments(p, kernel, False), p.stream_arg, "    "),
+                "    SA_CHECK_LAUNCH();"]
+    assert not kernel.variants, kernel.name
+    per = kernel.per_entry
+    most = "SA_GRID_YZ_MAX" if per == "1" else f"SA_GRID_YZ_MAX / ({per})"
+    axes = list(kernel.grid)
+    axes[kernel.batch_axis] = "slice_" if per == "1" else f"slice_ * ({per})"
+    lines += [f"    for (long long b0_ = 0; b0_ < {p.batch}; b0_ += {most}) {{  // entries b0_ ... b0_ + slice_ - 1",
+              f"        const int slice_ = (int)({p.batch} - b0_ < {most} ? {p.batch} - b0_ : {most});",
+              *_dispatch(kernel, f"dim3({', '.join(axes)})", _arguments(p, kernel, True), p.stream_arg, "        "),
+              "        SA_CHECK_LAUNCH();",
+              "    }"]
+    return lines
 
 
 def _size_checks(p: KernelPlan) -> list[str]:
@@ -162,25 +204,27 @@ def _size_checks(p: KernelPlan) -> list[str]:
     return lines
 
 
-def _checks(p: KernelPlan) -> list[str]:
+def _checks(p: KernelPlan, kernels: list[Kernel]) -> list[str]:
     lines = _size_checks(p)
     for core in p.cores:
         s = Sizes(core, p.names)
         dims = dict.fromkeys((s.d_qk, s.d_v))  # once each: d_qk and d_v are often the same dim
         lines.append(f"    if ({' || '.join(f'{d} > {HEAD_DIMS[-1]}' for d in dims)}) "
                      f"return SYMATTN_HEAD_DIM_TOO_LARGE;  // {core.output}: fused kernels up to {HEAD_DIMS[-1]}")
+    for limit in dict.fromkeys(limit for kernel in kernels for limit in kernel.limits):
+        wide = limit.blocks if limit.blocks.startswith("(long long)") else f"(long long)({limit.blocks})"
+        lines.append(f"    if ({wide} > {limit.most}) return SYMATTN_GRID_TOO_LARGE;  // blocks along one grid axis")
     return lines
 
 
 def _host(p: KernelPlan, which: str, kernels: list[Kernel]) -> str:
-    lines = [f'extern "C" {signatures(p)[which]} {{', *_checks(p),
-             f"    const cudaStream_t stream_ = (cudaStream_t){p.stream_arg};",
+    lines = [f'extern "C" {signatures(p)[which]} {{', *_checks(p, kernels),
              f"    {p.prefix}_workspace_layout ws_;",
-             f"    {p.prefix}_layout({p.workspace_arg}, {_dims_args(p)}, &ws_);"]
+             f"    {p.prefix}_layout({p.workspace_arg}, {_dims_args(p)}, &ws_);",
+             "    (void)SA_LAST_ERROR();  // clear an error left by earlier work: a failure below is this call's"]
     for kernel in kernels:
         lines += _launch(p, kernel)
-    lines += ["    (void)stream_;  // unused when the CPU emulation builds this file",
-              "    return SA_LAST_ERROR();", "}"]
+    lines += ["    return SYMATTN_OK;", "}"]
     return "\n".join(lines)
 
 
@@ -222,6 +266,7 @@ def _source(p: KernelPlan) -> str:
         f'#include "{p.prefix}.h"',
         "",
         PRELUDE,
+        HOST_PRELUDE,
     ]
     body = ["// ======================== forward kernels ========================", ""]
     body += [k.text + "\n" for k in p.forward]
@@ -263,7 +308,7 @@ def _tensor_core_readme(p: KernelPlan) -> list[str]:
               "forward's `lse`, writes `dQ`, `dK`, `dV` in float32 (same shapes as Q, K, V) and uses `delta` (float32,",
               "the shape of `lse`) as scratch: delta = rowsum(dO * O), then dQ per query tile and dK/dV per key tile.",
               "Head dims (of Q/K and of V) must be multiples of 8, up to 256 (forward) or 128 (backward), and every",
-              "16-bit pointer 16-byte aligned; otherwise they return `SYMATTN_UNSUPPORTED` (-3) and the float32",
+              "16-bit pointer 16-byte aligned; otherwise they return `SYMATTN_UNSUPPORTED` (-4) and the float32",
               "functions above are the fallback.",
               "Build for sm_80 or newer (`-arch=sm_90`); `cuda_warp.h` holds the instructions and their CPU emulation.",
               ""]
@@ -292,7 +337,8 @@ def _readme(p: KernelPlan) -> str:
     for d in spec.dims:
         row(p.names.spec("dim", d), "int", f"dim {d} (the spec's default is {spec.sizes[d]})")
     row(p.batch, "int", "number of batch entries: a leading axis of inputs, outputs and their gradients")
-    row(p.stream_arg, "void*", "a cudaStream_t (NULL: the default stream)")
+    row(p.stream_arg, "cudaStream_t", "the stream every kernel is launched on (0 or NULL: the default stream; "
+        "the CPU emulation ignores it)")
     kernels = [f"| `{k.name}` | {k.phase} | {k.comment[0]} |" for k in (*p.forward, *p.backward)]
     fused = "\n".join(f"- `{c.output}` = softmax(score(`{c.q}` @ `{c.k}`.T)) @ `{c.v}`: fused; "
                       f"{', '.join(c.chain) or 'no intermediate'} never stored" for c in p.cores)
@@ -322,8 +368,13 @@ def _readme(p: KernelPlan) -> str:
         "`SYMATTN_BAD_SIZE` (-1) for a non-positive size or a quotient of sizes (`d / h`) that does not",
         "divide, `SYMATTN_HEAD_DIM_TOO_LARGE` (-2) when a fused core's head dim exceeds "
         f"{HEAD_DIMS[-1]} (regenerate",
-        "with the generic path), or a `cudaError_t`.",
-        "Launches are asynchronous on `stream`.",
+        "with the generic path), `SYMATTN_GRID_TOO_LARGE` (-3) when a launch would need more blocks than",
+        "a grid axis holds (see Limits), or the `cudaError_t` of the first launch that failed. The sizes",
+        "and grid limits are checked before anything is launched. On entry the function clears an error",
+        "left by earlier work (`cudaGetLastError`), and it checks every launch.",
+        "Kernels are launched asynchronously on `stream` (a `cudaStream_t`; 0 is the default stream):",
+        "synchronize that stream before reading the results on the host. The header declares",
+        "`cudaStream_t` itself when `<cuda_runtime.h>` was not included first.",
         "",
         "## Arguments",
         "| name | shape | role |",
@@ -333,10 +384,12 @@ def _readme(p: KernelPlan) -> str:
         "The backward computes the gradients of L = sum over outputs of <O, grad(O)>.",
         "",
         "## Limits",
-        "- float32 (the tensor-core functions: bf16 or f16); every tensor contiguous and row-major, with the shapes"
-        " above.",
-        "- The batch (and, for matrix products over leading axes, batch x the product of those axes, and",
-        "  for fused cores the number of heads) rides on a grid dimension: at most 65535.",
+        "- float32 (the tensor-core functions: bf16 or f16); every tensor contiguous and row-major, with the shapes above.",
+        "- Grid: a fused core counts (query or key row blocks of 64 rows, 32 above head dim 64) x heads",
+        "  x batch on grid.x: at most 2^31 - 1 blocks. Generic kernels put the batch on grid.y or grid.z",
+        "  (times the leading axes of a matrix product): a batch beyond 65535 is split into several",
+        "  launches; a product's leading axes (without the batch) and its row tiles (rows / 32) are at",
+        "  most 65535. Beyond a limit: status -3.",
         f"- Fused attention cores: head dims (of Q/K and of V) up to {HEAD_DIMS[-1]}.",
         "- Generic path: a softmax over N keys stores its N x N weights in the workspace.",
         "",

@@ -5,7 +5,8 @@ two device functions of (s, head coordinates, i, j); `forward_kernels` and
 `backward_kernels` return the `Kernel`s of the fused path:
 
 - forward: one block per SA_ATTN_ROWS query rows of one (batch entry, head),
-  one thread per row. Tiles of SA_ATTN_KEYS rows of K and V stream through
+  one thread per row; grid.x counts all of them (row blocks fastest), so heads
+  and batch have no 65535 limit. Tiles of SA_ATTN_KEYS rows of K and V stream through
   shared memory; each thread keeps its query row, its output accumulator and
   the running max m and sum l in registers (online softmax). Writes O and the
   row logsumexp lse = m + log(l). P is never stored.
@@ -16,29 +17,37 @@ two device functions of (s, head coordinates, i, j); `forward_kernels` and
   delta: O(N) per (batch entry, head).
 
 The head dim is a runtime size: kernels are instantiated for head dims up to
-32 and up to 64 (zero-padded), and the host picks the smallest that fits.
+32, 64 and 128 (zero-padded), and the host picks the smallest that fits. Up to
+64 a block has SA_ATTN_ROWS (64) threads; the 128 kernels have
+SA_ATTN_ROWS_WIDE (32), keep the forward's query row in shared memory, use
+tiles half as tall, and accumulate dK/dV 64 columns per pass: every variant
+stays within 255 registers without spilling and within 48 KiB of static
+shared memory.
 """
 
 from __future__ import annotations
 
 from string import Template
+from textwrap import indent
 from typing import Sequence
 
 from ...ir import typed as t
 from ...ir.printing import to_spec
 from .core import AttentionCore, score_grad
-from .kernels import Buffer, Kernel
+from .kernels import Buffer, GridLimit, Kernel
 from .names import CNames
 from .syntax import CPrinter, CudaCodegenError, dim_c
 
 __all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels",
            "head_coordinates", "score_printer"]
 
-HEAD_DIMS = (32, 64)
+HEAD_DIMS = (32, 64, 128)
 
 FLASH_PRELUDE = """\
 // Fused attention: threads per block (one query or key row each), and tile heights.
 #define SA_ATTN_ROWS 64
+#define SA_ATTN_ROWS_WIDE 32   // threads per block above head dim 64: the rows' shared memory fits 48 KiB
+#define SA_ATTN_ROWS_FOR(head_dim) ((head_dim) > 64 ? SA_ATTN_ROWS_WIDE : SA_ATTN_ROWS)
 #define SA_ATTN_KEYS 32   // keys per tile in the forward
 #define SA_ATTN_STEP 16   // rows per tile of the other side in the backward kernels
 """
@@ -125,49 +134,63 @@ def _variants(name: str, body: str, params: str, args: str, comment: str) -> tup
     wrappers, variants = [], []
     for head_dim in HEAD_DIMS:
         kernel = f"{name}_d{head_dim}"
-        wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS, 1) {kernel}(\n        {params}) {{\n'
-                        f"    {body}<{head_dim}>({args});\n}}")
+        rows = "SA_ATTN_ROWS" if head_dim <= 64 else "SA_ATTN_ROWS_WIDE"
+        wrappers.append(f'extern "C" __global__ void __launch_bounds__({rows}, 1) {kernel}(\n        {params}) {{\n'
+                        f"    {body}<{head_dim}, {rows}>({args});\n}}")
         variants.append((f"head_dim_ <= {head_dim}", kernel))
     return f"// {comment}\n" + "\n".join(wrappers), variants
 
 
 _FORWARD = Template("""\
 // $formula
-// Forward: one thread per query row i, tiles of SA_ATTN_KEYS keys in shared memory, online softmax
-// (running max m and sum l, the accumulator rescaled whenever m grows).
-template <int HEAD_DIM>
+// Forward: one thread per query row i (ROWS per block), tiles of SA_ATTN_KEYS keys in shared memory,
+// online softmax (running max m and sum l, the accumulator rescaled whenever m grows).
+// Above head dim 64 the query row and the accumulator would not both fit in registers: the row goes
+// to shared memory (one column per thread, read through volatile so that ptxas does not hoist it back
+// into registers) and the key tiles are half as tall.
+template <int HEAD_DIM, int ROWS>
 static __device__ __forceinline__ void ${prefix}_forward(
         float* __restrict__ $O, float* __restrict__ $lse, const float* __restrict__ $Q,
         const float* __restrict__ $K, const float* __restrict__ $V,
         int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
-    __shared__ float k_tile_[SA_ATTN_KEYS][HEAD_DIM];
-    __shared__ float v_tile_[SA_ATTN_KEYS][HEAD_DIM];
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+    constexpr bool WIDE_ = HEAD_DIM > 64;
+    constexpr int KEYS_ = WIDE_ ? SA_ATTN_KEYS / 2 : SA_ATTN_KEYS;
+    __shared__ float k_tile_[KEYS_][HEAD_DIM];
+    __shared__ float v_tile_[KEYS_][HEAD_DIM];
+    __shared__ float q_own_[WIDE_ ? HEAD_DIM : 1][WIDE_ ? ROWS : 1];  // column t is thread t's query row
+$block_coords
 $lead_coords
 $offsets
-    const int i_ = blockIdx.x * SA_ATTN_ROWS + threadIdx.x;  // this thread's query row
-    float q_[HEAD_DIM], acc_[HEAD_DIM];
+    const int i_ = row0_ + threadIdx.x;  // this thread's query row
+    float q_[WIDE_ ? 1 : HEAD_DIM], acc_[HEAD_DIM];
 #pragma unroll
     for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
-        q_[c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
+        const float q_c_ = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
+        if constexpr (WIDE_) q_own_[c_][threadIdx.x] = q_c_;
+        else q_[c_] = q_c_;
         acc_[c_] = 0.0f;
     }
+    const volatile float* q_mine_ = &q_own_[0][0] + (WIDE_ ? threadIdx.x : 0);  // WIDE_: stride ROWS
     float m_ = -INFINITY;  // running max of the scores of row i
     float l_ = 0.0f;       // running sum of exp(score - m_)
-    for (int j0_ = 0; j0_ < n_k_; j0_ += SA_ATTN_KEYS) {
-        for (int e_ = threadIdx.x; e_ < SA_ATTN_KEYS * HEAD_DIM; e_ += SA_ATTN_ROWS) {
+    for (int j0_ = 0; j0_ < n_k_; j0_ += KEYS_) {
+        for (int e_ = threadIdx.x; e_ < KEYS_ * HEAD_DIM; e_ += ROWS) {
             const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, j_ = j0_ + r_;
             k_tile_[r_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
             v_tile_[r_][c_] = j_ < n_k_ && c_ < d_v_ ? $V[(long long)j_ * d_v_ + c_] : 0.0f;
         }
         __syncthreads();  // the K and V tiles are loaded
-        const int keys_ = n_k_ - j0_ < SA_ATTN_KEYS ? n_k_ - j0_ : SA_ATTN_KEYS;
+        const int keys_ = n_k_ - j0_ < KEYS_ ? n_k_ - j0_ : KEYS_;
 #pragma unroll 1
         for (int r_ = 0; r_ < keys_; ++r_) {
             float dot_ = 0.0f;
+            if constexpr (WIDE_) {
 #pragma unroll
-            for (int c_ = 0; c_ < HEAD_DIM; ++c_) dot_ += q_[c_] * k_tile_[r_][c_];
+                for (int c_ = 0; c_ < HEAD_DIM; ++c_) dot_ += q_mine_[c_ * ROWS] * k_tile_[r_][c_];
+            } else {
+#pragma unroll
+                for (int c_ = 0; c_ < HEAD_DIM; ++c_) dot_ += q_[c_] * k_tile_[r_][c_];
+            }
             const float s_ = ${prefix}_score(dot_, ${lead_args}i_, j0_ + r_$dim_args);
             if (s_ > m_) {  // a new running max: rescale what was accumulated so far
                 const float rescale_ = expf(m_ - s_);  // 0 while everything so far was masked
@@ -197,10 +220,9 @@ _DELTA = Template("""\
 extern "C" __global__ void __launch_bounds__(SA_ATTN_ROWS) ${prefix}_delta(
         float* __restrict__ $delta, const float* __restrict__ $O, const float* __restrict__ $dO,
         int n_q_, int d_v_, int heads_) {
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+$block_coords
 $offsets
-    const int i_ = blockIdx.x * SA_ATTN_ROWS + threadIdx.x;
+    const int i_ = row0_ + threadIdx.x;
     if (i_ < n_q_) {
         float total_ = 0.0f;
         for (int c_ = 0; c_ < d_v_; ++c_) total_ += $dO[(long long)i_ * d_v_ + c_] * $O[(long long)i_ * d_v_ + c_];
@@ -217,99 +239,110 @@ _RECOMPUTE = """\
             }"""
 
 _DKDV = Template("""\
-// Backward, dK and dV: one thread per key row j, tiles of SA_ATTN_STEP queries in shared memory.
+// Backward, dK and dV: one thread per key row j (ROWS per block), tiles of SA_ATTN_STEP queries in
+// shared memory.
 //   dV[j] = sum_i P[i, j] dO[i],  dK[j] = sum_i dS[i, j] Q[i],  dS = P * (dP - delta) * score'
-template <int HEAD_DIM>
+// Above head dim 64 the query tiles are half as tall and dK, dV are accumulated 64 columns at a time
+// (a pass over the queries per 64 columns, P and dS recomputed): 2 x 128 accumulators do not fit.
+template <int HEAD_DIM, int ROWS>
 static __device__ __forceinline__ void ${prefix}_backward_dkdv(
         float* __restrict__ $dK, float* __restrict__ $dV, const float* __restrict__ $Q,
         const float* __restrict__ $K, const float* __restrict__ $V, const float* __restrict__ $dO,
         const float* __restrict__ $lse, const float* __restrict__ $delta,
         int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
-    __shared__ float k_own_[SA_ATTN_ROWS][HEAD_DIM + 1];  // row t is thread t's key (padded: no bank conflicts)
-    __shared__ float v_own_[SA_ATTN_ROWS][HEAD_DIM + 1];
-    __shared__ float q_tile_[SA_ATTN_STEP][HEAD_DIM];
-    __shared__ float do_tile_[SA_ATTN_STEP][HEAD_DIM];
-    __shared__ float lse_tile_[SA_ATTN_STEP];
-    __shared__ float delta_tile_[SA_ATTN_STEP];
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+    constexpr int STEP_ = HEAD_DIM > 64 ? SA_ATTN_STEP / 2 : SA_ATTN_STEP;
+    constexpr int CHUNK_ = HEAD_DIM > 64 ? 64 : HEAD_DIM;  // columns of dK and dV per pass
+    __shared__ float k_own_[ROWS][HEAD_DIM + 1];  // row t is thread t's key (padded: no bank conflicts)
+    __shared__ float v_own_[ROWS][HEAD_DIM + 1];
+    __shared__ float q_tile_[STEP_][HEAD_DIM];
+    __shared__ float do_tile_[STEP_][HEAD_DIM];
+    __shared__ float lse_tile_[STEP_];
+    __shared__ float delta_tile_[STEP_];
+$block_coords
 $lead_coords
 $offsets
     const int t_ = threadIdx.x;
-    const int j_ = blockIdx.x * SA_ATTN_ROWS + t_;  // this thread's key row
-    float dk_[HEAD_DIM], dv_[HEAD_DIM];
+    const int j_ = row0_ + t_;  // this thread's key row
 #pragma unroll
     for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
         k_own_[t_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
         v_own_[t_][c_] = j_ < n_k_ && c_ < d_v_ ? $V[(long long)j_ * d_v_ + c_] : 0.0f;
-        dk_[c_] = 0.0f;
-        dv_[c_] = 0.0f;
     }
     // Only this thread touches its own rows. Reading them through volatile keeps the compiler from
     // hoisting both rows into registers, which with dK and dV would not fit (spills at HEAD_DIM 64).
     const volatile float* k_mine_ = k_own_[t_];
     const volatile float* v_mine_ = v_own_[t_];
-    for (int i0_ = 0; i0_ < n_q_; i0_ += SA_ATTN_STEP) {
-        for (int e_ = t_; e_ < SA_ATTN_STEP * HEAD_DIM; e_ += SA_ATTN_ROWS) {
-            const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, i_ = i0_ + r_;
-            q_tile_[r_][c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
-            do_tile_[r_][c_] = i_ < n_q_ && c_ < d_v_ ? $dO[(long long)i_ * d_v_ + c_] : 0.0f;
-        }
-        for (int r_ = t_; r_ < SA_ATTN_STEP; r_ += SA_ATTN_ROWS) {
-            lse_tile_[r_] = i0_ + r_ < n_q_ ? $lse[i0_ + r_] : -INFINITY;
-            delta_tile_[r_] = i0_ + r_ < n_q_ ? $delta[i0_ + r_] : 0.0f;
-        }
-        __syncthreads();  // the query tile is loaded
 #pragma unroll 1
-        for (int r_ = 0; r_ < SA_ATTN_STEP; ++r_) {
-            const int i_ = i0_ + r_;
-            float dot_ = 0.0f, dp_ = 0.0f;
+    for (int c0_ = 0; c0_ < HEAD_DIM; c0_ += CHUNK_) {  // one pass up to head dim 64
+        float dk_[CHUNK_], dv_[CHUNK_];
 #pragma unroll
-            for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
-                dot_ += q_tile_[r_][c_] * k_mine_[c_];
-                dp_ += do_tile_[r_][c_] * v_mine_[c_];
-            }
-            const float lse_i_ = lse_tile_[r_], delta_i_ = delta_tile_[r_];
-$recompute
-            // Fresh (volatile) reads: keeping the tile rows in registers since the dot products would
-            // not fit beside dK and dV.
-            const volatile float* q_row_ = q_tile_[r_];
-            const volatile float* do_row_ = do_tile_[r_];
-#pragma unroll
-            for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
-                dv_[c_] += p_ * do_row_[c_];
-                dk_[c_] += ds_ * q_row_[c_];
-            }
+        for (int c_ = 0; c_ < CHUNK_; ++c_) {
+            dk_[c_] = 0.0f;
+            dv_[c_] = 0.0f;
         }
-        __syncthreads();  // every thread is done with the query tile before it is overwritten
-    }
-    if (j_ < n_k_) {
+        for (int i0_ = 0; i0_ < n_q_; i0_ += STEP_) {
+            for (int e_ = t_; e_ < STEP_ * HEAD_DIM; e_ += ROWS) {
+                const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, i_ = i0_ + r_;
+                q_tile_[r_][c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
+                do_tile_[r_][c_] = i_ < n_q_ && c_ < d_v_ ? $dO[(long long)i_ * d_v_ + c_] : 0.0f;
+            }
+            for (int r_ = t_; r_ < STEP_; r_ += ROWS) {
+                lse_tile_[r_] = i0_ + r_ < n_q_ ? $lse[i0_ + r_] : -INFINITY;
+                delta_tile_[r_] = i0_ + r_ < n_q_ ? $delta[i0_ + r_] : 0.0f;
+            }
+            __syncthreads();  // the query tile is loaded
+#pragma unroll 1
+            for (int r_ = 0; r_ < STEP_; ++r_) {
+                const int i_ = i0_ + r_;
+                float dot_ = 0.0f, dp_ = 0.0f;
 #pragma unroll
-        for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
-            if (c_ < d_qk_) $dK[(long long)j_ * d_qk_ + c_] = dk_[c_];
-            if (c_ < d_v_) $dV[(long long)j_ * d_v_ + c_] = dv_[c_];
+                for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
+                    dot_ += q_tile_[r_][c_] * k_mine_[c_];
+                    dp_ += do_tile_[r_][c_] * v_mine_[c_];
+                }
+                const float lse_i_ = lse_tile_[r_], delta_i_ = delta_tile_[r_];
+$recompute
+                // Fresh (volatile) reads: keeping the tile rows in registers since the dot products would
+                // not fit beside dK and dV.
+                const volatile float* q_row_ = q_tile_[r_] + c0_;
+                const volatile float* do_row_ = do_tile_[r_] + c0_;
+#pragma unroll
+                for (int c_ = 0; c_ < CHUNK_; ++c_) {
+                    dv_[c_] += p_ * do_row_[c_];
+                    dk_[c_] += ds_ * q_row_[c_];
+                }
+            }
+            __syncthreads();  // every thread is done with the query tile before it is overwritten
+        }
+        if (j_ < n_k_) {
+#pragma unroll
+            for (int c_ = 0; c_ < CHUNK_; ++c_) {
+                if (c0_ + c_ < d_qk_) $dK[(long long)j_ * d_qk_ + c0_ + c_] = dk_[c_];
+                if (c0_ + c_ < d_v_) $dV[(long long)j_ * d_v_ + c0_ + c_] = dv_[c_];
+            }
         }
     }
 }""")
 
 _DQ = Template("""\
-// Backward, dQ: one thread per query row i, tiles of SA_ATTN_STEP keys in shared memory.
+// Backward, dQ: one thread per query row i (ROWS per block), tiles of SA_ATTN_STEP keys in shared
+// memory (half as tall above head dim 64).
 //   dQ[i] = sum_j dS[i, j] K[j]
-template <int HEAD_DIM>
+template <int HEAD_DIM, int ROWS>
 static __device__ __forceinline__ void ${prefix}_backward_dq(
         float* __restrict__ $dQ, const float* __restrict__ $Q, const float* __restrict__ $K,
         const float* __restrict__ $V, const float* __restrict__ $dO, const float* __restrict__ $lse,
         const float* __restrict__ $delta, int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
-    __shared__ float q_own_[SA_ATTN_ROWS][HEAD_DIM + 1];  // row t is thread t's query (padded)
-    __shared__ float do_own_[SA_ATTN_ROWS][HEAD_DIM + 1];
-    __shared__ float k_tile_[SA_ATTN_STEP][HEAD_DIM];
-    __shared__ float v_tile_[SA_ATTN_STEP][HEAD_DIM];
-    const int head_ = blockIdx.y;
-    const long long b_ = blockIdx.z;  // the batch entry
+    constexpr int STEP_ = HEAD_DIM > 64 ? SA_ATTN_STEP / 2 : SA_ATTN_STEP;
+    __shared__ float q_own_[ROWS][HEAD_DIM + 1];  // row t is thread t's query (padded)
+    __shared__ float do_own_[ROWS][HEAD_DIM + 1];
+    __shared__ float k_tile_[STEP_][HEAD_DIM];
+    __shared__ float v_tile_[STEP_][HEAD_DIM];
+$block_coords
 $lead_coords
 $offsets
     const int t_ = threadIdx.x;
-    const int i_ = blockIdx.x * SA_ATTN_ROWS + t_;  // this thread's query row
+    const int i_ = row0_ + t_;  // this thread's query row
     float dq_[HEAD_DIM];
 #pragma unroll
     for (int c_ = 0; c_ < HEAD_DIM; ++c_) {
@@ -322,15 +355,15 @@ $offsets
     const volatile float* do_mine_ = do_own_[t_];
     const float lse_i_ = i_ < n_q_ ? $lse[i_] : -INFINITY;
     const float delta_i_ = i_ < n_q_ ? $delta[i_] : 0.0f;
-    for (int j0_ = 0; j0_ < n_k_; j0_ += SA_ATTN_STEP) {
-        for (int e_ = t_; e_ < SA_ATTN_STEP * HEAD_DIM; e_ += SA_ATTN_ROWS) {
+    for (int j0_ = 0; j0_ < n_k_; j0_ += STEP_) {
+        for (int e_ = t_; e_ < STEP_ * HEAD_DIM; e_ += ROWS) {
             const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, j_ = j0_ + r_;
             k_tile_[r_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
             v_tile_[r_][c_] = j_ < n_k_ && c_ < d_v_ ? $V[(long long)j_ * d_v_ + c_] : 0.0f;
         }
         __syncthreads();  // the key tile is loaded
 #pragma unroll 1
-        for (int r_ = 0; r_ < SA_ATTN_STEP; ++r_) {
+        for (int r_ = 0; r_ < STEP_; ++r_) {
             const int j_ = j0_ + r_;
             float dot_ = 0.0f, dp_ = 0.0f;
 #pragma unroll
@@ -339,8 +372,14 @@ $offsets
                 dp_ += do_mine_[c_] * v_tile_[r_][c_];
             }
 $recompute
+            if constexpr (HEAD_DIM > 64) {  // a fresh (volatile) read: the tile row kept since the dot
+                const volatile float* k_row_ = k_tile_[r_];  // product would not fit beside dQ
 #pragma unroll
-            for (int c_ = 0; c_ < HEAD_DIM; ++c_) dq_[c_] += ds_ * k_tile_[r_][c_];
+                for (int c_ = 0; c_ < HEAD_DIM; ++c_) dq_[c_] += ds_ * k_row_[c_];
+            } else {
+#pragma unroll
+                for (int c_ = 0; c_ < HEAD_DIM; ++c_) dq_[c_] += ds_ * k_tile_[r_][c_];
+            }
         }
         __syncthreads();  // every thread is done with the key tile before it is overwritten
     }
@@ -367,8 +406,29 @@ class Sizes:
                 ("heads_", self.heads)]
 
 
-def _grid(rows: str, heads: str, batch: str) -> tuple[str, str, str]:
-    return (f"({rows} + SA_ATTN_ROWS - 1) / SA_ATTN_ROWS", heads, batch)
+def _block_coords(rows: str, per_block: str = "ROWS") -> str:
+    """The block's (batch entry, head, first row): grid.x folds all three, the row blocks fastest."""
+    return "\n".join([
+        "    // grid.x = row blocks x heads x batch (rows fastest): no grid.y/z limit on heads or batch.",
+        f"    const unsigned int row_blocks_ = ((unsigned int){rows} + {per_block} - 1) / {per_block};",
+        "    const unsigned int entry_ = blockIdx.x / row_blocks_;",
+        "    const int head_ = (int)(entry_ % (unsigned int)heads_);",
+        "    const long long b_ = entry_ / (unsigned int)heads_;  // the batch entry",
+        f"    const int row0_ = (int)(blockIdx.x % row_blocks_) * {per_block};"])
+
+
+def _per_block(sizes: "Sizes") -> str:
+    """Host expression: rows (threads) per block of the head-dim variant the host launches."""
+    larger = sizes.d_qk if sizes.d_qk == sizes.d_v else f"({sizes.d_qk} > {sizes.d_v} ? {sizes.d_qk} : {sizes.d_v})"
+    return f"SA_ATTN_ROWS_FOR({larger})"
+
+
+def _grid(rows: str, heads: str, batch: str, per_block: str) -> tuple[str, str, str]:
+    return (f"(unsigned int)(({rows} + {per_block} - 1) / {per_block}) * ({heads}) * {batch}", "1", "1")
+
+
+def _limits(rows: str, heads: str, batch: str, per_block: str) -> list[GridLimit]:
+    return [GridLimit(f"(long long)(({rows} + {per_block} - 1) / {per_block}) * ({heads}) * {batch}", "SA_GRID_X_MAX")]
 
 
 def _common(core, prefix, names, dims, lead):
@@ -385,7 +445,7 @@ def forward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: B
     offsets = "\n".join([_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),
                          _head_offset(p["V"], v, "n_k_", "d_v_"), _head_offset(p["O"], out, "n_q_", "d_v_"),
                          _head_offset(p["lse"], lse, "n_q_", "1")])
-    body = _FORWARD.substitute(common, formula=formula, offsets=offsets, **p)
+    body = _FORWARD.substitute(common, formula=formula, offsets=offsets, block_coords=_block_coords("n_q_"), **p)
     params = (f"float* __restrict__ {p['O']}, float* __restrict__ {p['lse']}, const float* __restrict__ {p['Q']}, "
               f"const float* __restrict__ {p['K']}, const float* __restrict__ {p['V']},\n        "
               f"int n_q_, int n_k_, int d_qk_, int d_v_, int heads_{common['dim_params']}")
@@ -393,9 +453,10 @@ def forward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: B
     wrappers, variants = _variants(f"{prefix}_fwd", f"{prefix}_forward", params, args,
                                    f"{core.output} = softmax(score) @ V: the forward at each supported head dim")
     sizes = Sizes(core, names)
+    per = _per_block(sizes)
     return Kernel(f"{prefix}_fwd", [formula], body + "\n\n" + wrappers, [out, lse], [q, k, v],
-                  _grid(sizes.n_q, sizes.heads, batch), ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(),
-                  phase="forward", variants=variants)
+                  _grid(sizes.n_q, sizes.heads, batch, per), (per, "1", "1"), extra=sizes.host_args(),
+                  phase="forward", variants=variants, limits=_limits(sizes.n_q, sizes.heads, batch, per))
 
 
 def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: Buffer, out: Buffer, d_out: Buffer,
@@ -403,19 +464,23 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
                      dims: Sequence[str], lead: list[str], batch: str) -> list[Kernel]:
     common = _common(core, prefix, names, dims, lead)
     sizes = Sizes(core, names)
-    grid_q = _grid(sizes.n_q, sizes.heads, batch)
-    grid_k = _grid(sizes.n_k, sizes.heads, batch)
+    per = _per_block(sizes)
+    grid_q, grid_k = _grid(sizes.n_q, sizes.heads, batch, per), _grid(sizes.n_k, sizes.heads, batch, per)
+    limits_q, limits_k = _limits(sizes.n_q, sizes.heads, batch, per), _limits(sizes.n_k, sizes.heads, batch, per)
     recompute = Template(_RECOMPUTE).substitute(common)
     p = _param_names([("dQ", dq), ("dK", dk), ("dV", dv), ("Q", q), ("K", k), ("V", v), ("O", out),
                       ("dO", d_out), ("lse", lse), ("delta", delta)])
 
     delta_offsets = "\n".join([_head_offset(p["delta"], delta, "n_q_", "1"), _head_offset(p["O"], out, "n_q_", "d_v_"),
                                _head_offset(p["dO"], d_out, "n_q_", "d_v_")])
-    delta_text = _DELTA.substitute(common, offsets=delta_offsets, **p)
+    delta_text = _DELTA.substitute(common, offsets=delta_offsets, block_coords=_block_coords("n_q_", "SA_ATTN_ROWS"),
+                                  **p)
     delta_kernel = Kernel(f"{prefix}_delta", [f"delta = rowsum(grad({core.output}) * {core.output})"], delta_text,
-                          [delta], [out, d_out], grid_q, ("SA_ATTN_ROWS", "1", "1"),
+                          [delta], [out, d_out], _grid(sizes.n_q, sizes.heads, batch, "SA_ATTN_ROWS"),
+                          ("SA_ATTN_ROWS", "1", "1"),
                           extra=[("n_q_", sizes.n_q), ("d_v_", sizes.d_v), ("heads_", sizes.heads)],
-                          phase="backward", takes_dims=False)
+                          phase="backward", takes_dims=False,
+                          limits=_limits(sizes.n_q, sizes.heads, batch, "SA_ATTN_ROWS"))
 
     operands = [_head_offset(p["Q"], q, "n_q_", "d_qk_"), _head_offset(p["K"], k, "n_k_", "d_qk_"),
                 _head_offset(p["V"], v, "n_k_", "d_v_"), _head_offset(p["dO"], d_out, "n_q_", "d_v_"),
@@ -429,23 +494,26 @@ def backward_kernels(core: AttentionCore, prefix: str, q: Buffer, k: Buffer, v: 
 
     dkdv_offsets = "\n".join([_head_offset(p["dK"], dk, "n_k_", "d_qk_"), _head_offset(p["dV"], dv, "n_k_", "d_v_"),
                               *operands])
-    dkdv_body = _DKDV.substitute(common, offsets=dkdv_offsets, recompute=recompute, **p)
+    dkdv_body = _DKDV.substitute(common, offsets=dkdv_offsets, recompute=indent(recompute, "    "),
+                                 block_coords=_block_coords("n_k_"), **p)
     dkdv_wrappers, dkdv_variants = _variants(
         f"{prefix}_bwd_dkdv", f"{prefix}_backward_dkdv",
         f"float* __restrict__ {p['dK']}, float* __restrict__ {p['dV']}, " + read_params,
         f"{p['dK']}, {p['dV']}, " + read_args, "dK and dV at each supported head dim")
     dkdv = Kernel(f"{prefix}_bwd_dkdv", [f"grad({core.k}), grad({core.v}) through {core.output}"],
                   dkdv_body + "\n\n" + dkdv_wrappers, [dk, dv], [q, k, v, d_out, lse, delta], grid_k,
-                  ("SA_ATTN_ROWS", "1", "1"), extra=sizes.host_args(), phase="backward", variants=dkdv_variants)
+                  (per, "1", "1"), extra=sizes.host_args(), phase="backward", variants=dkdv_variants,
+                  limits=limits_k)
 
     dq_offsets = "\n".join([_head_offset(p["dQ"], dq, "n_q_", "d_qk_"), *operands])
-    dq_body = _DQ.substitute(common, offsets=dq_offsets, recompute=recompute, **p)
+    dq_body = _DQ.substitute(common, offsets=dq_offsets, recompute=recompute, block_coords=_block_coords("n_q_"),
+                           **p)
     dq_wrappers, dq_variants = _variants(
         f"{prefix}_bwd_dq", f"{prefix}_backward_dq", f"float* __restrict__ {p['dQ']}, " + read_params,
         f"{p['dQ']}, " + read_args, "dQ at each supported head dim")
     dq_kernel = Kernel(f"{prefix}_bwd_dq", [f"grad({core.q}) through {core.output}"], dq_body + "\n\n" + dq_wrappers,
-                       [dq], [q, k, v, d_out, lse, delta], grid_q, ("SA_ATTN_ROWS", "1", "1"),
-                       extra=sizes.host_args(), phase="backward", variants=dq_variants)
+                       [dq], [q, k, v, d_out, lse, delta], grid_q, (per, "1", "1"),
+                       extra=sizes.host_args(), phase="backward", variants=dq_variants, limits=limits_q)
     return [delta_kernel, dkdv, dq_kernel]
 
 

@@ -9,8 +9,9 @@ runs the same text. Every thread of a block reaches every `__syncthreads()`
 (loops whose trip count is uniform over the block; bounds are checked on
 loads and stores, never by returning early).
 
-Launch shapes: the batch entry is `blockIdx.y` (map, reduce, softmax) or part
-of `blockIdx.z` (matmul, with the leading axes of the product).
+Launch shapes: the batch entry is `blockIdx.y` (map, reduce, softmax, scan) or
+part of `blockIdx.z` (matmul, with the leading axes of the product); the host
+splits a batch larger than those axes hold into several launches (`Kernel.batch_axis`).
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ from typing import Sequence
 from .names import CNames
 from .syntax import dim_c, numel_c, offset_c
 
-__all__ = ["Buffer", "Kernel", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel", "matmul_kernel",
-           "batch_sum_kernel",
+__all__ = ["Buffer", "Kernel", "GridLimit", "map_kernel", "reduce_kernel", "softmax_kernel", "scan_kernel",
+           "matmul_kernel", "batch_sum_kernel",
            "unravel", "PRELUDE", "HELPERS", "helpers_for",
            "column_reduction"]
 
 MAP_THREADS = 128
 REDUCE_THREADS = 64
 TILE = 32
+# `__launch_bounds__(threads, 8)`: at least 8 blocks per SM, so ptxas may use up to 64 (map) or 128
+# (reduce) registers. With the thread count alone it capped some kernels at 32 and spilled around the
+# slow path of an IEEE division (alibi's softmax, cosine's grad_Q and grad_K).
+_MAP_BOUNDS = "SA_MAP_THREADS, 8"
+_REDUCE_BOUNDS = "SA_REDUCE_THREADS, 8"
 
 
 @dataclass(eq=False)
@@ -48,6 +54,14 @@ class Buffer:
         return f"ws_.{self.name}" if self.kind == "workspace" else self.name
 
 
+@dataclass(frozen=True)
+class GridLimit:
+    """A block count along one grid axis and its limit: beyond it the host returns SYMATTN_GRID_TOO_LARGE."""
+
+    blocks: str                # C expression (host side)
+    most: str                  # SA_GRID_X_MAX or SA_GRID_YZ_MAX
+
+
 @dataclass(eq=False)
 class Kernel:
     name: str
@@ -61,6 +75,11 @@ class Kernel:
     phase: str = "forward"
     variants: list[tuple[str, str]] = field(default_factory=list)  # (host condition, kernel) for dispatch
     takes_dims: bool = True          # the spec's dims follow the extra int arguments
+    # The grid axis (1: y, 2: z) that counts batch entries, `per_entry` blocks each: the host launches
+    # the kernel once per slice of at most SA_GRID_YZ_MAX / per_entry entries, its pointers advanced.
+    batch_axis: int | None = None
+    per_entry: str = "1"
+    limits: list[GridLimit] = field(default_factory=list)  # checked by the host before any launch
 
 PRELUDE = f"""\
 // Launch shapes of the generic kernels.
@@ -173,7 +192,7 @@ def map_kernel(name, comment, out: Buffer, reads, dims, coords, statements, valu
                phase: str) -> Kernel:
     """out[e] = value at the coordinates of e, for every entry e (grid-stride loop)."""
     count = numel_c(out.shape, names)
-    body = [_comment(comment), _signature(name, [out], reads, dims, "SA_MAP_THREADS") + " {",
+    body = [_comment(comment), _signature(name, [out], reads, dims, _MAP_BOUNDS) + " {",
             "    const long long b_ = blockIdx.y;  // the batch entry",
             *_offsets([out, *reads], names),
             f"    const long long count_ = {count};",
@@ -185,7 +204,8 @@ def map_kernel(name, comment, out: Buffer, reads, dims, coords, statements, valu
             "    }",
             "}"]
     return Kernel(name, list(comment), "\n".join(body), [out], list(reads),
-                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coords, red_shape, value, kind: str,
@@ -194,7 +214,7 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
     entry. max and min skip NaN entries (fmaxf), where NumPy's max gives NaN."""
     outputs = numel_c(out.shape, names)
     length = numel_c(red_shape, names)
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_REDUCE_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], reads, dims, _REDUCE_BOUNDS) + " {",
              "    const long long b_ = blockIdx.y;  // the batch entry",
              *_offsets([out, *reads], names),
              f"    const long long outputs_ = {outputs};",
@@ -229,7 +249,8 @@ def reduce_kernel(name, comment, out: Buffer, reads, dims, out_coords, red_coord
                   f"        if (threadIdx.x == 0) {out.name}[o_] = {result};"]
     lines += ["    }", "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
-                  (f"sa_blocks({outputs}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({outputs}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 def column_reduction(kind: str, red_coords, red_shape, value: str, names: CNames) -> list[str]:
@@ -262,7 +283,7 @@ def softmax_kernel(name, comment, out: Buffer, reads, dims, row_coords, axis_coo
                    names: CNames, batch: str, phase: str, row_shape) -> Kernel:
     """out = softmax(value) along one axis, stably; an all -inf row gives zeros. One block per row."""
     rows = numel_c(row_shape, names)
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_REDUCE_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], reads, dims, _REDUCE_BOUNDS) + " {",
              "    const long long b_ = blockIdx.y;  // the batch entry",
              *_offsets([out, *reads], names),
              f"    const long long rows_ = {rows};",
@@ -284,7 +305,8 @@ def softmax_kernel(name, comment, out: Buffer, reads, dims, row_coords, axis_coo
              "    }",
              "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
-                  (f"sa_blocks({rows}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({rows}, 1)", batch, "1"), ("SA_REDUCE_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord, length, value, out_offset,
@@ -293,7 +315,7 @@ def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord
     walks the axis in order keeping the running total."""
     count = numel_c(line_shape, names)
     walk = "for (int s_ = length_ - 1; s_ >= 0; --s_)" if reverse else "for (int s_ = 0; s_ < length_; ++s_)"
-    lines = [_comment(comment), _signature(name, [out], reads, dims, "SA_MAP_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], reads, dims, _MAP_BOUNDS) + " {",
              "    const long long b_ = blockIdx.y;  // the batch entry",
              *_offsets([out, *reads], names),
              f"    const long long lines_ = {count};",
@@ -311,7 +333,8 @@ def scan_kernel(name, comment, out: Buffer, reads, dims, line_coords, axis_coord
              "    }",
              "}"]
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads),
-                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase)
+                  (f"sa_blocks({count}, SA_MAP_THREADS)", batch, "1"), ("SA_MAP_THREADS", "1", "1"), phase=phase,
+                  batch_axis=1)
 
 
 @dataclass
@@ -390,15 +413,19 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
               "}"]
     grid = (f"({cols} + SA_TILE - 1) / SA_TILE", f"({rows} + SA_TILE - 1) / SA_TILE",
             batch if lead == "1" else f"{batch} * ({lead})")
+    limits = [GridLimit(grid[1], "SA_GRID_YZ_MAX")]
+    if lead != "1":
+        limits.append(GridLimit(lead, "SA_GRID_YZ_MAX"))
     return Kernel(name, list(comment), "\n".join(lines), [out], list(reads), grid,
-                  ("SA_TILE_THREADS", "SA_TILE_THREADS", "1"), phase=phase)
+                  ("SA_TILE_THREADS", "SA_TILE_THREADS", "1"), phase=phase, batch_axis=2, per_entry=lead,
+                  limits=limits)
 
 
 def batch_sum_kernel(name, comment, out: Buffer, per_batch: Buffer, dims, names: CNames, batch_param: str,
                      batch_host: str) -> Kernel:
     """out[e] = sum over the batch of per_batch[b, e]: the gradient of a parameter shared by the batch."""
     count = numel_c(out.shape, names)
-    lines = [_comment(comment), _signature(name, [out], [per_batch], [batch_param, *dims], "SA_MAP_THREADS") + " {",
+    lines = [_comment(comment), _signature(name, [out], [per_batch], [batch_param, *dims], _MAP_BOUNDS) + " {",
              f"    const long long count_ = {count};",
              "    for (long long e_ = (long long)blockIdx.x * blockDim.x + threadIdx.x; e_ < count_;",
              "         e_ += (long long)gridDim.x * blockDim.x) {",

@@ -304,11 +304,13 @@ $checks
     const int head_dim_ = d_qk_ > d_v_ ? d_qk_ : d_v_;
     if (d_qk_ % 8 != 0 || d_v_ % 8 != 0 || head_dim_ > $largest) return SYMATTN_UNSUPPORTED;
     if (((size_t)Q | (size_t)K | (size_t)V | (size_t)O) % 16 != 0) return SYMATTN_UNSUPPORTED;
+    if (heads_ > SA_GRID_YZ_MAX || $batch > SA_GRID_YZ_MAX) return SYMATTN_GRID_TOO_LARGE;
+    (void)SA_LAST_ERROR();  // clear an error left by earlier work: a failure below is this call's
     const cudaStream_t stream_ = (cudaStream_t)stream;
     const dim3 grid_((n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch), block_(SA_TC_THREADS);
 $dispatch
     (void)stream_;  // unused when the CPU emulation builds this file
-    return SA_LAST_ERROR();
+    return SYMATTN_OK;
 }""")
 
 
@@ -391,7 +393,7 @@ class TensorCoreForward:
     def signature(self, dtype: str) -> str:
         dims = ", ".join(f"int {d}" for d in (*self.dims, self.batch))
         return (f"int {self.prefix}_forward_{dtype}(const void* Q, const void* K, const void* V, void* O, "
-                f"float* lse, {dims}, void* stream)")
+                f"float* lse, {dims}, cudaStream_t stream)")
 
     def host(self, dtype: str, checks: Sequence[str]) -> str:
         dispatch = []
@@ -406,6 +408,7 @@ class TensorCoreForward:
                          f"        if (smem_ > 48 * 1024 && SA_TC_ALLOW_SHARED({name}, smem_) != 0)",
                          "            return SA_LAST_ERROR();",
                          f"        SA_TC_LAUNCH({name}, grid_, block_, smem_, stream_, {args});",
+                         "        SA_CHECK_LAUNCH();",
                          "    }"]
         return _HOST.substitute(signature=self.signature(dtype), checks="\n".join(checks), n_q=self.sizes.n_q,
                                 n_k=self.sizes.n_k, d_qk=self.sizes.d_qk, d_v=self.sizes.d_v,

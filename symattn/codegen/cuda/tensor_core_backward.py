@@ -286,15 +286,18 @@ $checks
     const int head_dim_ = d_qk_ > d_v_ ? d_qk_ : d_v_;
     if (d_qk_ % 8 != 0 || d_v_ % 8 != 0 || head_dim_ > $largest) return SYMATTN_UNSUPPORTED;
     if (((size_t)Q | (size_t)K | (size_t)V | (size_t)O | (size_t)dO) % 16 != 0) return SYMATTN_UNSUPPORTED;
+    if (heads_ > SA_GRID_YZ_MAX || $batch > SA_GRID_YZ_MAX) return SYMATTN_GRID_TOO_LARGE;
+    (void)SA_LAST_ERROR();  // clear an error left by earlier work: a failure below is this call's
     const cudaStream_t stream_ = (cudaStream_t)stream;
     const dim3 block_(SA_TC_THREADS);
     SA_TC_LAUNCH(${prefix}_tc_delta_$dtype, dim3((n_q_ + SA_TC_THREADS - 1) / SA_TC_THREADS, heads_, $batch), block_, 0,
                  stream_, delta, (const unsigned char*)O, (const unsigned char*)dO, n_q_, d_v_, heads_);
+    SA_CHECK_LAUNCH();
     const dim3 grid_q_((n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch);
     const dim3 grid_k_((n_k_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch);
 $dispatch
     (void)stream_;  // unused when the CPU emulation builds this file
-    return SA_LAST_ERROR();
+    return SYMATTN_OK;
 }""")
 
 
@@ -320,7 +323,7 @@ class TensorCoreBackward:
         dims = ", ".join(f"int {d}" for d in (*f.dims, f.batch))
         return (f"int {self.prefix}_backward_{dtype}(const void* Q, const void* K, const void* V, const void* O, "
                 f"const void* dO, const float* lse, float* dQ, float* dK, float* dV, float* delta, {dims}, "
-                "void* stream)")
+                "cudaStream_t stream)")
 
     def host(self, dtype: str, checks: Sequence[str]) -> str:
         f = self.forward
@@ -338,7 +341,9 @@ class TensorCoreBackward:
                          f"                                  SA_TC_ALLOW_SHARED({dkdv}, smem_) != 0))",
                          "            return SA_LAST_ERROR();",
                          f"        SA_TC_LAUNCH({dq}, grid_q_, block_, smem_, stream_, dQ, {reads});",
+                         "        SA_CHECK_LAUNCH();",
                          f"        SA_TC_LAUNCH({dkdv}, grid_k_, block_, smem_, stream_, dK, dV, {reads});",
+                         "        SA_CHECK_LAUNCH();",
                          "    }"]
         s = f.sizes
         return _HOST.substitute(signature=self.signature(dtype), checks="\n".join(checks), n_q=s.n_q, n_k=s.n_k,
