@@ -13,6 +13,9 @@ Kernels, per case:
 - SDPA <backend>: `torch.nn.functional.scaled_dot_product_attention` pinned with
   `torch.nn.attention.sdpa_kernel` to each `--sdpa-backend` (default flash), `is_causal=True`
   for the causal case; a backend that refuses the dtype or shape is reported "refused", not timed;
+- emitted CUDA tensor cores: the same spec's fused core on tensor cores (mma.sync, FA2-style),
+  `<core>_forward_bf16` / `<core>_backward_bf16` on the bf16 tensors (lse and dQ, dK, dV in fp32),
+  sm_80 or later; bf16 only and the backward's head dims (32, 64, 96, 128), else "n/a";
 - Triton module: the same spec emitted as a Triton module (`symattn.load(spec).emit("triton")`),
   its `attention_forward` / `attention_backward`;
 - with `--alibi`: derivations/alibi.attn's Triton module against torch FlexAttention (compiled,
@@ -183,6 +186,62 @@ def emitted_kernel(emitted: Emitted, case, q, k, v, d_o, torch) -> gc.Kernel:
     return gc.Kernel(forward, backward)
 
 
+class TensorCores:
+    """The emitted tensor-core entry points of a spec's fused core, `<core>_forward_bf16` and
+    `<core>_backward_bf16`, called through ctypes on contiguous bf16 tensors (fp32 lse and gradients)."""
+
+    DTYPE = "bf16"
+    BACKWARD_HEAD_DIMS = (32, 64, 96, 128)  # codegen.cuda.tensor_core_backward.BACKWARD_HEAD_DIMS
+
+    def __init__(self, library: Path, code) -> None:
+        (core,) = code.plan.tensor_cores
+        lib = ctypes.CDLL(str(library))
+        pointer, integer = ctypes.c_void_p, ctypes.c_int
+        self.forward_fn = getattr(lib, f"{core.prefix}_forward_{self.DTYPE}")
+        self.forward_fn.restype = integer
+        self.forward_fn.argtypes = [pointer] * 5 + [integer] * 3 + [pointer]
+        self.backward_fn = getattr(lib, f"{core.prefix}_backward_{self.DTYPE}")
+        self.backward_fn.restype = integer
+        self.backward_fn.argtypes = [pointer] * 10 + [integer] * 3 + [pointer]
+
+
+def tensor_core_kernel(tc: TensorCores, case, q, k, v, d_o, torch) -> gc.Kernel:
+    """The bf16 tensor-core forward and backward on [B, H, N, d] tensors, seen as batch B x H of [N, d].
+
+    The forward writes O (bf16) and lse (fp32); the backward reads them and writes dQ, dK, dV (fp32) and
+    its delta = rowsum(dO * O) (fp32). On CPU tensors it runs a CPU build (the emulation), stream None.
+    """
+    if q.dtype != torch.bfloat16:
+        raise NotAvailable("bf16 kernels")
+    if case.d not in TensorCores.BACKWARD_HEAD_DIMS:
+        raise NotAvailable(f"the backward takes head dims {TensorCores.BACKWARD_HEAD_DIMS}")
+    run = Run(case.n, case.d, case.batch * case.heads)
+    q, k, v, d_o = (x.reshape(run.shape).contiguous() for x in (q, k, v, d_o))
+    out = torch.empty_like(q)
+    lse = torch.empty(run.shape[:-1], device=q.device, dtype=torch.float32)
+    delta = torch.empty_like(lse)
+    grads = [torch.empty(run.shape, device=q.device, dtype=torch.float32) for _ in range(3)]
+    stream = torch.cuda.current_stream().cuda_stream if q.is_cuda else None
+
+    def forward():
+        status = tc.forward_fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                               run.n, run.d, run.batch, stream)
+        if status != 0:
+            raise RuntimeError(f"tensor-core forward returned {status}")
+        return out.view(case.shape)
+
+    def backward():
+        status = tc.backward_fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), d_o.data_ptr(),
+                                lse.data_ptr(), *[g.data_ptr() for g in grads], delta.data_ptr(),
+                                run.n, run.d, run.batch, stream)
+        if status != 0:
+            raise RuntimeError(f"tensor-core backward returned {status}")
+        return [g.view(case.shape) for g in grads]
+
+    forward()
+    return gc.Kernel(forward, backward)
+
+
 def measure_case(case, kernels: dict, torch, repeat: int) -> list[str]:
     """Table rows of one case: every kernel in every dtype, each checked before it is timed."""
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -216,7 +275,7 @@ class NotAvailable(Exception):
 DTYPE = {"bf16": lambda torch: torch.bfloat16, "fp32": lambda torch: torch.float32}
 
 
-def kernels_for(case, emitted: dict, triton: dict, backends, torch) -> dict:
+def kernels_for(case, emitted: dict, triton: dict, backends, torch, tensor_cores: dict | None = None) -> dict:
     """name -> make(case, dtype, q, k, v, dO, slopes) -> gc.Kernel, for one case."""
     mask = case.label
     out = {}
@@ -229,6 +288,9 @@ def kernels_for(case, emitted: dict, triton: dict, backends, torch) -> dict:
                 raise NotAvailable(f"head dim > {HEAD_DIMS[-1]}")
             return emitted_kernel(emitted[mask], case, q, k, v, d_o, torch)
         out["emitted CUDA"] = cuda
+        if tensor_cores:
+            out["emitted CUDA tensor cores"] = lambda case, dtype, q, k, v, d_o, slopes: tensor_core_kernel(
+                tensor_cores[mask], case, q, k, v, d_o, torch)
         for backend in backends:
             out[f"SDPA {backend}"] = (lambda b: lambda case, dtype, q, k, v, d_o, slopes:
                                       gc.sdpa_kernel(b, case, q, k, v, d_o, torch))(backend)
@@ -351,16 +413,19 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = False
         major, minor = torch.cuda.get_device_capability()
         arch = args.arch or f"sm_{major}{minor}"
-        emitted = {mask: Emitted(build(code, directory / mask, find_nvcc(), arch), code.prefix)
-                   for mask, code in codes.items()}
+        libraries = {mask: build(code, directory / mask, find_nvcc(), arch) for mask, code in codes.items()}
+        emitted = {mask: Emitted(libraries[mask], code.prefix) for mask, code in codes.items()}
+        tensor_cores = {} if major < 8 else {mask: TensorCores(libraries[mask], code) for mask, code in codes.items()}
+        if major < 8:
+            print(f"the emitted tensor-core kernels need sm_80 or later (mma.sync bf16); {arch}: not run")
         triton = {} if args.no_triton else load_triton(masks + (["alibi"] if args.alibi else []))
         print(f"device: {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, "
               f"median of {args.repeat}; TFLOP/s: 4 B H N^2 d forward, 10 B H N^2 d backward, halved when causal; "
               f"checked against fp64 first (rel tolerance {gc.TOLERANCE})")
         lines = gc.header()
         for case in cases:
-            lines += measure_case(case, kernels_for(case, emitted, triton, args.sdpa_backend, torch), torch,
-                                  args.repeat)
+            lines += measure_case(case, kernels_for(case, emitted, triton, args.sdpa_backend, torch, tensor_cores),
+                                  torch, args.repeat)
             print(f"  {case}: done", flush=True)
         print("\n".join(lines))
     return 0

@@ -659,3 +659,29 @@ def test_gpu_benchmark_plumbing_on_the_cpu_build(tmp_path):
     sdpa = torch.nn.functional.scaled_dot_product_attention(q4.double(), k4.double(), v4.double(), is_causal=True)
     assert gpu.gc.relative_error(want4[0], sdpa) < 1e-12
     assert gpu.gc.gate({"O": gpu.gc.relative_error(want4[0] * 1.01, want4[0])}, "fp32") is not None
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_gpu_benchmark_tensor_core_candidate_on_the_cpu_build(tmp_path):
+    """The script's bf16 tensor-core candidate, run on a CPU build (the mma emulation) with torch CPU tensors,
+    passes the script's own gate against its fp64 reference; fp32 and an unsupported head dim are n/a."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    gpu = _gpu_script()
+    for mask, causal in (("full", False), ("causal", True)):
+        code = gpu.emit(tmp_path / mask, mask)
+        tc = gpu.TensorCores(build_cpu(code, tmp_path / mask), code)
+        case = gpu.gc.Case(batch=1, heads=2, n=70, d=64, causal=causal)
+        g = torch.Generator().manual_seed(1)
+        q, k, v, d_o = (torch.randn(case.shape, generator=g).to(torch.bfloat16) for _ in range(4))
+        kernel = gpu.tensor_core_kernel(tc, case, q, k, v, d_o, torch)
+        got = (kernel.forward(), *kernel.backward())
+        want = gpu.gc.reference(case, q, k, v, d_o, torch)
+        errors = {name: gpu.gc.relative_error(x, w) for name, x, w in zip(("O", "dQ", "dK", "dV"), got, want)}
+        assert gpu.gc.gate(errors, "bf16") is None, (mask, errors)
+        assert gpu.gc.gate(dict(errors, O=gpu.gc.relative_error(got[0].double() * 1.1, want[0])), "bf16")
+        with pytest.raises(gpu.NotAvailable):
+            gpu.tensor_core_kernel(tc, case, q.float(), k.float(), v.float(), d_o.float(), torch)
+        big = gpu.gc.Case(batch=1, heads=1, n=16, d=256)
+        with pytest.raises(gpu.NotAvailable):
+            gpu.tensor_core_kernel(tc, big, *(torch.zeros(big.shape, dtype=torch.bfloat16),) * 4, torch)

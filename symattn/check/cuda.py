@@ -25,7 +25,9 @@ Contract:
   report no race and the results must match too. With `tensor_cores=True`
   (default) each fused core's bf16 and f16 tensor-core forward and backward run too, from
   the same CPU build, at head dims 32, 64 and 128
-  (`check.cuda_tensor_core.verify_tensor_cores`). Returns a `VerifyReport`;
+  (`check.cuda_tensor_core.verify_tensor_cores`); with TSan as well, each
+  core's bf16 forward and backward then run under TSan at head dim 64
+  (`check.cuda_tensor_core_tsan`). Returns a `VerifyReport`;
   `report.ok` is what `symattn verify --target cuda` turns into its exit status.
 """
 
@@ -54,7 +56,8 @@ from ..symbolic.derive import derive
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from .cuda_sizes import BUDGET, guarded_sizes, head_dim_sizes, instantiation, verify_sizes
 from .numpy import relative_error as _relative_error
-from .cuda_tensor_core import TensorCoreCase, verify_tensor_cores
+from .cuda_tensor_core import TensorCoreCase, say_cases, verify_tensor_cores
+from .cuda_tensor_core_tsan import TSAN_DTYPE, TSAN_HEAD_DIM, tsan_driver, tsan_tensor_cores
 
 __all__ = ["KernelResources", "GateResult", "VerifyReport", "HeadDimRun", "compile_gate", "gate_cached",
            "parse_ptxas", "build_cpu", "build_directory", "verify_cuda", "verify_sizes", "guarded_sizes",
@@ -201,9 +204,11 @@ def build_cpu(code: CudaCode, directory: str | Path, tsan: bool = False, cxx: st
             _run([cxx, *CXX_FLAGS, "-shared", "-fPIC", "-x", "c++", str(source), "-o", str(target)])
         return target
     driver = directory / "tsan_driver.cpp"
-    if not driver.exists():
-        driver.write_text(_driver(code), encoding="utf-8")
     target = directory / f"{code.prefix}_tsan"
+    text = _driver(code)
+    if not driver.exists() or driver.read_text(encoding="utf-8") != text:  # a driver of an older symattn
+        driver.write_text(text, encoding="utf-8")
+        target.unlink(missing_ok=True)
     if not target.exists():
         _run([cxx, *CXX_FLAGS, "-g", "-fsanitize=thread", "-x", "c++", str(source), "-x", "c++", str(driver),
               "-o", str(target)])
@@ -215,12 +220,14 @@ def _driver(code: CudaCode) -> str:
     p = code.plan
     arrays = [*p.inputs, *p.outputs, *p.upstream, *p.gradients]
     given = {id(b) for b in (*p.inputs, *p.upstream)}
-    lines = ['#include <cstdio>', '#include <cstdlib>', '#include <vector>', f'#include "{p.prefix}.h"', "",
+    lines = ['#include <cstdio>', '#include <cstdlib>', '#include <cstring>', '#include <vector>',
+             f'#include "{p.prefix}.h"', "", tsan_driver(code),
              "static std::vector<float> take(FILE* f, long n) {",
              "    std::vector<float> v(n > 0 ? n : 1);",
              "    if (n > 0 && fread(v.data(), sizeof(float), n, f) != (size_t)n) exit(3);",
              "    return v;", "}", "",
              "int main(int argc, char** argv) {",
+             '    if (argc > 1 && strcmp(argv[1], "tc") == 0) return run_tensor_cores(argc, argv);',
              f"    if (argc != {3 + len(p.dims) + 1 + len(arrays)}) return 2;",
              '    FILE* in = fopen(argv[1], "rb");', "    if (!in) return 4;",
              "    int a = 3;",
@@ -377,6 +384,7 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)                # e.g. that the size guard chose smaller sizes
     tensor_core: list[TensorCoreCase] = field(default_factory=list)  # the bf16 / f16 forwards of the fused cores
     head_dim_runs: list[HeadDimRun] = field(default_factory=list)  # the other instantiations' runs
+    tsan_tensor_core: list[TensorCoreCase] = field(default_factory=list)  # their bf16 runs under TSan
 
     @property
     def ok(self) -> bool:
@@ -479,12 +487,22 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
                                   timeout=900)
         report.tsan_report = race
         report.tsan_errors = _compare(run, results, tolerance, "under TSan, ", report.problems)
+        what = "forward and backward"
+        if tensor_cores and code.plan.tensor_cores:
+            progress.step(f"running the {TSAN_DTYPE} tensor-core kernels under ThreadSanitizer")
+            tc_race, cases = tsan_tensor_cores(executable, code, sizes, batch, seed=seed)
+            race += tc_race
+            report.tsan_report = race
+            report.tsan_tensor_core = cases
+            report.problems += [f"under TSan, {problem}" for case in cases for problem in case.problems]
+            say_cases(cases, say)
+            what += f", and the {TSAN_DTYPE} tensor-core forward and backward at head dim {TSAN_HEAD_DIM}"
         if race:
             report.problems.append("ThreadSanitizer reported a data race")
             say("ThreadSanitizer: DATA RACE\n" + "\n".join("  " + line for line in _race_summary(race)))
         else:
-            say(f"ThreadSanitizer: no race (forward and backward); "
-                f"max rel error {max(report.tsan_errors.values(), default=0.0):.2e}")
+            say(f"ThreadSanitizer: no race ({what}); "
+                f"max rel error of the fp32 kernels {max(report.tsan_errors.values(), default=0.0):.2e}")
 
     for other in head_dim_sizes(typed, code, sizes) if head_dims else []:
         _other_head_dim(typed, code, report, other, runner, executable, seed, say)

@@ -50,7 +50,8 @@ from ..symbolic.evaluate import NUMERIC, Evaluator
 from .numpy import relative_error as _relative_error
 
 __all__ = ["TC_TOLERANCE", "LSE_TOLERANCE", "TensorCoreCase", "TensorCoreResources", "round_to", "decode",
-           "core_reference", "core_gradients", "head_dim_sizes", "run_forward", "run_backward",
+           "core_reference", "core_gradients", "head_dim_sizes", "case_shapes", "score_case", "say_cases",
+           "run_forward", "run_backward",
            "verify_tensor_cores", "tensor_core_resources", "blocks_per_sm", "find_cuobjdump"]
 
 TC_TOLERANCE = {"bf16": 2e-2, "f16": 5e-3}
@@ -198,6 +199,44 @@ def run_backward(library: ctypes.CDLL, forward: TensorCoreForward, dtype: str, d
     return grads, status
 
 
+def case_shapes(core, sizes: Mapping[str, int], batch: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of q, k, v and o (also grad(O)'s) of a core at `sizes`: [batch, heads..., rows, dim]."""
+    lead = _shape(core.lead, sizes)
+    n_q, n_k, d_qk, d_v = _shape((core.n_q, core.n_k, core.d_qk, core.d_v), sizes)
+    return {"q": (batch, *lead, n_q, d_qk), "k": (batch, *lead, n_k, d_qk), "v": (batch, *lead, n_k, d_v),
+            "o": (batch, *lead, n_q, d_v)}
+
+
+def score_case(case: TensorCoreCase, spec: t.TypedSpec, core, values: Mapping[str, np.ndarray], o: np.ndarray,
+               lse: np.ndarray, grads: Mapping[str, np.ndarray] | None) -> None:
+    """Fill `case.errors` and `case.problems` from a run's O (decoded), lse and, when the backward ran,
+    {"dQ", "dK", "dV"}, against the float64 reference of the rounded `values` (q, k, v and do)."""
+    dtype, head_dim = case.dtype, case.head_dim
+    want_o, want_lse = core_reference(spec, core, case.sizes, values["q"], values["k"], values["v"])
+    case.errors["O"] = _relative_error(o, want_o, floor=0.0)
+    case.errors["lse"] = _relative_error(lse, want_lse, floor=0.0)
+    tolerances = [("O", TC_TOLERANCE[dtype]), ("lse", LSE_TOLERANCE)]
+    if grads is not None:
+        want = core_gradients(spec, core, case.sizes, values["q"], values["k"], values["v"], values["do"])
+        for label, value in zip(("dQ", "dK", "dV"), want):
+            case.errors[label] = _relative_error(grads[label], value, floor=0.0)
+            tolerances.append((label, TC_TOLERANCE[dtype]))
+    for label, tolerance in tolerances:
+        if not case.errors[label] <= tolerance:
+            case.problems.append(f"{core.output} on tensor cores ({dtype}, head dim {head_dim}): {label} "
+                                 f"max relative error {case.errors[label]:.2e} > {tolerance:g}")
+
+
+def say_cases(cases: Sequence[TensorCoreCase], say: Callable[[str], None]) -> None:
+    for case in cases:
+        where = f"  {case.core} {case.dtype:<5} d={case.head_dim:<4}"
+        if case.skipped:
+            say(f"{where} skipped: {case.skipped}")
+        else:
+            errors = "  ".join(f"{k} {v:.2e}" for k, v in case.errors.items())
+            say(f"{where} {errors}  {'ok' if case.ok else 'FAIL'}")
+
+
 def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes: Mapping[str, int], batch: int,
                         head_dims: Sequence[int] = HEAD_DIMS, dtypes: Sequence[str] = ("bf16", "f16"),
                         seed: int = 0, out: Callable[[str], None] | None = None) -> list[TensorCoreCase]:
@@ -216,22 +255,17 @@ def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes
                 if isinstance(chosen, str):
                     case.skipped = chosen
                     continue
-                lead = _shape(core.lead, chosen)
-                n_q, n_k, d_qk, d_v = _shape((core.n_q, core.n_k, core.d_qk, core.d_v), chosen)
-                shapes = {"q": (batch, *lead, n_q, d_qk), "k": (batch, *lead, n_k, d_qk), "v": (batch, *lead, n_k, d_v)}
+                shapes = case_shapes(core, chosen, batch)
                 bits, values = {}, {}
-                for role, shape in shapes.items():
-                    bits[role], values[role] = round_to(rng.standard_normal(shape), dtype)
+                for role in ("q", "k", "v"):
+                    bits[role], values[role] = round_to(rng.standard_normal(shapes[role]), dtype)
                 dim_values = [chosen[d] for d in spec.dims]
                 got, lse, status = run_forward(lib, forward, dtype, dim_values, batch,
-                                               bits["q"], bits["k"], bits["v"], (batch, *lead, n_q, d_v))
+                                               bits["q"], bits["k"], bits["v"], shapes["o"])
                 if status != 0:
                     case.problems.append(f"{forward.prefix}_forward_{dtype} returned {status}")
                     continue
-                want_o, want_lse = core_reference(spec, core, chosen, values["q"], values["k"], values["v"])
-                case.errors["O"] = _relative_error(decode(got, dtype), want_o, floor=0.0)
-                case.errors["lse"] = _relative_error(lse, want_lse, floor=0.0)
-                tolerances = [("O", TC_TOLERANCE[dtype]), ("lse", LSE_TOLERANCE)]
+                grads = None
                 if head_dim <= BACKWARD_HEAD_DIMS[-1]:
                     bits["do"], values["do"] = round_to(rng.standard_normal(got.shape), dtype)
                     grads, status = run_backward(lib, forward, dtype, dim_values, batch,
@@ -239,21 +273,8 @@ def verify_tensor_cores(code: CudaCode, library: str | Path | ctypes.CDLL, sizes
                     if status != 0:
                         case.problems.append(f"{forward.prefix}_backward_{dtype} returned {status}")
                         continue
-                    want = core_gradients(spec, core, chosen, values["q"], values["k"], values["v"], values["do"])
-                    for label, value in zip(("dQ", "dK", "dV"), want):
-                        case.errors[label] = _relative_error(grads[label], value, floor=0.0)
-                        tolerances.append((label, TC_TOLERANCE[dtype]))
-                for label, tolerance in tolerances:
-                    if not case.errors[label] <= tolerance:
-                        case.problems.append(f"{core.output} on tensor cores ({dtype}, head dim {head_dim}): {label} "
-                                             f"max relative error {case.errors[label]:.2e} > {tolerance:g}")
-    for case in cases:
-        where = f"  {case.core} {case.dtype:<5} d={case.head_dim:<4}"
-        if case.skipped:
-            say(f"{where} skipped: {case.skipped}")
-        else:
-            errors = "  ".join(f"{k} {v:.2e}" for k, v in case.errors.items())
-            say(f"{where} {errors}  {'ok' if case.ok else 'FAIL'}")
+                score_case(case, spec, core, values, decode(got, dtype), lse, grads)
+    say_cases(cases, say)
     return cases
 
 

@@ -31,8 +31,11 @@ whatever s is (a `where` branch, or a tensor of constants such as a causal or
 window mask, added to the rest), and prints it as `<prefix>_masked(i, j)`.
 Where it exists, each warp evaluates it over its 16 rows x 64 keys of a tile
 and, when every entry is masked, skips that tile's products and softmax (the
-entries would contribute exactly 0; K and V are still loaded, the copies
-being shared by the block). Scores with no such part (softcap) skip nothing.
+entries would contribute exactly 0). The warps test tile t + 1 while tile t's
+copy is in flight and publish the answers in shared memory (one barrier a
+tile): a tile no warp of the block needs is not loaded, and its barriers are
+skipped too (about half the K/V copies of a long causal sequence). Scores
+with no such part (softcap) skip nothing and keep the loop without the test.
 
 Host limits (else `SYMATTN_UNSUPPORTED`, and the fp32 `<spec>_forward` is the
 fallback): head dims multiples of 8 up to 256, 16-byte aligned pointers.
@@ -156,11 +159,7 @@ $lead_coords
     const int row0_ = q0_ + warp_ * 16 + group_;             // this lane's rows: row0_ and row0_ + 8
     const int tiles_ = (n_k_ + SA_TC_KEYS - 1) / SA_TC_KEYS;
 
-    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, q0_, n_q_, d_qk_);
-    sa_tc_load_tile<HEAD_DIM>(shared_ + TILE, k_, 0, n_k_, d_qk_);
-    sa_tc_load_tile<HEAD_DIM>(shared_ + 3 * TILE, v_, 0, n_k_, d_v_);
-    sa_cp_async_commit();
-
+$first
     uint32_t q_frag_[Q_IN_REGISTERS ? STEPS : 1][4];
     float o_[HEAD_DIM / 8][4];
 #pragma unroll
@@ -173,20 +172,9 @@ $lead_coords
     const int a_row_ = (lane_ & 7) + ((lane_ >> 3) & 1) * 8, a_col_ = (lane_ >> 4) * 8;  // A of Q, V .trans
     const int b_row_ = (lane_ & 7) + (lane_ >> 4) * 8, b_col_ = ((lane_ >> 3) & 1) * 8;  // B of K
 
-    for (int t_ = 0; t_ < tiles_; ++t_) {
-        if (t_ + 1 < tiles_) {  // the next tile's copy overlaps this tile's math
-            const int next_ = (t_ + 1) & 1;
-            sa_tc_load_tile<HEAD_DIM>(shared_ + (1 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
-            sa_tc_load_tile<HEAD_DIM>(shared_ + (3 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
-            sa_cp_async_commit();
-            sa_cp_async_wait<1>();
-        } else {
-            sa_cp_async_wait<0>();
-        }
-        __syncthreads();  // tile t (and, the first time, Q) is in shared memory for every warp
-        const unsigned char* k_tile_ = shared_ + (1 + (t_ & 1)) * TILE;
+$loop_head        const unsigned char* k_tile_ = shared_ + (1 + (t_ & 1)) * TILE;
         const unsigned char* v_tile_ = shared_ + (3 + (t_ & 1)) * TILE;
-        if (Q_IN_REGISTERS && t_ == 0) {
+        if (Q_IN_REGISTERS && $first_tile) {  // the first tile this block computes
 #pragma unroll
             for (int s_ = 0; s_ < (Q_IN_REGISTERS ? STEPS : 0); ++s_)
                 sa_ldmatrix_x4(q_frag_[s_], q_tile_ + ((warp_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
@@ -272,7 +260,7 @@ $skip
         }
         __syncthreads();  // every warp is done with tile t before its buffers are refilled
     }
-    // O = acc / l, staged in this warp's rows of the Q tile, then written 16 bytes at a time.
+$after_loop    // O = acc / l, staged in this warp's rows of the Q tile, then written 16 bytes at a time.
 #pragma unroll
     for (int r_ = 0; r_ < 2; ++r_) {
         l_[r_] += sa_shfl_xor(l_[r_], 1);
@@ -326,6 +314,87 @@ _SKIP = Template("""\
 #pragma unroll
         for (int m_ = 16; m_ > 0; m_ >>= 1) any_ = fmaxf(any_, sa_shfl_xor(any_, m_));
         if (any_ != 0.0f)  // warp-uniform: the whole warp computes the tile or skips it""")
+
+
+_FIRST = """\
+    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, q0_, n_q_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + TILE, k_, 0, n_k_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM>(shared_ + 3 * TILE, v_, 0, n_k_, d_v_);
+    sa_cp_async_commit();
+"""
+_LOOP_HEAD = """\
+    for (int t_ = 0; t_ < tiles_; ++t_) {
+        if (t_ + 1 < tiles_) {  // the next tile's copy overlaps this tile's math
+            const int next_ = (t_ + 1) & 1;
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (1 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (3 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
+            sa_cp_async_commit();
+            sa_cp_async_wait<1>();
+        } else {
+            sa_cp_async_wait<0>();
+        }
+        __syncthreads();  // tile t (and, the first time, Q) is in shared memory for every warp
+"""
+
+# With a mask, a tile every warp finds fully masked is neither loaded nor computed: at tile t the warps
+# test tile t + 1 (`_WARP_LIVE`), publish the answers in `live_flags_` and, after a barrier, copy
+# tile t + 1 only when one of them needs it; a skipped tile also skips its barriers.
+_MASKED_FIRST = Template("""\
+    __shared__ int live_flags_[2][SA_TC_THREADS / SA_WARP_SIZE];  // per tile parity: does warp w need it?
+    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, q0_, n_q_, d_qk_);
+    sa_cp_async_commit();
+    bool warp_live_, block_live_, q_ready_ = false;  // q_ready_: Q's fragments are in registers
+$first_test
+    if (block_live_) {
+        sa_tc_load_tile<HEAD_DIM>(shared_ + TILE, k_, 0, n_k_, d_qk_);
+        sa_tc_load_tile<HEAD_DIM>(shared_ + 3 * TILE, v_, 0, n_k_, d_v_);
+        sa_cp_async_commit();
+    }
+""")
+_MASKED_LOOP_HEAD = Template("""\
+    for (int t_ = 0; t_ < tiles_; ++t_) {
+        const bool this_live_ = block_live_, this_warp_live_ = warp_live_;
+        block_live_ = false;
+        if (t_ + 1 < tiles_) {
+$next_test
+        }
+        if (block_live_) {  // the next tile's copy overlaps this tile's math
+            const int next_ = (t_ + 1) & 1;
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (1 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM>(shared_ + (3 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
+            sa_cp_async_commit();
+            sa_cp_async_wait<1>();
+        } else {
+            sa_cp_async_wait<0>();
+        }
+        if (!this_live_) continue;  // block-uniform: no warp needs tile t
+        __syncthreads();  // tile t (and, the first time, Q) is in shared memory for every warp
+""")
+_MASKED_AFTER_LOOP = """\
+    __syncthreads();  // Q's copies are complete before O is staged over them (when no tile was computed)
+"""
+
+# Whether any (row, key) of this warp's 16 rows x 64 keys from `key0` escapes the mask, warp-uniform, into
+# `warp_live_`; lane 0 publishes it in `live_flags_[parity]`, and after a barrier `block_live_` is their OR.
+_WARP_LIVE = Template("""\
+        {
+            bool live_ = false;
+#pragma unroll 4
+            for (int e_ = lane_; e_ < 16 * SA_TC_KEYS; e_ += SA_WARP_SIZE) {
+                const int i_ = q0_ + warp_ * 16 + e_ / SA_TC_KEYS, j_ = ($key0) + e_ % SA_TC_KEYS;
+                live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
+            }
+            float any_ = live_ ? 1.0f : 0.0f;
+#pragma unroll
+            for (int m_ = 16; m_ > 0; m_ >>= 1) any_ = fmaxf(any_, sa_shfl_xor(any_, m_));
+            warp_live_ = any_ != 0.0f;
+            if (lane_ == 0) live_flags_[$parity][warp_] = warp_live_ ? 1 : 0;
+            __syncthreads();
+            block_live_ = false;
+#pragma unroll
+            for (int w_ = 0; w_ < SA_TC_THREADS / SA_WARP_SIZE; ++w_)
+                block_live_ = block_live_ || live_flags_[$parity][w_];
+        }""")
 
 
 def _masked(node: t.Node, product: t.Node, printer: CPrinter, coords: tuple) -> str | None:
@@ -424,10 +493,16 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
     mask = masked_condition(core, prefix, names, dims, lead)
     forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch, list(lead), lead_coords,
                                 mask)
-    skip = skip_test(forward, "i_", "q0_ + warp_ * 16", "j_", "t_ * SA_TC_KEYS", "SA_TC_KEYS")
-    body = _FORWARD.substitute(prefix=prefix, formula=formula, dim_params=dim_params,
-                               dim_args="".join(f", {d}" for d in dims), lead_args="".join(f"{z}, " for z in lead),
-                               lead_coords=lead_coords, skip=skip)
+    args_ = dict(prefix=prefix, lead_args="".join(f"{z}, " for z in lead), dim_args="".join(f", {d}" for d in dims))
+    if mask:  # tiles every warp finds masked are not loaded; a warp skips the rest of its masked tiles
+        test = lambda key0, parity: _WARP_LIVE.substitute(args_, key0=key0, parity=parity)  # noqa: E731
+        parts = dict(first=_MASKED_FIRST.substitute(first_test=test("0", "0")),
+                     loop_head=_MASKED_LOOP_HEAD.substitute(next_test=test("(t_ + 1) * SA_TC_KEYS", "(t_ + 1) & 1")),
+                     skip="        if (this_warp_live_)  // warp-uniform: the whole warp computes the tile or skips it",
+                     after_loop=_MASKED_AFTER_LOOP, first_tile="!q_ready_ && (q_ready_ = true)")
+    else:
+        parts = dict(first=_FIRST, loop_head=_LOOP_HEAD, skip="", after_loop="", first_tile="t_ == 0")
+    body = _FORWARD.substitute(args_, formula=formula, dim_params=dim_params, lead_coords=lead_coords, **parts)
     if mask:
         body = mask + "\n\n" + body
     params = ("unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_, "
