@@ -379,9 +379,13 @@ def test_specs_beyond_the_examples(builds, name):
     spec = symattn.load(NEW_SPECS[name], filename=f"{name}.attn")
     # large_logits at the other head dims (d = 39, 71) has logits in the thousands, where float32 itself
     # misses the tolerance (plain NumPy float32 against float64 at N = 41, d = 71: grad(Q) 2.3e-4 > 1e-4):
-    # it runs at its own sizes only (d = 5, logits in the hundreds).
+    # it runs at its own sizes only (d = 5, logits in the hundreds). Its tensor-core runs (d = 32..128,
+    # logits in the thousands, bf16/f16) are left out for the same reason, stronger: P is nearly one-hot,
+    # so the true dS = P * (dP - delta) is nearly 0 while O (hence delta) is stored in 16 bits, as in
+    # FlashAttention-2; the gradient error measured against max |gradient| is then of order 1.
     report = verify_cuda(spec, gate=name == "batched_3d" and NVCC is not None, tsan=name == "softcap",
-                         workdir=builds.root, head_dims=name != "large_logits")
+                         workdir=builds.root, head_dims=name != "large_logits",
+                         tensor_cores=name != "large_logits")
     assert report.path == ("generic" if name in ("assorted", "batched_3d") else "fused")
     assert report.ok, report.problems
     if name == "masked_rows":
