@@ -133,6 +133,31 @@ def test_fully_masked_rows_give_zero_not_nan():
     assert torch.isfinite(X.grad).all() and all(torch.isfinite(p.grad).all() for p in params.values())
 
 
+LOGSUMEXP_ROWS = """attention lse_rows
+dim N = 3, d = 2
+input X[N, d]
+L = logsumexp(-log(X * X), axis=-1)
+output L
+"""
+
+
+def test_logsumexp_of_rows_with_inf_matches_plain_numpy():
+    """A row holding +inf (-log(0)) gives NaN, as the stable formula the language names does in
+    plain NumPy (and the NumPy target); a row of -inf gives -inf; torch.logsumexp would give +inf."""
+    spec = symattn.load(LOGSUMEXP_ROWS)
+    tm = load_module(spec.emit("torch"), "torch_lse_rows")
+    x = np.array([[0.0, 2.0], [0.5, 0.25], [np.inf, np.inf]])
+    z = -np.log(x * x)
+    with np.errstate(invalid="ignore"):
+        top = np.maximum(np.max(z, axis=-1, keepdims=True), np.finfo(np.float64).min)  # -inf rows: log(0)
+        want = np.log(np.exp(z - top).sum(axis=-1, keepdims=True)) + top
+    assert np.isnan(want[0, 0]) and want[2, 0] == -np.inf  # the cases this test is about
+    got = tm.forward(X=torch.tensor(x))["L"].numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=1e-15)
+    np.testing.assert_array_equal(np.isnan(spec.numpy().forward(X=x)["L"]), np.isnan(want))
+
+
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
 def test_low_precision_dtypes_are_kept(dtype, tolerance, modules):
     spec, tm, _ = modules["causal"]

@@ -56,7 +56,7 @@ class _TorchUnary(Mapping):
 
 UNARY: Mapping[str, str] = _TorchUnary()
 REDUCE = {"sum": "torch.sum({x}, dim={axis}, keepdim=True)", "mean": "torch.mean({x}, dim={axis}, keepdim=True)",
-          "logsumexp": "torch.logsumexp({x}, dim={axis}, keepdim=True)",
+          "logsumexp": "_logsumexp({x}, {axis})",
           "max": "torch.amax({x}, dim={axis}, keepdim=True)", "min": "torch.amin({x}, dim={axis}, keepdim=True)"}
 SCAN = {False: "torch.cumsum({x}, dim={axis})", True: "_reverse_cumsum({x}, dim={axis})"}
 CONSTANT = {
@@ -123,6 +123,8 @@ class TorchPrinter(NumPyPrinter):
         if node.kind not in REDUCE:
             raise CodegenError(f"the torch target has no rule for the reduction {node.kind}")
         x = self.doprint(inner)
+        if node.kind == "logsumexp":
+            self.helpers.add("_logsumexp")
         return Code(REDUCE[node.kind].format(x=x.text, axis=self._axis(node.axis, rank)), ATOM, True, x.carrying)
 
     def _print_Scan(self, node: t.Scan) -> Code:

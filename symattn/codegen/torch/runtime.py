@@ -178,8 +178,13 @@ def _rowdot(a, b):
 
 
 def _logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, stably; -inf for a fully masked row."""
-    return torch.logsumexp(x, dim=axis, keepdim=True)
+    """log(sum(exp(x))) along `axis`, stably; -inf for a fully masked row.
+
+    The same formula as the NumPy target and the reference evaluator, so that a row
+    holding +inf gives NaN (+inf - +inf) there too; torch.logsumexp would give +inf.
+    """
+    top = x.amax(dim=axis, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
+    return (x - top).exp_().sum(dim=axis, keepdim=True).log_() + top
 
 
 def _reverse_cumsum(x, dim):
