@@ -613,6 +613,12 @@ output O
     Claim("X / (0 * Y) == X / (0 * X)", lambda v: (v.X / (0 * v.Y), v.X / (0 * v.X)), False),
     Claim("1 / (X * 0 + Y * 0) == 1 / (X * 0)", lambda v: (1 / (v.X * 0 + v.Y * 0), 1 / (v.X * 0)), False),
     Claim("1 / tanh(0 * X) == 1 / tanh(0 * Y)", lambda v: (1 / np.tanh(0 * v.X), 1 / np.tanh(0 * v.Y)), False),
+    # a transpose only moves entries, so a divisor under transposes is keyed by the tensor it moves
+    Claim("(X / Y).T == X.T / Y.T", lambda v: ((v.X / v.Y).T, v.X.T / v.Y.T), True, PROVE),
+    Claim("(X / Zx.T.T).T == X.T / Zx.T", lambda v: ((v.X / v.Zx).T, v.X.T / v.Zx.T), True, PROVE),
+    Claim("(X / Y).T == X.T / X.T", lambda v: ((v.X / v.Y).T, v.X.T / v.X.T), False),
+    Claim("(X / Y).T == X.T / (0 * Y).T", lambda v: ((v.X / v.Y).T, v.X.T / (0 * v.Y).T), False),
+    Claim("(X / Zx).T == X.T / (0 * Y).T", lambda v: ((v.X / v.Zx).T, v.X.T / (0 * v.Y).T), False),
     Claim("log(0 * X) == log(0 * Y)", lambda v: (np.log(0 * v.X), np.log(0 * v.Y)), True, PROVE),
     Claim("sqrt(0 * X) == sqrt(0 * Y)", lambda v: (np.sqrt(0 * v.X), np.sqrt(0 * v.Y)), True, PROVE),
     Claim("1 / abs(X - X) == 1 / abs(0 * X)", lambda v: (1 / np.abs(v.X - v.X), 1 / np.abs(0 * v.X)), True, PROVE),

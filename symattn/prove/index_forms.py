@@ -64,6 +64,13 @@ def _scale(form: list[Term], c) -> list[Term]:
 _PLUS_ZERO_FUNCTIONS = {"exp", "sigmoid", "abs"}  # f(x) >= 0, and f(x) == 0 only as +0
 
 
+def _untransposed(node: t.Node, idx: tuple[str, ...]) -> tuple[t.Node, tuple[str, ...]]:
+    """The node under any chain of transposes, at the tokens that address the same entries."""
+    while isinstance(node, t.Transpose):
+        node, idx = node.x, idx[:-2] + (idx[-1], idx[-2])
+    return node, idx
+
+
 def _plus_zero(node: t.Node, defs: Mapping[str, t.Node | None], seen: set) -> bool:
     """See `Converter.plus_zero`: entries >= 0 (or NaN), zeros +0, shown from the node's structure."""
     if isinstance(node, (t.Scalar, t.DimValue)) or (node.shape == () and isinstance(node, (t.Unary, t.Binary))):
@@ -237,7 +244,10 @@ class Converter:
                 return _scale(self.conv(a, ia, env), 1 / value)
             # 1/0 is inf; 1/(+0) and 1/(-0) are inf and -inf, so the divisor is keyed by its expression
             # unless its zeros are all +0 (0 * X and 0 * Y, X - X and 0 * X have one form, not one sign)
-            recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY, structural=not self.plus_zero(b))
+            structural = not self.plus_zero(b)
+            if structural:  # a transpose moves entries without changing one bit: key the tensor it moves
+                b, ib = _untransposed(b, ib)
+            recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY, structural=structural)
             return _mul_forms(self.conv(a, ia, env), recip)
         if op == "pow":
             value = const_value(b)
