@@ -334,7 +334,8 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, 
         for j0 in range(0, n_k, block_k):
             j1 = min(j0 + block_k, n_k)
             j = cols[:, j0:j1]
-            kj, dkj, dvj = k[g0:g1, j0:j1], dk[g0:g1, j0:j1], dv[g0:g1, j0:j1]
+            kj = k[g0:g1, j0:j1]
+            dkj = dvj = None  # this key block's dK and dV: contiguous, copied into dk and dv at its end
             for r0, r1 in _strips([b for b, (lo, hi) in zip(blocks, seen) if lo < j1 and hi > j0], strip):
                 size = (g1 - g0) * (r1 - r0) * (j1 - j0)
                 i = rows[r0:r1]
@@ -347,13 +348,22 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, 
                     grad = score_grad(s.view(view), i, j)
                     p = score(s.view(view), i, j) - shift[g0:g1, r0:r1].view(view[:-1] + (1,))
                 p = p.reshape(s.shape).exp_()
-                dvj.baddbmm_(p.transpose(1, 2), doi)
+                if dvj is None:
+                    dvj = torch.bmm(p.transpose(1, 2), doi)
+                else:
+                    dvj.baddbmm_(p.transpose(1, 2), doi)
                 ds = torch.bmm(doi, vt[g0:g1, :, j0:j1], out=_block(buffer[size:], g1 - g0, r1 - r0, j1 - j0))
                 ds.sub_(delta[g0:g1, r0:r1]).mul_(p)
                 if score_grad is not None:
                     ds.view(view).mul_(grad)
                 dqi.baddbmm_(ds, kj)
-                dkj.baddbmm_(ds.transpose(1, 2), qi)
+                if dkj is None:
+                    dkj = torch.bmm(ds.transpose(1, 2), qi)
+                else:
+                    dkj.baddbmm_(ds.transpose(1, 2), qi)
+            if dkj is not None:  # else no query sees these keys: their gradients stay 0
+                dk[g0:g1, j0:j1] = dkj
+                dv[g0:g1, j0:j1] = dvj
     if scale != 1:
         dq.mul_(scale)
     return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
