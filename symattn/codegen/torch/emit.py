@@ -47,7 +47,7 @@ __all__ = ["torch_source", "load_torch_module", "SoftmaxRecompute", "recompute_p
 # in the backward pass): module constants of the generated module, these defaults. The blocks are the unit
 # of skipping (a mask's visible keys); the runtime merges up to 16 adjacent ones along the inner loop (keys
 # in the forward pass, queries in the backward) into one product, all batch entries and heads together.
-BLOCK_Q = 128
+BLOCK_Q = 256
 BLOCK_K = 128
 
 
