@@ -1,6 +1,7 @@
 """The generated PyTorch module against torch SDPA on the CPU: attention forward+backward with autograd.
 
     python benchmarks/bench_torch.py [--batch 1] [--heads 4] [--sizes 2048] [--dim 64] [--repeat 7] [--threads 1]
+                                     [--causal]
 
 The spec is the attention core `O = softmax(Q @ K.T / sqrt(d)) @ V` with Q, K,
 V as inputs of shape [B, H, N, d] (4-D: with 3-D inputs SDPA takes its slow
@@ -11,7 +12,8 @@ softmax weights recomputed from the saved row log-sum-exp) and
 Before timing, the outputs and gradients are compared (float64 reference at
 the same inputs): a wrong result is reported, never timed. Runs alternate,
 median wall time of `--repeat` rounds after one warm-up. Goal: generated
-within 1.2x of SDPA at N=2048, d=64.
+within 1.2x of SDPA at N=2048, d=64. With --causal the spec adds `causal_mask(N)`
+to the scores and SDPA runs with `is_causal=True`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ CORE = """
 attention core
 dim N = 8, d = 4
 input Q[N, d], K[N, d], V[N, d]
-O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
+O = softmax(Q @ K.T / sqrt(d){mask}, axis=-1) @ V
 output O
 """
 
@@ -55,9 +57,11 @@ def main() -> None:
     parser.add_argument("--block-q", type=int, default=None,
                         help="the tiled attention's query block (default: the module's)")
     parser.add_argument("--block-k", type=int, default=None, help="its key block")
+    parser.add_argument("--causal", action="store_true", help="causal_mask(N) in the scores, is_causal in SDPA")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    module = load_torch_module(symattn.load(CORE).emit("torch"), "bench_core")
+    spec = CORE.format(mask=" + causal_mask(N)" if args.causal else "")
+    module = load_torch_module(symattn.load(spec).emit("torch"), "bench_core")
     module.BLOCK_Q = args.block_q or getattr(module, "BLOCK_Q", None)
     module.BLOCK_K = args.block_k or getattr(module, "BLOCK_K", None)
 
@@ -65,10 +69,11 @@ def main() -> None:
         return module.forward(Q=q, K=k, V=v)["O"]
 
     def sdpa(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
 
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}")
-    print(f"blocks {module.BLOCK_Q} x {module.BLOCK_K}" if hasattr(module, "BLOCK_Q") else "not tiled")
+    print(f"blocks {module.BLOCK_Q} x {module.BLOCK_K}" if hasattr(module, "BLOCK_Q") else "not tiled",
+          "(causal)" if args.causal else "")
     print("| B, H | N | d | dtype | generated ms | SDPA ms | generated / SDPA | by CPU time | load |")
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for n in args.sizes:
@@ -77,7 +82,8 @@ def main() -> None:
             gen = torch.Generator().manual_seed(0)
             shape = (args.batch, args.heads, n, args.dim)
             q, k, v, g = (torch.randn(*shape, generator=gen, dtype=dtype) for _ in range(4))
-            want = _run(sdpa, *(x.double() for x in (q, k, v, g)))
+            out, grads = _run(sdpa, *(x.double() for x in (q, k, v, g)))
+            want = (out.detach(), grads)
             tolerance = 1e-3 if dtype == torch.float32 else 5e-2
             for label, fn in (("generated", generated), ("SDPA", sdpa)):
                 out, grads = _run(fn, q, k, v, g)

@@ -237,7 +237,11 @@ def test_every_fusing_example_tiled_against_its_plain_pass(name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_torch_module_tiled_against_the_float64_reference(name):
+@pytest.mark.parametrize("blocks", [(5, 7, None), (1, 1, None), (2, 1, 1)])
+def test_torch_module_tiled_against_the_float64_reference(name, blocks):
+    """Blocks of 5 x 7: one strip (16 blocks merged) covers the 23 rows or keys; blocks of 1 x 1 and 2 x 1:
+    two strips in each pass (the forward's online softmax across strips, the backward's query strips), and
+    with a budget of 1 one batch entry per group (six groups)."""
     torch = pytest.importorskip("torch")
     from symattn.codegen.torch import load_torch_module
 
@@ -245,7 +249,10 @@ def test_torch_module_tiled_against_the_float64_reference(name):
     source = symattn.load(CORE.format(name=name, defs=defs, score=score)).emit("torch")
     assert "_flash_forward(" in source and "_flash_backward(" in source
     tm = load_torch_module(source, f"tiled_{name}")
-    tm.BLOCK_Q, tm.BLOCK_K = 5, 7
+    tm.BLOCK_Q, tm.BLOCK_K, budget = blocks
+    if budget is not None:
+        groups = tm._groups
+        tm._groups = lambda q, lead, per: groups(q, lead, per, budget)
     q, k, v, do = inputs(n=23)
     outs, grads = tm.forward_backward(Q=torch.from_numpy(q), K=torch.from_numpy(k), V=torch.from_numpy(v),
                                       grad_O=torch.from_numpy(do))

@@ -69,6 +69,35 @@ def test_outputs_and_gradients_equal_the_numpy_module(name, modules):
         assert tensors[n].grad is None
 
 
+TILED = [name for name in SPECS if "_flash_forward(" in symattn.load(REPO / "derivations" / f"{name}.attn").emit("torch")]
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_tiled_strips_and_groups_equal_the_numpy_module(name):
+    """At N = 21 with blocks of 1 x 1 (strips of 16: two per pass) and one batch entry per group, heads and
+    masks included, the tiled torch module gives the NumPy module's outputs and gradients."""
+    spec = symattn.load(REPO / "derivations" / f"{name}.attn")
+    tm = load_module(spec.emit("torch"), f"torch_strips_{name}")
+    tm.BLOCK_Q = tm.BLOCK_K = 1
+    groups = tm._groups
+    tm._groups = lambda q, lead, per: groups(q, lead, per, 1)
+    typed = spec.typed
+    sizes = {**typed.sizes, "N": 21} if "N" in typed.sizes else typed.sizes
+    rng = np.random.default_rng(5)
+    data = set(typed.inputs) | set(typed.buffers)
+    leaves = {n: random_leaves(typed, rng, (2,) if n in data else (), sizes)[n] for n in typed.given}
+    keywords = {n: sizes[n] for n in size_keywords(typed)}
+    want = spec.numpy().forward(**leaves, **keywords)
+    upstream = {f"grad_{o}": rng.standard_normal(want[o].shape) for o in spec.outputs}
+    want_grads = spec.numpy().backward(**leaves, **upstream, **keywords)
+    outs, grads = tm.forward_backward(**{n: torch.tensor(v) for n, v in leaves.items()},
+                                      **{k: torch.tensor(v) for k, v in upstream.items()}, **keywords)
+    for o in spec.outputs:
+        assert relative_error(outs[o].numpy(), want[o]) < 1e-12, o
+    for n in typed.differentiable:
+        assert relative_error(grads[n].numpy(), want_grads[n]) < 1e-10, n
+
+
 @pytest.mark.parametrize("name", SPECS)
 def test_gradcheck_float64(name, modules):
     spec, tm, _ = modules[name]

@@ -44,9 +44,11 @@ __all__ = ["torch_source", "load_torch_module", "SoftmaxRecompute", "recompute_p
 
 # A spec with attention cores whose scores have a block form computes them tiled, as FlashAttention does
 # (`symattn.codegen.fused`: blocks of BLOCK_Q queries x BLOCK_K keys, online softmax, the weights recomputed
-# in the backward pass): module constants of the generated module, these defaults.
+# in the backward pass): module constants of the generated module, these defaults. The blocks are the unit
+# of skipping (a mask's visible keys); the runtime merges up to 16 adjacent ones along the inner loop (keys
+# in the forward pass, queries in the backward) into one product, all batch entries and heads together.
 BLOCK_Q = 256
-BLOCK_K = 512
+BLOCK_K = 128
 
 
 @dataclass(frozen=True)

@@ -261,99 +261,143 @@ HELPERS = (  # in the order generated modules list them
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
-    "_flash_forward", "_flash_backward", "_append", "_entries",
+    "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_entries",
 )
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_flash_forward": ("_append", "_entries"),
-         "_flash_backward": ("_append", "_entries")}
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",),
+         "_flash_forward": ("_entries", "_groups", "_block"),
+         "_flash_backward": ("_entries", "_groups", "_block", "_strips")}
 
 
 def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
-    """(o, lse) of o = softmax(score(scale * q @ k.T), dim=-1) @ v, tiled (FlashAttention): as in the NumPy
-    runtime, one batch entry at a time, blocks of block_q queries x block_k keys, an online softmax whose
-    row sums come from p @ [v, 1], blocks outside keys(first, last) skipped; a fully masked row gives o = 0
-    and lse = -inf."""
+    """(o, lse) of o = softmax(score(scale * q @ k.T), dim=-1) @ v, tiled (FlashAttention): every batch entry
+    and head of a group at once (batched products), query blocks of block_q rows, each against its visible
+    keys (keys(first, last); all when None) in strips of up to 16 key blocks, with an online softmax across
+    strips; one score buffer per group, reused. A fully masked row gives o = 0 and lse = -inf."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
-    device = q.device
     q = _entries(q * scale if scale != 1 else q, batch, heads)
-    k, v1 = _entries(k, batch, heads), _entries(_append(v, 1), batch, heads)
-    o = torch.zeros(q.shape[:-1] + (d_v,), dtype=q.dtype, device=device)
-    lse = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=q.dtype, device=device)
-    for b in range(q.shape[0]):
-        kt = k[b].transpose(-1, -2)
+    lead = tuple(q.shape[1:-2])
+    q = q.reshape((-1,) + q.shape[-2:])
+    kt = _entries(k, batch, heads).reshape((-1,) + k.shape[-2:]).transpose(1, 2)
+    v = _entries(v, batch, heads).reshape((-1,) + v.shape[-2:])
+    o = q.new_zeros(q.shape[:-1] + (d_v,))
+    lse = q.new_full(q.shape[:-1] + (1,), -math.inf)
+    rows = torch.arange(n_q, device=q.device)[:, None]
+    cols = torch.arange(n_k, device=q.device)[None, :]
+    finfo = torch.finfo(q.dtype)
+    strip = 16 * block_k
+    for g0, g1, buffer in _groups(q, lead, block_q * min(strip, n_k)):
         for i0 in range(0, n_q, block_q):
             i1 = min(i0 + block_q, n_q)
             lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
-            i = torch.arange(i0, i1, device=device)[:, None]
-            qi = q[b, ..., i0:i1, :]
-            m = torch.full(qi.shape[:-1] + (1,), -math.inf, dtype=q.dtype, device=device)
-            acc = torch.zeros(qi.shape[:-1] + (d_v + 1,), dtype=q.dtype, device=device)
-            for j0 in range(lo, hi, block_k):
-                j1 = min(j0 + block_k, hi)
-                p = score(qi @ kt[..., j0:j1], i, torch.arange(j0, j1, device=device)[None, :])
-                top = torch.maximum(m, p.amax(dim=-1, keepdim=True))
-                shift = torch.where(top == -math.inf, 0.0, top)  # a row masked so far: exp(-inf - 0) = 0
+            qi, oi = q[g0:g1, i0:i1], o[g0:g1, i0:i1]
+            m = total = None
+            for j0 in range(lo, hi, strip):
+                j1 = min(j0 + strip, hi)
+                s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, i1 - i0, j1 - j0))
+                p = score(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1], cols[:, j0:j1]).reshape(s.shape)
+                top = p.amax(dim=-1, keepdim=True)
+                if m is not None:
+                    top = torch.maximum(m, top)
+                shift = top.clamp_min(finfo.min)  # a row masked so far: exp(-inf - lowest) = 0
                 p.sub_(shift).exp_()
-                acc.mul_(torch.exp(m - shift))
-                acc.add_(p @ v1[b, ..., j0:j1, :])
+                if m is None:
+                    torch.bmm(p, v[g0:g1, j0:j1], out=oi)
+                    total = p.sum(dim=-1, keepdim=True)
+                else:
+                    fix = m.sub_(shift).exp_()
+                    oi.mul_(fix).baddbmm_(p, v[g0:g1, j0:j1])
+                    total.mul_(fix).add_(p.sum(dim=-1, keepdim=True))
                 m = top
-            total = acc[..., d_v:]
-            o[b, ..., i0:i1, :] = acc[..., :d_v] / torch.where(total == 0, 1.0, total)
-            lse[b, ..., i0:i1, :] = m + torch.log(total)
+            if m is not None:
+                oi.div_(total.clamp_min(finfo.tiny))  # a fully masked row: 0 / tiny = 0
+                torch.add(m, total.log_(), out=lse[g0:g1, i0:i1])
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
 def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, block_q, block_k):
-    """(dq, dk, dv) of o = softmax(score(scale * q @ k.T), dim=-1) @ v given do, tiled (FlashAttention-2), as in
-    the NumPy runtime: P recomputed from lse per block, dv += P.T @ do, dS = P * (do @ v.T - delta) * score',
-    dq += dS @ k, dk += dS.T @ q; delta (and lse, where d score / d s is 1: score_grad None) subtracted inside
-    the products."""
+    """(dq, dk, dv) of o = softmax(score(scale * q @ k.T), dim=-1) @ v given do, tiled (FlashAttention-2): every
+    batch entry and head of a group at once, key blocks of block_k keys, each against the query rows that
+    see it (runs of query blocks, up to 16 blocks a strip): P = exp(score - lse) recomputed,
+    dv += P.T @ do, dS = P * (do @ v.T - delta) * score', dq += dS @ k, dk += dS.T @ q."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     n_q, n_k = q.shape[-2], k.shape[-2]
     shift = torch.where(lse == -math.inf, 0.0, lse)  # a fully masked row: exp(-inf - 0) = 0
     delta = (do * o).sum(dim=-1, keepdim=True)
     q = q * scale if scale != 1 else q
-    q1, k1 = (_append(q, -shift), _append(k, 1)) if score_grad is None else (q, k)
-    q, q1, k, k1, do, do1, v1, shift = (_entries(x, batch, heads) for x in (
-        q, q1, k, k1, do, _append(do, -delta), _append(v, 1), shift))
-    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-    dv = torch.zeros(k.shape[:-1] + (v1.shape[-1] - 1,), dtype=q.dtype, device=q.device)
-    for b in range(q.shape[0]):
-        kt, v1t = k1[b].transpose(-1, -2), v1[b].transpose(-1, -2)
-        for i0 in range(0, n_q, block_q):
-            i1 = min(i0 + block_q, n_q)
-            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
-            i = torch.arange(i0, i1, device=q.device)[:, None]
-            qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
-            for j0 in range(lo, hi, block_k):
-                j1 = min(j0 + block_k, hi)
-                j = torch.arange(j0, j1, device=q.device)[None, :]
-                s = q1i @ kt[..., j0:j1]
-                if score_grad is None:
-                    p = score(s, i, j)  # score(s) - lse: s has lse subtracted already
+    lead = tuple(_entries(q, batch, heads).shape[1:-2])
+    q, k, v, do, shift, delta = (_entries(x, batch, heads).reshape((-1,) + x.shape[-2:])
+                                 for x in (q, k, v, do, shift, delta))
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    rows = torch.arange(n_q, device=q.device)[:, None]
+    cols = torch.arange(n_k, device=q.device)[None, :]
+    blocks = [(i0, min(i0 + block_q, n_q)) for i0 in range(0, n_q, block_q)]
+    seen = [(0, n_k) if keys is None else keys(i0, i1 - 1) for i0, i1 in blocks]
+    strip = 16 * block_q
+    for g0, g1, buffer in _groups(q, lead, 2 * block_k * min(strip, n_q)):
+        for j0 in range(0, n_k, block_k):
+            j1 = min(j0 + block_k, n_k)
+            j = cols[:, j0:j1]
+            kj = k[g0:g1, j0:j1]
+            dkj = dvj = None  # this key block's dK and dV: contiguous, copied into dk and dv at its end
+            for r0, r1 in _strips([b for b, (lo, hi) in zip(blocks, seen) if lo < j1 and hi > j0], strip):
+                size = (g1 - g0) * (r1 - r0) * (j1 - j0)
+                i = rows[r0:r1]
+                qi, doi, dqi = q[g0:g1, r0:r1], do[g0:g1, r0:r1], dq[g0:g1, r0:r1]
+                s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
+                view = (-1,) + lead + s.shape[1:]
+                if score_grad is None:  # score(s) - lse = score(s - lse): d score / d s is 1
+                    p = score(s.sub_(shift[g0:g1, r0:r1]).view(view), i, j)
                 else:
-                    grad = score_grad(s, i, j)
-                    p = score(s, i, j)
-                    p = p - shift[b, ..., i0:i1, :]
-                p = p.exp_()
-                dv[b, ..., j0:j1, :] += p.transpose(-1, -2) @ doi
-                ds = do1i @ v1t[..., j0:j1]  # do @ v.T - delta
-                ds.mul_(p)
+                    grad = score_grad(s.view(view), i, j)
+                    p = score(s.view(view), i, j) - shift[g0:g1, r0:r1].view(view[:-1] + (1,))
+                p = p.reshape(s.shape).exp_()
+                if dvj is None:
+                    dvj = torch.bmm(p.transpose(1, 2), doi)
+                else:
+                    dvj.baddbmm_(p.transpose(1, 2), doi)
+                ds = torch.bmm(doi, vt[g0:g1, :, j0:j1], out=_block(buffer[size:], g1 - g0, r1 - r0, j1 - j0))
+                ds.sub_(delta[g0:g1, r0:r1]).mul_(p)
                 if score_grad is not None:
-                    ds = ds * grad
-                dqi += ds @ k[b, ..., j0:j1, :]
-                dk[b, ..., j0:j1, :] += ds.transpose(-1, -2) @ qi
+                    ds.view(view).mul_(grad)
+                dqi.baddbmm_(ds, kj)
+                if dkj is None:
+                    dkj = torch.bmm(ds.transpose(1, 2), qi)
+                else:
+                    dkj.baddbmm_(ds.transpose(1, 2), qi)
+            if dkj is not None:  # else no query sees these keys: their gradients stay 0
+                dk[g0:g1, j0:j1] = dkj
+                dv[g0:g1, j0:j1] = dvj
     if scale != 1:
         dq.mul_(scale)
     return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
 
 
-def _append(x, column):
-    """x with one more column on its last axis: a number, or a tensor of one column (batch axes broadcast)."""
-    batch = torch.broadcast_shapes(x.shape[:-2], column.shape[:-2] if torch.is_tensor(column) else ())
-    out = torch.empty(batch + x.shape[-2:-1] + (x.shape[-1] + 1,), dtype=x.dtype, device=x.device)
-    out[..., :-1] = x
-    out[..., -1:] = column
+def _groups(q, lead, per, budget=1 << 20):
+    """(first, last + 1, buffer) of groups of the [entries * heads] matrices of q: whole entries (all their
+    heads), as many as keep one block of `per` numbers a matrix under `budget` numbers; the buffer holds
+    `per` numbers for each matrix of a group."""
+    unit = math.prod(lead)
+    step = unit * max(1, budget // (unit * per))
+    buffer = q.new_empty(min(step, q.shape[0]) * per)
+    return [(g0, min(g0 + step, q.shape[0]), buffer) for g0 in range(0, q.shape[0], step)]
+
+
+def _block(buffer, *shape):
+    """The first prod(shape) numbers of a flat buffer as a contiguous tensor of that shape."""
+    return buffer[:math.prod(shape)].view(shape)
+
+
+def _strips(blocks, limit):
+    """Runs of adjacent (first, last + 1) blocks merged, each at most `limit` long (a block on its own may be
+    longer)."""
+    out = []
+    for b0, b1 in blocks:
+        if out and out[-1][1] == b0 and b1 - out[-1][0] <= limit:
+            out[-1] = (out[-1][0], b1)
+        else:
+            out.append((b0, b1))
     return out
 
 
