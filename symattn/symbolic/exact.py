@@ -35,7 +35,57 @@ from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
 from .relations import angle_atoms, atom_values, reduces_to_zero, relations
 
-__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value"]
+__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value",
+           "free_symbols", "holds"]
+
+
+# SymPy's `free_symbols` and `has` visit every occurrence of a subtree: an element-level entry is a
+# sum over softmax rows whose denominators, and after unfolding whose scores, are shared by every
+# term, so they visit the same subtrees thousands of times. These walk each distinct subtree once.
+
+_OWN_FREE_SYMBOLS: dict[type, bool] = {}
+
+
+def _own_free_symbols(cls: type) -> bool:
+    """Whether a class defines free_symbols otherwise than as the union over its args (Symbol
+    itself, or a class binding variables, as Derivative and Lambda do)."""
+    found = _OWN_FREE_SYMBOLS.get(cls)
+    if found is None:
+        owner = next(k for k in cls.__mro__ if "free_symbols" in k.__dict__)
+        found = _OWN_FREE_SYMBOLS[cls] = owner is not sympy.Basic
+    return found
+
+
+def free_symbols(expr: sympy.Basic) -> set:
+    """`expr.free_symbols`, the same set, in one walk over distinct subtrees."""
+    out: set = set()
+    seen = {expr}
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if _own_free_symbols(type(node)):
+            out |= node.free_symbols
+            continue
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return out
+
+
+def holds(expr: sympy.Basic, *types: type) -> bool:
+    """`expr.has(*types)` for classes (any subtree an instance of one), in one walk over distinct subtrees."""
+    seen = {expr}
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, types):
+            return True
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return False
 
 
 # Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
@@ -243,7 +293,7 @@ def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
             return None
 
     with mpmath.workdps(40):
-        subs = atom_values(expr.free_symbols, draw, _atomize, value)
+        subs = atom_values(free_symbols(expr), draw, _atomize, value)
         if subs is None:
             return False
         memo: dict = {}
@@ -278,8 +328,8 @@ def zero_test(expr: sympy.Expr) -> bool:
     if expr == 0:
         return True
     expr = sympy.sympify(expr)
-    if expr.has(sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
-        if expr.has(sympy.sign):
+    if holds(expr, sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
+        if holds(expr, sympy.sign):
             expr = expr.rewrite(sympy.Piecewise)
         # Split into cases: every truth assignment of the k conditions picks one branch of each
         # piece (2^k cases, so only for a few conditions; beyond that the pieces stay atoms).
@@ -291,7 +341,8 @@ def zero_test(expr: sympy.Expr) -> bool:
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
-    if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
+    symbols = free_symbols(atomized)
+    if _numerically_nonzero(atomized, np.random.default_rng(len(symbols))):
         return False
     if expands_to_zero(atomized):  # exact, in a sparse polynomial ring: ~10x faster than expand
         return True
@@ -301,7 +352,7 @@ def zero_test(expr: sympy.Expr) -> bool:
     numer, _ = sympy.fraction(sympy.together(atomized))
     if sympy.expand(numer) == 0:
         return True
-    rels = relations(atomized.free_symbols, _atomize)
+    rels = relations(symbols, _atomize)
     if not rels:
         return False
     checkpoint()
@@ -392,13 +443,13 @@ def entry_diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """
     out = []
     for term in sympy.Add.make_args(expr):
-        if sym not in term.free_symbols:
+        if sym not in free_symbols(term):
             continue
         factors = sympy.Mul.make_args(term)
         for k, factor in enumerate(factors):
             if factor == sym:
                 out.append(sympy.Mul(*factors[:k], *factors[k + 1:]))
-            elif sym in factor.free_symbols:
+            elif sym in free_symbols(factor):
                 out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
     return sympy.Add(*out)
 
