@@ -208,6 +208,8 @@ class ElementModel:
         result = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
         own = self.values_of(name)
         position = {s: idx for idx, s in np.ndenumerate(own)}
+        # every entry's terms, summed once at the end: `+=` would rebuild the growing sum per term
+        terms: dict[tuple, list] = {}
         for consumer in self.consumers[name]:
             self._tick(f"d{consumer}/d{name}")
             definition = self.spec.tensors[consumer].expr
@@ -220,7 +222,9 @@ class ElementModel:
                 if not isinstance(entry, sympy.Basic):
                     continue
                 for sym in free_symbols(entry) & position.keys():
-                    result[position[sym]] += bars[c_index] * derivative(entry, sym)
+                    terms.setdefault(position[sym], []).append(bars[c_index] * derivative(entry, sym))
+        for index, parts in terms.items():
+            result[index] = sympy.Add(*parts)
         return np.asarray(result, dtype=object)
 
     # --- exact comparison ------------------------------------------------------------------

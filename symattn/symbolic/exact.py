@@ -21,6 +21,7 @@ model (`symattn.symbolic.element`) compares entries with these.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from typing import Callable, Mapping
@@ -276,29 +277,69 @@ def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
     return memo[expr]
 
 
-def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
-    """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
+@dataclasses.dataclass
+class _Point:
+    """The random point of `_numerically_nonzero` for one set of symbols, with the value of every
+    subtree computed there so far (at 40 digits)."""
 
-    The point satisfies the atoms' relations (sin^2 + cos^2 = 1, r^k = radicand), so an
-    expression that is zero only through them is not mistaken for a nonzero one."""
+    symbols: frozenset
+    subs: dict | None  # None: no point satisfies the relations (a radicand was not positive)
+    memo: dict
+
+
+# The latest point: the entries of one gradient, compared at one stage of unfolding, mostly read
+# the same symbols, so they meet the same point and share its values of their common subtrees
+# (softmax denominators, unfolded scores). The point depends only on the set of symbols.
+_LATEST: list[_Point] = []
+
+
+def _point(symbols: frozenset) -> _Point:
+    if _LATEST and _LATEST[0].symbols == symbols:
+        if len(_LATEST[0].memo) > _ATOM_CACHE:  # values are recomputed alike; only memory is saved
+            _LATEST[0].memo.clear()
+        return _LATEST[0]
+    rng = np.random.default_rng(len(symbols))
+
     def draw(sym):
         if sym.is_positive:
             return mpmath.mpf(int(rng.integers(50, 150))) / 100
         return mpmath.mpf(int(rng.integers(-100, 100))) / 97
 
-    def value(node, point):
+    def value(node, at):
         try:
-            return mp_value(node, point, {})
+            return mp_value(node, at, {})
         except (TypeError, ValueError, ZeroDivisionError, OverflowError):
             return None
 
+    _LATEST[:] = [_Point(symbols, atom_values(symbols, draw, _atomize, value), {})]
+    return _LATEST[0]
+
+
+def _subtrees(expr: sympy.Basic) -> list:
+    """Every distinct subtree of expr, itself included."""
+    seen = {expr}
+    stack = [expr]
+    while stack:
+        for arg in stack.pop().args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return list(seen)
+
+
+def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset) -> bool:
+    """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
+
+    The point (drawn from a generator seeded by the number of `symbols`, expr's free symbols)
+    satisfies the atoms' relations (sin^2 + cos^2 = 1, r^k = radicand), so an expression that
+    is zero only through them is not mistaken for a nonzero one."""
     with mpmath.workdps(40):
-        subs = atom_values(free_symbols(expr), draw, _atomize, value)
-        if subs is None:
+        point = _point(symbols)
+        if point.subs is None:
             return False
-        memo: dict = {}
+        memo = point.memo
         try:
-            total = mp_value(expr, subs, memo)
+            total = mp_value(expr, point.subs, memo)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError):
             return False
         if total is None or not mpmath.isfinite(total):
@@ -308,7 +349,9 @@ def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
             return False
         # At 40 digits a true zero leaves at most ~1e-35 of the largest value it was computed
         # from: a term, or a sum inside a product that is zero only by a relation (s^2 + c^2 - 1).
-        scale = max([abs(v) for v in terms] + [abs(v) for v in memo.values()
+        # (The largest over expr's own subtrees: the memo also holds other entries' values.)
+        values = [memo[node] for node in _subtrees(expr)]
+        scale = max([abs(v) for v in terms] + [abs(v) for v in values
                                                 if isinstance(v, mpmath.mpf) and mpmath.isfinite(v)])
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
 
@@ -341,8 +384,8 @@ def zero_test(expr: sympy.Expr) -> bool:
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
-    symbols = free_symbols(atomized)
-    if _numerically_nonzero(atomized, np.random.default_rng(len(symbols))):
+    symbols = frozenset(free_symbols(atomized))
+    if _numerically_nonzero(atomized, symbols):
         return False
     if expands_to_zero(atomized):  # exact, in a sparse polynomial ring: ~10x faster than expand
         return True
@@ -443,13 +486,13 @@ def entry_diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """
     out = []
     for term in sympy.Add.make_args(expr):
-        if sym not in free_symbols(term):
+        if sym not in _symbols_of(term):
             continue
         factors = sympy.Mul.make_args(term)
         for k, factor in enumerate(factors):
             if factor == sym:
                 out.append(sympy.Mul(*factors[:k], *factors[k + 1:]))
-            elif sym in free_symbols(factor):
+            elif sym in _symbols_of(factor):
                 out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
     return sympy.Add(*out)
 
@@ -464,6 +507,12 @@ def extreme_diff(entry: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
         return entry_diff(entry, sym)
     tied = [sympy.Piecewise((1, sympy.Eq(a, entry)), (0, True)) for a in entry.args]
     return sympy.Piecewise((1 / sympy.Add(*tied), sympy.Eq(sym, entry)), (0, True))
+
+
+@functools.lru_cache(maxsize=65536)
+def _symbols_of(term: sympy.Expr) -> frozenset:
+    """The free symbols of a term, kept: `entry_diff` asks once per symbol of the entry."""
+    return frozenset(free_symbols(term))
 
 
 @functools.lru_cache(maxsize=16384)
