@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import mpmath
 import numpy as np
@@ -455,11 +455,20 @@ def same_entry(a, b) -> bool:
     return zero_test(a - b)
 
 
-def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
+_EXTREMES = (sympy.Max, sympy.Min)
+
+
+def shared_xreplace(mapping: Mapping, known: Iterable[sympy.Basic] = ()) -> Callable[[sympy.Basic], sympy.Basic]:
     """A function giving `x.xreplace(mapping)` for many x that share subtrees (the entries of one
     tensor share its softmax denominators and projections): each distinct subtree is rebuilt
-    once, where `xreplace` rebuilds it at every occurrence."""
+    once, where `xreplace` rebuilds it at every occurrence.
+
+    A max or min whose new arguments are those of a max or min in `known` is that expression
+    itself: SymPy keeps `e.func(*e.args) == e`, and building a Max compares every pair of its
+    arguments symbolically (a permutation of the rows maps each row's max to another row's)."""
     memo: dict = dict(mapping)
+    extremes = {(node.func, frozenset(node.args)): node
+                for expr in known for node in _subtrees(expr) if isinstance(node, _EXTREMES)}
 
     def replace(node: sympy.Basic) -> sympy.Basic:
         found = memo.get(node)
@@ -467,7 +476,12 @@ def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
             return found
         if node.args:
             args = tuple(replace(arg) for arg in node.args)
-            found = node.func(*args) if any(new is not old for new, old in zip(args, node.args)) else node
+            if any(new is not old for new, old in zip(args, node.args)):
+                found = extremes.get((node.func, frozenset(args))) if isinstance(node, _EXTREMES) else None
+                if found is None:
+                    found = node.func(*args)
+            else:
+                found = node
         else:
             found = node
         memo[node] = found
