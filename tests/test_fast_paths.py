@@ -104,6 +104,28 @@ def test_random_expressions_agree_with_sympy_expand_and_with_values(seed):
     assert not expands_to_zero(changed)
 
 
+# Monomials are packed into one integer, a field of bits per generator: exponents at the top
+# of a field, products that reach the bound, and hundreds of generators must neither carry into
+# the next generator nor be lost. SymPy's expansion says what is zero.
+MANY = sympy.symbols("m0:300", real=True)
+
+
+@pytest.mark.parametrize("expr", [
+    (x + y) ** 7 * (x - z) ** 8 - sympy.expand((x + y) ** 7 * (x - z) ** 8),
+    (x**15 + 1) * (x + 1) - x**16 - x**15 - x - y,                # 1 - y: x**16 must not reach y's field
+    (x**15 + 1) * (x + 1) - x**16 - x**15 - x - 1,
+    x**31 * y - y * x**31 + x**32 - x**16 * x**16,
+    (sympy.sqrt(2) + x) ** 9 - sympy.expand((sympy.sqrt(2) + x) ** 9),
+    (sympy.sqrt(2) + x) ** 9 - sympy.expand((sympy.sqrt(2) + x) ** 9) + sympy.sqrt(2) ** 3 - 2,
+    sympy.Add(*MANY) ** 2 - sympy.expand(sympy.Add(*MANY) ** 2),
+    sympy.Add(*MANY) ** 2 - sympy.expand(sympy.Add(*MANY) ** 2) + MANY[0] * MANY[299] / 3,
+    (x / 3 + y / 5) ** 4 - sympy.expand((x / 3 + y / 5) ** 4) + sympy.Rational(1, 10**30) * x,
+], ids=["binomials", "high-power", "high-power-zero", "field-top", "sqrt2-powers", "sqrt2-leftover",
+        "many-generators", "many-generators-leftover", "tiny-coefficient"])
+def test_packed_monomials_agree_with_sympy_expand(expr):
+    assert expands_to_zero(expr) == (sympy.expand(expr) == 0)
+
+
 # --- the product rule against sympy.diff of the whole term ----------------------------------
 
 @pytest.mark.parametrize("expr", [

@@ -84,7 +84,7 @@ def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ..
         for name, moved_axes in axes.items():
             moved = _permuted(leaf[name], perm, list(moved_axes))
             mapping.update({old: new for old, new in zip(leaf[name].flat, moved.flat)})
-        replace = shared_xreplace(mapping)
+        replace = shared_xreplace(mapping, known=[e for e in base.flat if isinstance(e, sympy.Basic)])
         left = np.vectorize(lambda e: replace(sympy.sympify(e)), otypes=[object])(base)
         right = _permuted(base, perm, out_axes)
         for a, b in zip(left.flat, right.flat):

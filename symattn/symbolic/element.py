@@ -60,7 +60,8 @@ from ..budget import checkpoint
 from ..errors import SizeGuardError
 from .evaluate import SYMBOLIC, Evaluator
 from .finiteness import FINITE, Finiteness
-from .exact import entry_diff, extreme_diff, mp_value, same_entry, settled, shared_xreplace, zero_test
+from .exact import (entry_diff, extreme_diff, free_symbols, mp_value, same_entry, settled, shared_xreplace,
+                    zero_test)
 from .relations import radicals_as_roots
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
@@ -165,7 +166,7 @@ class ElementModel:
 
     def _reads(self, entries: np.ndarray, name: str) -> bool:
         own = set(self.values_of(name).flat)
-        return any(own & e.free_symbols for e in entries.flat if isinstance(e, sympy.Basic))
+        return any(own & free_symbols(e) for e in entries.flat if isinstance(e, sympy.Basic))
 
     def values_of(self, name: str) -> np.ndarray:
         """The symbols standing for a tensor's entries (leaf symbols or slots)."""
@@ -207,6 +208,8 @@ class ElementModel:
         result = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
         own = self.values_of(name)
         position = {s: idx for idx, s in np.ndenumerate(own)}
+        # every entry's terms, summed once at the end: `+=` would rebuild the growing sum per term
+        terms: dict[tuple, list] = {}
         for consumer in self.consumers[name]:
             self._tick(f"d{consumer}/d{name}")
             definition = self.spec.tensors[consumer].expr
@@ -218,8 +221,10 @@ class ElementModel:
             for c_index, entry in np.ndenumerate(self.local[consumer]):
                 if not isinstance(entry, sympy.Basic):
                     continue
-                for sym in entry.free_symbols & position.keys():
-                    result[position[sym]] += bars[c_index] * derivative(entry, sym)
+                for sym in free_symbols(entry) & position.keys():
+                    terms.setdefault(position[sym], []).append(bars[c_index] * derivative(entry, sym))
+        for index, parts in terms.items():
+            result[index] = sympy.Add(*parts)
         return np.asarray(result, dtype=object)
 
     # --- exact comparison ------------------------------------------------------------------
@@ -243,7 +248,7 @@ class ElementModel:
     def _exact(self, entry):
         """An entry with every risky slot replaced by its exact value (-oo where masked)."""
         entry = sympy.sympify(entry)
-        if self.exact_values and entry.free_symbols & self.exact_values.keys():
+        if self.exact_values and free_symbols(entry) & self.exact_values.keys():
             return entry.xreplace(self.exact_values)
         return entry
 
@@ -263,7 +268,7 @@ class ElementModel:
             if not pending:
                 break
             keys = set(mapping)
-            if not any(keys & (x.free_symbols | y.free_symbols) for x, y in pending):
+            if not any(keys & (free_symbols(x) | free_symbols(y)) for x, y in pending):
                 continue
             self._tick(f"unfolding {label}")
             unfolded.append(label)

@@ -224,8 +224,15 @@ class _Symbolic(_Backend):
         fn = sympy.Max if kind == "max" else sympy.Min
 
         def line(values):
-            values = [sympy.sympify(v) for v in values]
-            return sympy.nan if any(v is sympy.nan for v in values) else fn(*values)
+            values = tuple(sympy.sympify(v) for v in values)
+            if any(v is sympy.nan for v in values):
+                return sympy.nan
+            key = (fn, values)
+            if key not in _EXTREMES:
+                if len(_EXTREMES) > _EXTREMES_KEPT:
+                    _EXTREMES.clear()
+                _EXTREMES[key] = fn(*values)
+            return _EXTREMES[key]
 
         return reduce_lines(x, axis, line)
 
@@ -236,6 +243,13 @@ class _Symbolic(_Backend):
     def _obj(x):
         return np.asarray(x, dtype=object) if np.ndim(x) else x
 
+
+# Max and Min of the same entries, in the same order, built once per process: SymPy compares every
+# pair of arguments symbolically when it builds one (a softmax row's scores: a tenth of a second),
+# and the element model, the claims and the symmetry witness each evaluate the same rows. The
+# result is the very expression another call would build.
+_EXTREMES: dict[tuple, sympy.Expr] = {}
+_EXTREMES_KEPT = 4096
 
 SYMBOLIC = _Symbolic()
 NUMERIC = _Numeric()

@@ -21,9 +21,10 @@ model (`symattn.symbolic.element`) compares entries with these.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import mpmath
 import numpy as np
@@ -35,7 +36,57 @@ from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
 from .relations import angle_atoms, atom_values, reduces_to_zero, relations
 
-__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value"]
+__all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value",
+           "free_symbols", "holds"]
+
+
+# SymPy's `free_symbols` and `has` visit every occurrence of a subtree: an element-level entry is a
+# sum over softmax rows whose denominators, and after unfolding whose scores, are shared by every
+# term, so they visit the same subtrees thousands of times. These walk each distinct subtree once.
+
+_OWN_FREE_SYMBOLS: dict[type, bool] = {}
+
+
+def _own_free_symbols(cls: type) -> bool:
+    """Whether a class defines free_symbols otherwise than as the union over its args (Symbol
+    itself, or a class binding variables, as Derivative and Lambda do)."""
+    found = _OWN_FREE_SYMBOLS.get(cls)
+    if found is None:
+        owner = next(k for k in cls.__mro__ if "free_symbols" in k.__dict__)
+        found = _OWN_FREE_SYMBOLS[cls] = owner is not sympy.Basic
+    return found
+
+
+def free_symbols(expr: sympy.Basic) -> set:
+    """`expr.free_symbols`, the same set, in one walk over distinct subtrees."""
+    out: set = set()
+    seen = {expr}
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if _own_free_symbols(type(node)):
+            out |= node.free_symbols
+            continue
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return out
+
+
+def holds(expr: sympy.Basic, *types: type) -> bool:
+    """`expr.has(*types)` for classes (any subtree an instance of one), in one walk over distinct subtrees."""
+    seen = {expr}
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, types):
+            return True
+        for arg in node.args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return False
 
 
 # Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
@@ -226,29 +277,69 @@ def mp_value(expr: sympy.Expr, subs: dict, memo: dict):
     return memo[expr]
 
 
-def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
-    """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
+@dataclasses.dataclass
+class _Point:
+    """The random point of `_numerically_nonzero` for one set of symbols, with the value of every
+    subtree computed there so far (at 40 digits)."""
 
-    The point satisfies the atoms' relations (sin^2 + cos^2 = 1, r^k = radicand), so an
-    expression that is zero only through them is not mistaken for a nonzero one."""
+    symbols: frozenset
+    subs: dict | None  # None: no point satisfies the relations (a radicand was not positive)
+    memo: dict
+
+
+# The latest point: the entries of one gradient, compared at one stage of unfolding, mostly read
+# the same symbols, so they meet the same point and share its values of their common subtrees
+# (softmax denominators, unfolded scores). The point depends only on the set of symbols.
+_LATEST: list[_Point] = []
+
+
+def _point(symbols: frozenset) -> _Point:
+    if _LATEST and _LATEST[0].symbols == symbols:
+        if len(_LATEST[0].memo) > _ATOM_CACHE:  # values are recomputed alike; only memory is saved
+            _LATEST[0].memo.clear()
+        return _LATEST[0]
+    rng = np.random.default_rng(len(symbols))
+
     def draw(sym):
         if sym.is_positive:
             return mpmath.mpf(int(rng.integers(50, 150))) / 100
         return mpmath.mpf(int(rng.integers(-100, 100))) / 97
 
-    def value(node, point):
+    def value(node, at):
         try:
-            return mp_value(node, point, {})
+            return mp_value(node, at, {})
         except (TypeError, ValueError, ZeroDivisionError, OverflowError):
             return None
 
+    _LATEST[:] = [_Point(symbols, atom_values(symbols, draw, _atomize, value), {})]
+    return _LATEST[0]
+
+
+def _subtrees(expr: sympy.Basic) -> list:
+    """Every distinct subtree of expr, itself included."""
+    seen = {expr}
+    stack = [expr]
+    while stack:
+        for arg in stack.pop().args:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append(arg)
+    return list(seen)
+
+
+def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset) -> bool:
+    """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
+
+    The point (drawn from a generator seeded by the number of `symbols`, expr's free symbols)
+    satisfies the atoms' relations (sin^2 + cos^2 = 1, r^k = radicand), so an expression that
+    is zero only through them is not mistaken for a nonzero one."""
     with mpmath.workdps(40):
-        subs = atom_values(expr.free_symbols, draw, _atomize, value)
-        if subs is None:
+        point = _point(symbols)
+        if point.subs is None:
             return False
-        memo: dict = {}
+        memo = point.memo
         try:
-            total = mp_value(expr, subs, memo)
+            total = mp_value(expr, point.subs, memo)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError):
             return False
         if total is None or not mpmath.isfinite(total):
@@ -258,7 +349,9 @@ def _numerically_nonzero(expr: sympy.Expr, rng: np.random.Generator) -> bool:
             return False
         # At 40 digits a true zero leaves at most ~1e-35 of the largest value it was computed
         # from: a term, or a sum inside a product that is zero only by a relation (s^2 + c^2 - 1).
-        scale = max([abs(v) for v in terms] + [abs(v) for v in memo.values()
+        # (The largest over expr's own subtrees: the memo also holds other entries' values.)
+        values = [memo[node] for node in _subtrees(expr)]
+        scale = max([abs(v) for v in terms] + [abs(v) for v in values
                                                 if isinstance(v, mpmath.mpf) and mpmath.isfinite(v)])
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
 
@@ -278,8 +371,8 @@ def zero_test(expr: sympy.Expr) -> bool:
     if expr == 0:
         return True
     expr = sympy.sympify(expr)
-    if expr.has(sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
-        if expr.has(sympy.sign):
+    if holds(expr, sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
+        if holds(expr, sympy.sign):
             expr = expr.rewrite(sympy.Piecewise)
         # Split into cases: every truth assignment of the k conditions picks one branch of each
         # piece (2^k cases, so only for a few conditions; beyond that the pieces stay atoms).
@@ -291,7 +384,8 @@ def zero_test(expr: sympy.Expr) -> bool:
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True
-    if _numerically_nonzero(atomized, np.random.default_rng(len(atomized.free_symbols))):
+    symbols = frozenset(free_symbols(atomized))
+    if _numerically_nonzero(atomized, symbols):
         return False
     if expands_to_zero(atomized):  # exact, in a sparse polynomial ring: ~10x faster than expand
         return True
@@ -301,7 +395,7 @@ def zero_test(expr: sympy.Expr) -> bool:
     numer, _ = sympy.fraction(sympy.together(atomized))
     if sympy.expand(numer) == 0:
         return True
-    rels = relations(atomized.free_symbols, _atomize)
+    rels = relations(symbols, _atomize)
     if not rels:
         return False
     checkpoint()
@@ -361,11 +455,20 @@ def same_entry(a, b) -> bool:
     return zero_test(a - b)
 
 
-def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
+_EXTREMES = (sympy.Max, sympy.Min)
+
+
+def shared_xreplace(mapping: Mapping, known: Iterable[sympy.Basic] = ()) -> Callable[[sympy.Basic], sympy.Basic]:
     """A function giving `x.xreplace(mapping)` for many x that share subtrees (the entries of one
     tensor share its softmax denominators and projections): each distinct subtree is rebuilt
-    once, where `xreplace` rebuilds it at every occurrence."""
+    once, where `xreplace` rebuilds it at every occurrence.
+
+    A max or min whose new arguments are those of a max or min in `known` is that expression
+    itself: SymPy keeps `e.func(*e.args) == e`, and building a Max compares every pair of its
+    arguments symbolically (a permutation of the rows maps each row's max to another row's)."""
     memo: dict = dict(mapping)
+    extremes = {(node.func, frozenset(node.args)): node
+                for expr in known for node in _subtrees(expr) if isinstance(node, _EXTREMES)}
 
     def replace(node: sympy.Basic) -> sympy.Basic:
         found = memo.get(node)
@@ -373,7 +476,12 @@ def shared_xreplace(mapping: Mapping) -> Callable[[sympy.Basic], sympy.Basic]:
             return found
         if node.args:
             args = tuple(replace(arg) for arg in node.args)
-            found = node.func(*args) if any(new is not old for new, old in zip(args, node.args)) else node
+            if any(new is not old for new, old in zip(args, node.args)):
+                found = extremes.get((node.func, frozenset(args))) if isinstance(node, _EXTREMES) else None
+                if found is None:
+                    found = node.func(*args)
+            else:
+                found = node
         else:
             found = node
         memo[node] = found
@@ -392,13 +500,13 @@ def entry_diff(expr: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """
     out = []
     for term in sympy.Add.make_args(expr):
-        if sym not in term.free_symbols:
+        if sym not in _symbols_of(term):
             continue
         factors = sympy.Mul.make_args(term)
         for k, factor in enumerate(factors):
             if factor == sym:
                 out.append(sympy.Mul(*factors[:k], *factors[k + 1:]))
-            elif sym in factor.free_symbols:
+            elif sym in _symbols_of(factor):
                 out.append(sympy.Mul(*factors[:k], _factor_diff(factor, sym), *factors[k + 1:]))
     return sympy.Add(*out)
 
@@ -413,6 +521,12 @@ def extreme_diff(entry: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
         return entry_diff(entry, sym)
     tied = [sympy.Piecewise((1, sympy.Eq(a, entry)), (0, True)) for a in entry.args]
     return sympy.Piecewise((1 / sympy.Add(*tied), sympy.Eq(sym, entry)), (0, True))
+
+
+@functools.lru_cache(maxsize=65536)
+def _symbols_of(term: sympy.Expr) -> frozenset:
+    """The free symbols of a term, kept: `entry_diff` asks once per symbol of the entry."""
+    return frozenset(free_symbols(term))
 
 
 @functools.lru_cache(maxsize=16384)
