@@ -41,6 +41,8 @@ VARIANTS = {
     "window": ("M[i:N, j:N] = where(j <= i, where(i - j < w, 0, -inf), -inf)", "Q @ K.T / sqrt(d) + M",
                lambda i, j: (j <= i) & (i - j < 5), None),
     "softcap": ("", "30 * tanh(Q @ K.T / sqrt(d) / 30)", None, 30.0),
+    "softcap_strict_causal": ("M[i:N, j:N] = where(j < i, 0, -inf)", "30 * tanh(Q @ K.T / sqrt(d) / 30) + M",
+                              lambda i, j: j < i, 30.0),
     "causal_constant": ("", "Q @ K.T / sqrt(d) + causal_mask(N)", lambda i, j: j <= i, None),
 }
 
@@ -121,7 +123,7 @@ def test_logits_of_1e4_stay_finite_and_exact(name, dtype):
         assert np.abs(got - expected).max() / scale < tol
 
 
-@pytest.mark.parametrize("name", ["causal", "window", "softcap"])
+@pytest.mark.parametrize("name", ["causal", "window", "softcap", "softcap_strict_causal"])
 def test_tiled_backward_against_finite_differences(name):
     q, k, v, do = inputs(n=11, d=3, batch=(2,), seed=3)
     mod = tiled(module(name), 4, 3)
@@ -142,31 +144,44 @@ def test_tiled_backward_against_finite_differences(name):
 
 
 @pytest.mark.parametrize("name, skipped", [("plain", False), ("causal", True), ("window", True),
-                                           ("causal_constant", True)])
-def test_only_fully_masked_blocks_are_skipped(name, skipped, monkeypatch):
-    mod = tiled(module(name), 4, 4)
+                                           ("causal_constant", True), ("strict_causal", True),
+                                           ("softcap_strict_causal", True)])
+@pytest.mark.parametrize("blocks", [(4, 4), (8, 16), (5, 7)])
+def test_only_fully_masked_blocks_are_skipped(name, skipped, blocks, monkeypatch):
+    mod = tiled(module(name), *blocks)
     mask = VARIANTS[name][2]
-    visited = []
+    visited, unmasked = [], []
     forward = mod._flash_forward
 
-    def spy(q, k, v, score, keys, *rest):
+    def spy(q, k, v, score, keys, inside, score_inside, *rest):
         def recording(s, i, j):
             visited.append((i.ravel().copy(), j.ravel().copy()))
             return score(s, i, j)
-        return forward(q, k, v, recording, keys, *rest)
+
+        def recording_inside(s, i, j):  # a block given no mask: every entry of it must be visible
+            visited.append((i.ravel().copy(), j.ravel().copy()))
+            unmasked.append(visited[-1])
+            return s if score_inside is None else score_inside(s, i, j)
+        return forward(q, k, v, recording, keys, inside, recording_inside, *rest)
 
     monkeypatch.setattr(mod, "_flash_forward", spy)
-    q, k, v, _ = inputs(n=21, batch=())
+    n = 37
+    q, k, v, _ = inputs(n=n, batch=())
     mod.forward(Q=q, K=k, V=v)
-    seen = np.zeros((21, 21), bool)
+    seen = np.zeros((n, n), int)
     for rows, cols in visited:
-        seen[np.ix_(rows, cols)] = True
+        seen[np.ix_(rows, cols)] += 1
         if mask is not None:  # no visited block is fully masked
             assert mask(rows[:, None], cols[None, :]).any()
+    for rows, cols in unmasked:
+        assert mask(rows[:, None], cols[None, :]).all()
+    assert seen.max() == 1  # no entry twice
     if mask is not None:  # every entry that is not masked is visited
-        live = mask(np.arange(21)[:, None], np.arange(21)[None, :])
-        assert np.all(seen[live])
+        live = mask(np.arange(n)[:, None], np.arange(n)[None, :])
+        assert np.all(seen[live] == 1)
     assert (not seen.all()) == skipped
+    if name != "window":  # (its blocks of visible keys are narrower than a block: none here)
+        assert bool(unmasked) == (mask is not None)
 
 
 def test_threshold_chooses_the_pass(monkeypatch):

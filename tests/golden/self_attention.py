@@ -124,14 +124,14 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
         """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]), given
         s = Q @ K.T / sqrt(d_k) there (it may work in the buffer of s)."""
         return s
-    O, O_lse = _flash_forward(Q, K, V, O_score, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)
+    O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)
     outputs = {"O": O}
     if grad_O is None:
         return outputs, None
 
     # backward pass: L = sum(O * grad(O)); dT is grad(T) = dL/dT
     dO = _upstream("grad_O", grad_O, "[N, d_k]", (N, d_k), dtype)
-    dQ_via_O, dK_via_O, dV_via_O = _flash_backward(Q, K, V, O, O_lse, dO, O_score, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)
+    dQ_via_O, dK_via_O, dV_via_O = _flash_backward(Q, K, V, O, O_lse, dO, O_score, None, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)
     # grad(V) = P.T @ grad(O)
     dV = dV_via_O
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
@@ -247,7 +247,7 @@ def _rowdot(a, b):
     return np.einsum("...j,...j->...", a, b)[..., None]
 
 
-def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
+def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k):
     """(o, lse): o = softmax(score(scale * q @ k.T), axis=-1) @ v and each row's log-sum-exp, tiled (FlashAttention).
 
     One batch entry at a time (the last `heads` leading axes, which the score
@@ -257,9 +257,13 @@ def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
     output when m grows, so no array is larger than a block. `score(s, i, j)`
     is the score of the block with products s (it may overwrite s) at rows i
     ([rows, 1]) and keys j ([1, cols]); `keys(first, last)` (None: all) the
-    range of keys rows first..last may see: blocks outside it are skipped. The
-    row sums come out of the product with v, which has a column of ones
-    appended. A fully masked row gives o = 0 and lse = -inf, never NaN.
+    range of keys rows first..last may see: blocks outside it are skipped;
+    `inside(first, last)` (None: none) the keys every one of those rows sees
+    at each condition that bounds keys, where the score is
+    `score_inside(s, i, j)` (None: s itself), which pays no mask (see
+    `_key_blocks`). The row sums come out of the product with v, which has a
+    column of ones appended. A fully masked row gives o = 0 and lse = -inf,
+    never NaN.
     """
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     dtype = np.result_type(q, k, v)
@@ -277,14 +281,18 @@ def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
             qi = q[b, ..., i0:i1, :]
             m = np.full(qi.shape[:-1] + (1,), -np.inf, dtype)  # running max of each row's scores
             acc = np.zeros(qi.shape[:-1] + (d_v + 1,), dtype)  # running p @ v and sum of p, against m
-            for j0 in range(lo, hi, block_k):
-                j1 = min(j0 + block_k, hi)
-                p = score(qi @ kt[..., j0:j1], i, np.arange(j0, j1)[None, :])
-                top = np.maximum(m, p.max(axis=-1, keepdims=True))
+            for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
+                p = qi @ kt[..., j0:j1]
+                fn = score_inside if whole else score
+                if fn is not None:
+                    p = fn(p, i, np.arange(j0, j1)[None, :])
+                top = p.max(axis=-1, keepdims=True, initial=-np.inf)
+                np.maximum(top, m, out=top)
                 shift = np.where(top == -np.inf, 0, top)  # a row masked so far: exp(-inf - 0) = 0
                 p -= shift
                 np.exp(p, out=p)
-                acc *= np.exp(m - shift)
+                m -= shift
+                acc *= np.exp(m, out=m)
                 acc += p @ v1[b, ..., j0:j1, :]
                 m = top
             total = acc[..., d_v:]
@@ -294,16 +302,18 @@ def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
-def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, block_q, block_k):
+def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_inside, scale, heads,
+                    block_q, block_k):
     """(dq, dk, dv) for o = softmax(score(scale * q @ k.T), axis=-1) @ v, given do = grad(o), tiled (FlashAttention-2).
 
     delta = rowsum(do * o) (= rowsum(dP * P)); per block the weights are
     recomputed from the saved lse, P = exp(score - lse), then dv += P.T @ do,
     dS = P * (do @ v.T - delta) * score'(s), dq += dS @ k and dk += dS.T @ q,
-    over the blocks the forward visited. `score_grad(s, i, j)` is d score / d s
-    (evaluated before `score`, which may overwrite s); None means 1 (the score
-    is s plus terms of the indices), and then lse is subtracted inside the
-    product: [q, -lse] @ [k, 1].T. delta always is: [do, -delta] @ [v, 1].T.
+    over the blocks the forward visited (`keys`, `inside` and `score_inside` as
+    there). `score_grad(s, i, j)` is d score / d s (evaluated before `score`,
+    which may overwrite s); None means 1 (the score is s plus terms of the
+    indices), and then lse is subtracted inside the product: [q, -lse] @ [k, 1].T.
+    delta always is: [do, -delta] @ [v, 1].T.
     """
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     dtype = np.result_type(q, k, v, do)
@@ -323,15 +333,17 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, 
             lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
             i = np.arange(i0, i1)[:, None]
             qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
-            for j0 in range(lo, hi, block_k):
-                j1 = min(j0 + block_k, hi)
+            for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
                 j = np.arange(j0, j1)[None, :]
-                s = q1i @ kt[..., j0:j1]
+                p = q1i @ kt[..., j0:j1]
+                fn = score_inside if whole else score
                 if score_grad is None:
-                    p = score(s, i, j)  # score(s) - lse: s has lse subtracted already
+                    if fn is not None:
+                        p = fn(p, i, j)  # score(s) - lse: s has lse subtracted already
                 else:
-                    grad = score_grad(s, i, j)
-                    p = score(s, i, j)
+                    grad = score_grad(p, i, j)
+                    if fn is not None:
+                        p = fn(p, i, j)
                     p -= shift[b, ..., i0:i1, :]
                 np.exp(p, out=p)
                 dv[b, ..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
@@ -344,6 +356,20 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, 
     if scale != 1:
         dq *= scale
     return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
+
+
+def _key_blocks(lo, hi, inside, block_k):
+    """The blocks of keys lo..hi - 1 as (first, end, whole): those of the range `inside` (first, end; None:
+    empty), rounded inward to multiples of min(64, block_k), are `whole` (every condition
+    bounding keys holds there: no mask to apply), and every other key is in a block that straddles them.
+    Each stretch is cut into blocks of block_k keys (the last one shorter)."""
+    step = min(64, block_k)
+    a, b = inside or (hi, hi)
+    a = min(max(-(-a // step) * step, lo), hi)
+    b = max(min(b // step * step, hi), a)
+    return [(j0, min(j0 + block_k, end), whole)
+            for start, end, whole in ((lo, a, False), (a, b, True), (b, hi, False))
+            for j0 in range(start, end, block_k)]
 
 
 def _append(x, column):

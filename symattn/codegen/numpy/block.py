@@ -15,6 +15,13 @@ sizes are bound) for one fused core, and their names:
   range of keys that rows first..last may see; blocks outside it are skipped,
   which is exact (their weights are 0). A mask it cannot read is applied
   entry by entry and no block is skipped.
+- with `inside=True` (the NumPy target), when the mask bounds the keys and some
+  `where` of the score tests one of those bounds: `<O>_inside(first, last)`,
+  the range of keys that every row first..last sees at each such condition
+  (`Bounds.key_in_lo`, `key_in_hi`), and `<O>_score_inside(s, i, j)`, the
+  score on a block of those keys: each such `where` replaced by the branch its
+  condition picks there (a mask by 0), so a block wholly visible pays no mask.
+  `score_inside` is "None" where that score is `s` itself.
 
 Arrays keep the dtype of `s`: numbers stay Python numbers (weak in NumPy's
 promotion), and an array computed from indices alone is cast to the dtype
@@ -35,7 +42,7 @@ from ...ir.printing import to_spec
 from ..cuda.core import AttentionCore, score_derivative
 from ..cuda.syntax import align
 from ..program_ir import CodegenError
-from ..triton.bounds import tile_bounds
+from ..triton.bounds import I, J, condition, tile_bounds
 from .syntax import PYTHON_PRECEDENCE
 
 __all__ = ["CoreFunctions", "core_functions", "BlockPrinter"]
@@ -59,6 +66,8 @@ class CoreFunctions:
     score_grad: str   # "None" where d score / d s is 1 (the score is s plus terms of the indices)
     keys: str         # "None" where every key block is visited
     scale: str        # the constant the product is scaled by ("1" when none), applied to the queries
+    inside: str = "None"        # "None" where no block is known to satisfy a condition of the score
+    score_inside: str = "None"  # "None" where the score on such a block is s itself
 
 
 def _neg_inf(node: t.Node) -> bool:
@@ -79,13 +88,24 @@ class BlockPrinter(Printer):
     rules = "NumPy block"
 
     def __init__(self, core: AttentionCore, outer, indices: dict[str, str] | None = None,
-                 product: t.Node | None = None) -> None:
+                 product: t.Node | None = None, known: frozenset = frozenset()) -> None:
         self.core = core
         self.outer = outer
         self.pure = dict(core.pure)
         self.indices = dict(indices or {})
         self.product = product or core.product  # the node printed as `s`
         self.syntax = outer.block_syntax
+        self.known = known  # conditions E (E <= 0, over bounds.I and J) that hold on the whole block
+
+    def nested(self, indices: dict[str, str]) -> "BlockPrinter":
+        """A printer of a definition in index notation, its indices at these coordinates."""
+        return BlockPrinter(self.core, self.outer, indices, self.product, self.known)
+
+    def holds(self, cond: t.Node, negate: bool = False) -> bool:
+        """Whether the comparison `cond` (negated: its opposite) holds at every entry of the block."""
+        if not self.known:
+            return False
+        return condition(cond, {name: _symbol(text) for name, text in self.indices.items()}, negate) in self.known
 
     def coords(self, node: t.Node) -> tuple[str, ...]:
         """The block's coordinates for `node` (broadcastable to the score): heads, then `i`, `j`."""
@@ -131,25 +151,27 @@ class BlockPrinter(Printer):
 
     # --- masks: `x + where(c, 0, -inf)` is `np.where(c, x, -np.inf)` ---------------------------
 
-    def mask(self, node: t.Node, coords) -> str | None:
-        """The condition under which `node` is 0 when it is 0 or -inf (a mask added to the scores)."""
+    def mask(self, node: t.Node, coords) -> list[str] | None:
+        """The conditions (printed) under which `node` is 0 when it is 0 or -inf (a mask added to the
+        scores), those that hold on the whole block left out; None when `node` is not such a mask."""
         if isinstance(node, t.Where):
             inner = align(node.cond.shape, node.shape, coords)
             cond = self.doprint(node.cond, inner)
             a_coords, b_coords = (align(x.shape, node.shape, coords) for x in (node.a, node.b))
             if _neg_inf(node.b):
-                rest = "" if _zero(node.a) else self.mask(node.a, a_coords)
-                if rest is None:
-                    return None
-                return self.parenthesize(cond, COMPARE + 1) + (f" & {rest}" if rest else "")
+                rest = [] if _zero(node.a) else self.mask(node.a, a_coords)
+                if rest is None or self.holds(node.cond):
+                    return rest
+                return [self.parenthesize(cond, COMPARE + 1), *rest]
             return None
         if isinstance(node, t.Constant) and node.kind == "causal_mask":
-            return f"({coords[-1]} <= {coords[-2]})"
+            if sympy.expand(_symbol(coords[-1]) - _symbol(coords[-2])) in self.known:
+                return []
+            return [f"({coords[-1]} <= {coords[-2]})"]
         if isinstance(node, t.Tensor) and node.name in self.pure:
             definition = self.pure[node.name]
             if isinstance(definition, t.IndexDef):
-                inner = BlockPrinter(self.core, self.outer, {i.name: c for i, c in zip(definition.indices, coords)},
-                                 self.product)
+                inner = self.nested({i.name: c for i, c in zip(definition.indices, coords)})
                 return inner.mask(definition.body, ())
             return self.mask(definition, coords)
         return None
@@ -178,8 +200,7 @@ class BlockPrinter(Printer):
             raise CodegenError(f"the score reads {node.name}, which the tiled path cannot read block by block")
         definition = self.pure[node.name]
         if isinstance(definition, t.IndexDef):
-            inner = BlockPrinter(self.core, self.outer, {i.name: c for i, c in zip(definition.indices, coords)},
-                                 self.product)
+            inner = self.nested({i.name: c for i, c in zip(definition.indices, coords)})
             piece = inner.doprint(definition.body, ())
         else:
             piece = self.doprint(definition, coords)
@@ -210,11 +231,13 @@ class BlockPrinter(Printer):
         kids = [align(c.shape, node.shape, coords) for c in (node.a, node.b)]
         if node.op == "add":
             for this, other in ((0, 1), (1, 0)):
-                cond = self.mask((node.a, node.b)[other], kids[other])
-                if cond is not None:
+                conds = self.mask((node.a, node.b)[other], kids[other])
+                if conds is not None:
                     x = self.doprint((node.a, node.b)[this], kids[this])
                     if x.kind == "value":
-                        return Piece(self.where(cond, x.text, f"-{self.inf}"), ATOM, "value")
+                        if not conds:
+                            return x
+                        return Piece(self.where(" & ".join(conds), x.text, f"-{self.inf}"), ATOM, "value")
         a, b = self.doprint(node.a, kids[0]), self.doprint(node.b, kids[1])
         kind = _join(a.kind, b.kind)
         a, b = self.cast(a, kind), self.cast(b, kind)
@@ -233,6 +256,9 @@ class BlockPrinter(Printer):
         return Piece(f"{a} {_COMPARE[node.op]} {b}", self.prec("compare"), "bool")
 
     def _print_Where(self, node: t.Where, coords) -> Piece:
+        for branch, negate in ((node.a, False), (node.b, True)):
+            if self.holds(node.cond, negate):
+                return self._child(branch, node, coords)
         cond = self._child(node.cond, node, coords)
         a, b = self._child(node.a, node, coords), self._child(node.b, node, coords)
         kind = _join(a.kind, b.kind)
@@ -250,8 +276,17 @@ class BlockPrinter(Printer):
         if node.kind == "eye":
             return Piece(self.where(f"{coords[0]} == {coords[1]}", "1.0", "0.0"), ATOM, "index")
         if node.kind == "causal_mask":
+            if sympy.expand(_symbol(coords[1]) - _symbol(coords[0])) in self.known:
+                return Piece("0.0", ATOM, "scalar")
             return Piece(self.where(f"{coords[1]} <= {coords[0]}", "0.0", f"-{self.inf}"), ATOM, "index")
         raise CodegenError(f"no NumPy block rule for the constant {node.kind}")
+
+
+def _symbol(coord: str) -> sympy.Expr:
+    """A block coordinate as `tile_bounds` writes it: the row i and column j as bounds.I and J."""
+    if coord in ("i", "j"):
+        return I if coord == "i" else J
+    return sympy.Integer(int(coord)) if coord.isdigit() else sympy.Symbol(coord)
 
 
 def _constant(node: t.Node) -> bool:
@@ -292,8 +327,9 @@ def scaled_product(core: AttentionCore) -> t.Binary | None:
     return first if all(p == first for p in parents) else None
 
 
-def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str]) -> CoreFunctions:
-    """The closures of one core (see the module docstring); `name` prefixes them."""
+def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str], inside: bool = False) -> CoreFunctions:
+    """The closures of one core (see the module docstring); `name` prefixes them; `inside`: also those
+    of the blocks that satisfy every condition bounding the keys."""
     order = list(dims)
     scaled = scaled_product(core)
     product = scaled or core.product
@@ -324,4 +360,20 @@ def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str]) -
         lines += [f"def {keys}(first, last):",
                   '    """The keys that query rows first..last may see: every other entry of theirs is masked."""',
                   f"    return {'max(' + lo + ')' if bounds.key_lo else '0'}, min({hi})"]
-    return CoreFunctions(lines, f"{name}_score", grad, keys, scale)
+    if not inside or not bounds.key_conditions:
+        return CoreFunctions(lines, f"{name}_score", grad, keys, scale)
+    seen = BlockPrinter(core, outer, product=product, known=frozenset(bounds.key_conditions)).block(core.score)
+    if seen.text == score.text:
+        return CoreFunctions(lines, f"{name}_score", grad, keys, scale)
+    lo = ", ".join(["0"] + [_bound(x, outer, "first") for x in bounds.key_in_lo])
+    hi = ", ".join([outer.dim(core.n_k).text] + [_bound(x, outer, "first") for x in bounds.key_in_hi])
+    lines += [f"def {name}_inside(first, last):",
+              '    """The keys that every query row first..last sees at each condition of the mask that bounds keys."""',
+              f"    return {'max(' + lo + ')' if bounds.key_in_lo else '0'}, min({hi})"]
+    score_inside = "None"
+    if seen.text != "s":
+        score_inside = f"{name}_score_inside"
+        lines += [f"def {score_inside}(s, i, j):",
+                  f'    """{name}_score on a block of the keys {name}_inside gives (those conditions hold there)."""',
+                  f"    return {seen.text}"]
+    return CoreFunctions(lines, f"{name}_score", grad, keys, scale, f"{name}_inside", score_inside)

@@ -390,6 +390,7 @@ class NumPyPrinter(IndexNotationPrinter):
 
     # how the score closures spell things (`symattn.codegen.numpy.block`); the torch printer overrides
     block_syntax = {"where": "np.where", "inf": "np.inf", "arange": "np.arange({n})", "cast": "{x}.astype(dtype)"}
+    flash_inside = True  # the flash helpers take the blocks every key bound holds on (`block.core_functions`)
 
     def unary_template(self, fn: str) -> str:
         """The template of a function applied to an array (its helper recorded as used)."""
@@ -413,9 +414,11 @@ class NumPyPrinter(IndexNotationPrinter):
         names = self.p.names
         lse = self.lse_name(node.core)
         if node.core not in self.closures:
-            made = core_functions(core, self, var if var.isidentifier() else "core", self.spec.dims)
+            made = core_functions(core, self, var if var.isidentifier() else "core", self.spec.dims,
+                                  self.flash_inside)
             self.closures[node.core] = made.lines
-            self.fused[node.core] = (made.score, made.score_grad, made.keys, made.scale, lse)
+            keys = f"{made.keys}, {made.inside}, {made.score_inside}" if self.flash_inside else made.keys
+            self.fused[node.core] = (made.score, made.score_grad, keys, made.scale, lse)
         score, grad, keys, scale, _ = self.fused[node.core]
         lines = [] if node.core in self.defined else list(self.closures[node.core])
         self.defined.add(node.core)

@@ -12,6 +12,13 @@ range a key tile must visit, each as lower bounds (inclusive) and upper bounds
 (exclusive), dims as `D_<dim>`. Skipping the tiles outside them is exact: every
 entry there is -inf, weight 0. Conditions it cannot read (a key-padding
 buffer) give no bound: those tiles are visited and masked entry by entry.
+
+It also gives, over I0_ and I1_, the keys every row of a query tile sees at
+every condition that bounds keys (`key_in_lo`, `key_in_hi`: the opposite
+corner of each bound), and those conditions (`key_conditions`, each as E with
+E <= 0 over the query row `I` and key column `J`). On a tile inside that range
+each of those conditions holds at every entry, so a `where` on one of them
+(`condition` reads it, as the same E) may be replaced by its branch there.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sympy
 from ...ir import typed as t
 from ..cuda.core import AttentionCore
 
-__all__ = ["Bounds", "tile_bounds"]
+__all__ = ["Bounds", "tile_bounds", "condition", "I", "J"]
 
 _I, _J = sympy.Symbol("i", integer=True), sympy.Symbol("j", integer=True)
 _I0, _I1 = sympy.Symbol("I0_", integer=True), sympy.Symbol("I1_", integer=True)
@@ -47,6 +54,9 @@ class Bounds:
     key_hi: list[str] = field(default_factory=list)
     query_lo: list[str] = field(default_factory=list)  # over J0_, J1_
     query_hi: list[str] = field(default_factory=list)
+    key_in_lo: list[str] = field(default_factory=list)  # over I0_, I1_: keys every row of the tile sees
+    key_in_hi: list[str] = field(default_factory=list)
+    key_conditions: list[sympy.Expr] = field(default_factory=list)  # E (E <= 0) behind the key bounds
 
 
 def _neg_inf(node: t.Node) -> bool:
@@ -70,8 +80,8 @@ def _constant(node: t.Node) -> bool:
 
 
 class _Conditions:
-    def __init__(self, core: AttentionCore) -> None:
-        self.pure = dict(core.pure)
+    def __init__(self, pure: tuple = ()) -> None:
+        self.pure = dict(pure)
 
     def integer(self, node: t.Node, indices: dict) -> sympy.Expr | None:
         if isinstance(node, t.IndexVar):
@@ -134,9 +144,20 @@ class _Conditions:
         return []
 
 
+I, J = _I, _J  # the query row and key column of the expressions in `key_conditions`
+
+
+def condition(node: t.Node, indices: dict[str, sympy.Expr], negate: bool = False) -> sympy.Expr | None:
+    """The comparison `node` (negated: its opposite) as E, E <= 0 over the integers, with index
+    variables read from `indices` (name -> expression over I, J); None when it is not such a
+    comparison of integer index arithmetic."""
+    found = _Conditions().compare(node, indices, negate)
+    return found[0] if found else None
+
+
 def tile_bounds(core: AttentionCore) -> Bounds:
     lead = tuple(sympy.Symbol(f"z{k}_") for k in range(len(core.lead)))
-    found = _Conditions(core).required(core.score, (*lead, _I, _J), {})
+    found = _Conditions(core.pure).required(core.score, (*lead, _I, _J), {})
     bounds = Bounds()
     for expr in dict.fromkeys(found):
         if not expr.free_symbols & {_I, _J} or not expr.is_polynomial(_I, _J):
@@ -151,8 +172,11 @@ def tile_bounds(core: AttentionCore) -> Bounds:
             at_max, at_min = (_I1, _I0) if -a * b >= 0 else (_I0, _I1)
             if b == 1:
                 bounds.key_hi.append(str(limit.subs(_I, at_max) + 1))
+                bounds.key_in_hi.append(str(limit.subs(_I, at_min) + 1))
             else:
                 bounds.key_lo.append(str(limit.subs(_I, at_min)))
+                bounds.key_in_lo.append(str(limit.subs(_I, at_max)))
+            bounds.key_conditions.append(expr)
         # queries for a key tile: a * i <= -(b * j + rest)
         if a in (1, -1):
             limit = -(b * _J + rest) * a
