@@ -375,6 +375,7 @@ _SCORES = Template("""\
                 const int i_ = row0_ + g_ * 16 + (e_ >> 1) * 8;
                 const int j_ = t_ * KEYS + n_ * 8 + pair_ + (e_ & 1);
                 const float s_ = s_acc_[g_][n_][e_];
+                (void)i_, (void)j_;  // unused when x is s_
                 const float x_ = $x;
                 s_acc_[g_][n_][e_] = x_;
                 tile_max_[e_ >> 1] = fmaxf(tile_max_[e_ >> 1], x_);
