@@ -5,12 +5,13 @@ numerically against plain NumPy in tests/test_cuda_tensor_core.py."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+import sympy
 
 import symattn
 from symattn.codegen.cuda import emit_cuda
 from symattn.codegen.cuda.score_forms import linear_score
+from symattn.ir import typed as t
 
 HEAD = "dim N = 6, d = 4\ninput Q[N, d], K[N, d], V[N, d]\n"
 
@@ -44,6 +45,17 @@ def test_linear_forms_are_found(score, scale, bias):
 def test_other_scores_keep_the_general_softmax(score):
     core = _core(score, "M[i:N, j:N] = where(j <= i, 0, -inf)\n")
     assert linear_score(core.score, core.product) is None
+
+
+def test_a_scale_read_from_a_tensor_is_not_folded():
+    """c must be computable on the host from the dims alone: exp of a scalar tensor is left to the score."""
+    core = _core("Q @ K.T")
+    tau = t.Tensor("tau", ())
+    for factor in (t.Unary("exp", tau, ()), tau, t.Unary("sqrt", tau, ())):
+        score = t.Binary("mul", core.product, factor, core.product.shape)
+        assert linear_score(score, core.product) is None
+    dims = t.Unary("exp", t.DimValue(sympy.Symbol("d")), ())
+    assert linear_score(t.Binary("mul", core.product, dims, core.product.shape), core.product) is not None
 
 
 def test_the_generated_forward_uses_one_ffma_for_causal():

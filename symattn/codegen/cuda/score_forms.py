@@ -51,8 +51,9 @@ def _positive(node: t.Node) -> bool:
         return node.value.is_positive is True and node.value.is_finite is True
     if isinstance(node, t.DimValue):  # a dim is at least 1; a dim expression only when sympy finds it positive
         return node.dim.is_Symbol or node.dim.is_positive is True
-    if isinstance(node, t.Unary):
-        return node.fn in ("sqrt", "exp") and (node.fn == "exp" or _positive(node.x))
+    if isinstance(node, t.Unary):  # the host computes c too: no tensor may hide in it
+        return (node.fn == "sqrt" and _positive(node.x)) or (node.fn == "exp" and node.x.shape == ()
+                                                             and _free_of_tensors(node.x))
     if isinstance(node, t.Binary):
         if node.op == "pow":
             return _positive(node.a) and node.b.shape == () and _free_of_tensors(node.b)
