@@ -213,6 +213,26 @@ def test_tensor_core_backward(built, name, head_dim, dtype):
 
 
 @needs_cxx
+def test_nan_propagates_and_masked_entries_stay_exact(built):
+    """A NaN in one query row makes that row's O and lse NaN and leaves the others as NumPy has them
+    (the one-FFMA softmax on x = s + b / c with ex2.approx); N = 150: two 128-row blocks, the second ragged."""
+    spec, code, library = built.get("causal")
+    (forward,) = code.plan.tensor_cores
+    n, d = 150, 64
+    rng = np.random.default_rng(3)
+    (qb, q), (kb, k), (vb, v) = (round_to(2 * rng.standard_normal((1, n, d)), "bf16") for _ in range(3))
+    qb[0, 130, 5] = 0x7FC0  # a bf16 NaN in row 130, in the second block
+    q[0, 130, 5] = np.nan
+    got, lse, status = run_forward(library, forward, "bf16", [n, d], 1, qb, kb, vb, (1, n, d))
+    assert status == 0
+    got = decode(got, "bf16")
+    want, want_lse = _attention(CASES["causal"][1](q, k, {"N": n, "d": d}), v)
+    assert np.all(np.isnan(got[0, 130])) and np.isnan(lse[0, 130])
+    rest = np.arange(n) != 130
+    _check(got[:, rest], lse[:, rest].astype(np.float64), want[:, rest], want_lse[:, rest], "bf16")
+
+
+@needs_cxx
 def test_backward_strict_causal_f16_head_dim_32(built):
     """The cheap representative of the backward (same build as the forward's)."""
     grads, want = _run_case(built, "strict_causal", "f16", {"N": 70, "d": 32}, batch=1, backward=True)

@@ -25,6 +25,7 @@
 //   sa_cp_async_16(smem, gmem), sa_cp_async_16_zfill(smem, gmem, src_bytes),
 //   sa_cp_async_commit(), sa_cp_async_wait<N>(), sa_cp_async_wait_all()
 //   SA_WARP_SIZE (32), sa_lane_id()
+//   sa_ex2_approx(x): ex2.approx.ftz.f32 (CPU: exp2f, subnormal results flushed to 0)
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
 // g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group); in every
@@ -118,6 +119,13 @@ __host__ __device__ __forceinline__ uint32_t sa_pack_bf16x2(float lo, float hi) 
 __host__ __device__ __forceinline__ uint32_t sa_pack_f16x2(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// 2^x by the SFU (ex2.approx.ftz.f32: about 2 ulp; -inf -> +0, NaN -> NaN, subnormal results flushed to 0).
+__device__ __forceinline__ float sa_ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ unsigned int sa_lane_id() {
@@ -461,6 +469,13 @@ inline uint32_t sa_pack_bf16x2(float lo, float hi) {
 }
 inline uint32_t sa_pack_f16x2(float lo, float hi) {
     return (uint32_t)sa_warp::f16_bits(lo) | ((uint32_t)sa_warp::f16_bits(hi) << 16);
+}
+
+// ex2.approx.ftz.f32 on the CPU: exp2f, with the flush of subnormal results to zero (the
+// approximation's last bits are not emulated: its error, about 2 ulp, is far below bf16 and f16).
+inline float sa_ex2_approx(float x) {
+    const float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;  // NaN stays NaN (the comparison is false)
 }
 
 inline unsigned int sa_lane_id() { return sa_warp::lane(); }

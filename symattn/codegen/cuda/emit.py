@@ -50,8 +50,9 @@ enum {
     SYMATTN_BAD_SIZE = -1,              /* a dim or the batch is not positive, or a quotient of dims is not whole */
     SYMATTN_HEAD_DIM_TOO_LARGE = -2,    /* a fused attention core's head dim exceeds the largest instantiated */
     SYMATTN_GRID_TOO_LARGE = -3,        /* a launch would need more blocks than a grid axis holds */
-    SYMATTN_UNSUPPORTED = -4            /* a tensor-core entry: head dim not a multiple of 8 or over 256, or a
-                                           pointer not 16-byte aligned (use the fp32 <spec>_forward) */
+    SYMATTN_UNSUPPORTED = -4            /* a tensor-core entry: head dim not a multiple of 8 or over 256, a
+                                           pointer not 16-byte aligned, or a folded score scale that is not
+                                           positive and finite (use the fp32 <spec>_forward) */
 };
 #endif
 
@@ -302,9 +303,11 @@ def _tensor_core_readme(p: KernelPlan) -> list[str]:
                      f"type, `lse` `[batch, {lead}{format_dim(c.n_q, order)}]` float32 (row logsumexp; -inf and "
                      "O = 0 on a fully masked row).")
     lines += ["",
-              "FlashAttention-2 style: mma.sync m16n8k16 with fp32 accumulation, 64 query rows per block of 4 warps,",
-              "64-key tiles of K and V double-buffered with cp.async; key tiles that the score's mask hides entirely",
-              "are skipped. `_backward_<dtype>` takes `Q`, `K`, `V`, `O`, `dO` = grad(O) in the input type and the",
+              "FlashAttention-2 style: mma.sync m16n8k16 with fp32 accumulation; the forward has 128 query rows per",
+              "block of 4 warps up to head dim 128 (64 at 256), tiles of 64 keys (32 at head dims 96 and 128) of K and",
+              "V double-buffered with cp.async, and a softmax in exp2 by ex2.approx (one FFMA per score when the",
+              "score is c * (Q @ K.T) + b, c > 0); key tiles that the score's mask hides entirely are skipped. The",
+              "backward has 64 rows per block and 64-row tiles. `_backward_<dtype>` takes `Q`, `K`, `V`, `O`, `dO` = grad(O) in the input type and the",
               "forward's `lse`, writes `dQ`, `dK`, `dV` in float32 (same shapes as Q, K, V) and uses `delta` (float32,",
               "the shape of `lse`) as scratch: delta = rowsum(dO * O), then dQ per query tile and dK/dV per key tile.",
               "Head dims (of Q/K and of V) must be multiples of 8, up to 256 (forward) or 128 (backward), and every",

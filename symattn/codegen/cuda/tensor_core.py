@@ -9,27 +9,34 @@ spec's size checks, which `emit` owns). The kernel calls the core's score
 device function `<prefix>_score` (from `flash.score_functions`), so a spec's
 scale, bias, softcap and masks are the very expression the fp32 path runs.
 
-The kernel: a block of 4 warps owns 64 query rows (16 per warp) of one
-(batch entry, head). Tiles of 64 keys of K and V stream through shared memory
-with cp.async, double buffered (the copy of tile t + 1 is in flight while
-tile t is computed). Each warp keeps its Q fragments in registers (ldmatrix;
-from shared memory at head dim 256, where registers would not hold them),
-computes S = Q K^T with mma.sync m16n8k16 into fp32 accumulators, applies the
-score function to each accumulator element at its (i, j) (the fragment
+The kernel: a block of 4 warps owns 64 x GROUPS query rows (16 x GROUPS per
+warp) of one (batch entry, head); `FORWARD_SHAPES` picks GROUPS (2 up to head
+dim 128, as FlashAttention-2's 128-row blocks; 1 at 256), the keys per tile
+(64, or 32 where the accumulators would not fit) and whether Q's fragments stay
+in registers. Tiles of K and V stream through shared memory with cp.async,
+double buffered (the copy of tile t + 1 is in flight while tile t is computed).
+Each warp computes S = Q K^T with mma.sync m16n8k16 into fp32 accumulators,
+every K fragment loaded by ldmatrix feeding the mma of all its row groups,
+applies the score to each accumulator element at its (i, j) (the fragment
 layout: lane l holds rows l/4 and l/4 + 8, columns 2 (l % 4) and + 1 of each
 8-column tile), masks keys past the end, and runs the online softmax in base 2
-(scores times log2 e, exp2f; row max reduced over the 4 lanes of a row with
-shuffles; the O accumulator rescaled once per tile). P is rounded to the input
-type in registers and used directly as the A operand of P V (the accumulator
-layout of two 8-column tiles is the A layout of one 16-wide step); V comes
-through ldmatrix .trans. O is normalised, staged through shared memory and
-written with 128-bit stores in the input type; lse = m + log(l) in fp32. A
-fully masked row gives O = 0 and lse = -inf, as the fp32 path does.
+with `ex2.approx.ftz` (row max reduced over the 4 lanes of a row with
+shuffles; the O accumulator rescaled once per tile). When the score is
+c * (Q K^T) + b (`linear_score`: a scale, masks, biases) the softmax runs on
+x = s + b / c and each weight is exp2(x * c log2 e - max * c log2 e), one FFMA
+and one ex2, as FlashAttention-2 does; other scores (softcap) use x = score *
+log2 e. P is rounded to the input type in registers and used directly as the A
+operand of P V (the accumulator layout of two 8-column tiles is the A layout of
+one 16-wide step); V comes through ldmatrix .trans, each fragment again feeding
+every row group. O is normalised, staged through shared memory and written with
+128-bit stores in the input type; lse = max * c + log(l) in fp32. A fully
+masked row gives O = 0 and lse = -inf, as the fp32 path does; a NaN score gives
+NaN.
 
 Masked tiles: `masked_condition` reads the score for a part that is -inf
 whatever s is (a `where` branch, or a tensor of constants such as a causal or
 window mask, added to the rest), and prints it as `<prefix>_masked(i, j)`.
-Where it exists, each warp evaluates it over its 16 rows x 64 keys of a tile
+Where it exists, each warp evaluates it over its rows x keys of a tile
 and, when every entry is masked, skips that tile's products and softmax (the
 entries would contribute exactly 0). The warps test tile t + 1 while tile t's
 copy is in flight and publish the answers in shared memory (one barrier a
@@ -38,7 +45,8 @@ skipped too (about half the K/V copies of a long causal sequence). Scores
 with no such part (softcap) skip nothing and keep the loop without the test.
 
 Host limits (else `SYMATTN_UNSUPPORTED`, and the fp32 `<spec>_forward` is the
-fallback): head dims multiples of 8 up to 256, 16-byte aligned pointers.
+fallback): head dims multiples of 8 up to 256, 16-byte aligned pointers, and a
+folded scale c that is positive with c log2 e and 1 / c finite.
 """
 
 from __future__ import annotations
@@ -47,31 +55,58 @@ from dataclasses import dataclass
 from string import Template
 from typing import Sequence
 
-from ...ir import typed as t
 from .core import AttentionCore
-from .flash import Sizes, head_coordinates, score_printer
+from .flash import Sizes, head_coordinates
 from .names import CNames
-from .syntax import CPrinter
+from .score_forms import masked_condition, scale_check, softmax_parts
 
 __all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD",
-           "masked_condition", "skip_test"]
+           "masked_condition", "skip_test", "ForwardShape", "FORWARD_SHAPES"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
 TC_DTYPES = ("bf16", "f16")
-ROWS = KEYS = 64   # query rows per block, keys per tile (SA_TC_ROWS, SA_TC_KEYS)
+ROWS = KEYS = 64   # the backward's rows per block and keys per tile (SA_TC_ROWS, SA_TC_KEYS)
 PAD = 8            # SA_TC_PAD
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """How the forward at one head dim splits its work (template arguments of `<prefix>_tc_forward`)."""
+
+    groups: int            # row groups of 16 per warp: each K/V fragment loaded by ldmatrix feeds this many mma
+    keys: int              # keys per K/V tile
+    q_in_registers: bool   # Q's fragments kept in registers, else reloaded from shared memory per tile
+
+    @property
+    def rows(self) -> int:  # query rows per block (4 warps)
+        return 4 * 16 * self.groups
+
+
+# Per head dim, a shape that ptxas keeps within 255 registers without spilling (nvcc 13.0, sm_90; the
+# registers are in BENCHMARKS.md): 32 rows a warp up to d = 128 (FlashAttention-2's 128-row blocks).
+# From d = 96 the O accumulators alone take d registers: 32-key tiles, and Q's fragments reloaded from
+# shared memory per k-step (kept in registers, ptxas spilled at 96 and 128). At 256 the accumulators of 32
+# rows would take 256 registers: 16 rows a warp, 64-key tiles.
+FORWARD_SHAPES = {
+    32: ForwardShape(groups=2, keys=64, q_in_registers=True),
+    64: ForwardShape(groups=2, keys=64, q_in_registers=True),
+    96: ForwardShape(groups=2, keys=32, q_in_registers=False),
+    128: ForwardShape(groups=2, keys=32, q_in_registers=False),
+    256: ForwardShape(groups=1, keys=64, q_in_registers=False),
+}
 
 
 def shared_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the forward at `head_dim`: the Q tile, two K and two V tiles (sa_tc_shared_bytes)."""
-    return 5 * ROWS * (head_dim + PAD) * 2
+    shape = FORWARD_SHAPES[head_dim]
+    return (shape.rows + 4 * shape.keys) * (head_dim + PAD) * 2
 
 
 TC_PRELUDE = """\
 // Tensor-core attention (cuda_warp.h: mma.sync, ldmatrix, cp.async, shuffles, and their CPU emulation).
 #include "cuda_warp.h"
-#define SA_TC_ROWS @ROWS@      // query rows per block: 4 warps of 16
-#define SA_TC_KEYS @KEYS@      // keys per tile
+#define SA_TC_ROWS @ROWS@      // backward: rows per block (4 warps of 16) and per tile of the other side
+#define SA_TC_KEYS @KEYS@      // backward: keys per tile (the forward's shape is per head dim: FORWARD_SHAPES)
 #define SA_TC_THREADS 128
 #define SA_TC_PAD @PAD@        // elements of padding per shared row: ldmatrix reads 8 rows without bank conflicts
 #ifdef __CUDACC__
@@ -105,24 +140,41 @@ struct sa_tc_f16 {
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return sa_pack_f16x2(lo, hi); }
 };
 
-// Bytes of shared memory of the forward at HEAD_DIM: the Q tile, then two K and two V tiles.
-static __host__ __device__ constexpr int sa_tc_shared_bytes(int head_dim) {
-    return 5 * SA_TC_ROWS * (head_dim + SA_TC_PAD) * 2;
+// Bytes of shared memory of the forward at HEAD_DIM: the Q tile of ROWS rows, then two K and two V tiles of KEYS.
+static __host__ __device__ constexpr int sa_tc_shared_bytes(int head_dim, int rows, int keys) {
+    return (rows + 4 * keys) * (head_dim + SA_TC_PAD) * 2;
 }
 
-// Start copying rows [row0, row0 + SA_TC_ROWS) x [0, HEAD_DIM) of a [rows, width] matrix of 2-byte
+// Start copying rows [row0, row0 + ROWS) x [0, HEAD_DIM) of a [rows, width] matrix of 2-byte
 // elements into a shared tile (row stride HEAD_DIM + SA_TC_PAD), 16 bytes per copy; rows at or past
-// `rows` and columns at or past `width` (a multiple of 8) are filled with zeros.
-template <int HEAD_DIM>
+// `rows` and columns at or past `width` (a multiple of 8) are filled with zeros. When the 16-byte
+// chunks of a row divide the block, each thread copies one column of every (128 / chunks)-th row,
+// stepping one pointer (few live registers: the forward keeps this loop beside its accumulators).
+template <int HEAD_DIM, int ROWS = SA_TC_ROWS>
 static __device__ __forceinline__ void sa_tc_load_tile(unsigned char* tile, const unsigned char* matrix,
                                                        int row0, int rows, int width) {
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+    if constexpr (SA_TC_THREADS % CHUNKS == 0 && ROWS % (SA_TC_THREADS / CHUNKS) == 0) {
+        constexpr int STEP = SA_TC_THREADS / CHUNKS;  // rows per pass of the block
+        const int r_ = threadIdx.x / CHUNKS, col_ = (threadIdx.x % CHUNKS) * 8;
+        const bool column_ = col_ < width;
+        const unsigned char* from_ = matrix + ((long long)(row0 + r_) * width + col_) * 2;
+        unsigned char* to_ = tile + (r_ * (HEAD_DIM + SA_TC_PAD) + col_) * 2;
 #pragma unroll
-    for (int c_ = threadIdx.x; c_ < SA_TC_ROWS * CHUNKS; c_ += SA_TC_THREADS) {
-        const int r_ = c_ / CHUNKS, col_ = (c_ % CHUNKS) * 8;
-        const bool inside_ = row0 + r_ < rows && col_ < width;
-        const unsigned char* from_ = inside_ ? matrix + ((long long)(row0 + r_) * width + col_) * 2 : matrix;
-        sa_cp_async_16_zfill(tile + (r_ * (HEAD_DIM + SA_TC_PAD) + col_) * 2, from_, inside_ ? 16 : 0);
+        for (int k_ = 0; k_ < ROWS / STEP; ++k_) {
+            const bool inside_ = column_ && row0 + r_ + k_ * STEP < rows;
+            sa_cp_async_16_zfill(to_ + k_ * STEP * (HEAD_DIM + SA_TC_PAD) * 2, inside_ ? from_ : matrix,
+                                 inside_ ? 16 : 0);
+            from_ += (long long)STEP * width * 2;
+        }
+    } else {
+#pragma unroll
+        for (int c_ = threadIdx.x; c_ < ROWS * CHUNKS; c_ += SA_TC_THREADS) {
+            const int r_ = c_ / CHUNKS, col_ = (c_ % CHUNKS) * 8;
+            const bool inside_ = row0 + r_ < rows && col_ < width;
+            const unsigned char* from_ = inside_ ? matrix + ((long long)(row0 + r_) * width + col_) * 2 : matrix;
+            sa_cp_async_16_zfill(tile + (r_ * (HEAD_DIM + SA_TC_PAD) + col_) * 2, from_, inside_ ? 16 : 0);
+        }
     }
 }
 """
@@ -130,20 +182,23 @@ TC_PRELUDE = TC_PRELUDE.replace("@ROWS@", str(ROWS)).replace("@KEYS@", str(KEYS)
 
 _FORWARD = Template("""\
 // $formula
-// Forward on tensor cores: 4 warps x 16 query rows, tiles of SA_TC_KEYS keys (cp.async, double
-// buffered), S = Q K^T and O += P V by mma.sync m16n8k16, online softmax in base 2 in registers.
-template <int HEAD_DIM, typename TYPE>
+// Forward on tensor cores: 4 warps x (16 x GROUPS) query rows, tiles of KEYS keys (cp.async, double
+// buffered), S = Q K^T and O += P V by mma.sync m16n8k16 (each ldmatrix'd K or V fragment feeds GROUPS
+// of them), online softmax in base 2 in registers (ex2.approx).
+template <int HEAD_DIM, typename TYPE, int GROUPS, int KEYS, bool Q_IN_REGISTERS>
 static __device__ __forceinline__ void ${prefix}_tc_forward(
         unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_,
         const unsigned char* __restrict__ k_, const unsigned char* __restrict__ v_,
         int n_q_, int n_k_, int d_qk_, int d_v_, int heads_$dim_params) {
+    constexpr int ROWS = 4 * 16 * GROUPS;            // query rows per block
     constexpr int STRIDE = HEAD_DIM + SA_TC_PAD;     // elements per shared row
-    constexpr int TILE = SA_TC_ROWS * STRIDE * 2;    // bytes per shared tile
+    constexpr int Q_TILE = ROWS * STRIDE * 2;        // bytes of the Q tile
+    constexpr int TILE = KEYS * STRIDE * 2;          // bytes per K or V tile
     constexpr int STEPS = HEAD_DIM / 16;             // k-steps of Q K^T; 16-column pairs of P V
-    constexpr bool Q_IN_REGISTERS = HEAD_DIM <= 128; // at 256 the fragments are reloaded per tile
     constexpr float LOG2E = 1.4426950408889634f;
-    SA_TC_DYNAMIC_SHARED(shared_, sa_tc_shared_bytes(HEAD_DIM));
+    SA_TC_DYNAMIC_SHARED(shared_, sa_tc_shared_bytes(HEAD_DIM, ROWS, KEYS));
     unsigned char* q_tile_ = shared_;
+    unsigned char* kv_ = shared_ + Q_TILE;  // K tiles at kv_ + {0, 1} * TILE, V tiles at kv_ + {2, 3} * TILE
     const int head_ = blockIdx.y;
     const long long b_ = blockIdx.z;  // the batch entry
 $lead_coords
@@ -155,106 +210,130 @@ $lead_coords
     lse_ += plane_ * n_q_;
     const int lane_ = sa_lane_id(), warp_ = threadIdx.x / SA_WARP_SIZE;
     const int group_ = lane_ >> 2, pair_ = (lane_ & 3) * 2;  // fragment row, and first column of a pair
-    const int q0_ = blockIdx.x * SA_TC_ROWS;
-    const int row0_ = q0_ + warp_ * 16 + group_;             // this lane's rows: row0_ and row0_ + 8
-    const int tiles_ = (n_k_ + SA_TC_KEYS - 1) / SA_TC_KEYS;
-
+    const int q0_ = blockIdx.x * ROWS;
+    const int wrow_ = warp_ * 16 * GROUPS;                   // the warp's first row in the block
+    const int row0_ = q0_ + wrow_ + group_;  // this lane's rows: row0_ + 16 g and row0_ + 16 g + 8
+    const int tiles_ = (n_k_ + KEYS - 1) / KEYS;
+$scale_setup
 $first
-    uint32_t q_frag_[Q_IN_REGISTERS ? STEPS : 1][4];
-    float o_[HEAD_DIM / 8][4];
+    uint32_t q_frag_[Q_IN_REGISTERS ? GROUPS : 1][Q_IN_REGISTERS ? STEPS : 1][4];
+    float o_[GROUPS][HEAD_DIM / 8][4];
 #pragma unroll
-    for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
+    for (int g_ = 0; g_ < GROUPS; ++g_)
 #pragma unroll
-        for (int e_ = 0; e_ < 4; ++e_) o_[n_][e_] = 0.0f;
-    float m_[2] = {-INFINITY, -INFINITY};  // running max of the rows, in base 2 (score * log2 e)
-    float l_[2] = {0.0f, 0.0f};            // this lane's part of the running sum of exp2(x - m)
+        for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
+#pragma unroll
+            for (int e_ = 0; e_ < 4; ++e_) o_[g_][n_][e_] = 0.0f;
+    // Running max of each row (in the units of x below: exp2(x * scale_ - max * scale_) is the weight),
+    // and this lane's part of the running sum of the weights.
+    float m_[GROUPS][2], l_[GROUPS][2];
+#pragma unroll
+    for (int g_ = 0; g_ < GROUPS; ++g_)
+#pragma unroll
+        for (int r_ = 0; r_ < 2; ++r_) m_[g_][r_] = -INFINITY, l_[g_][r_] = 0.0f;
     // ldmatrix addresses: lane l names row l % 8 of 8x8 matrix l / 8.
     const int a_row_ = (lane_ & 7) + ((lane_ >> 3) & 1) * 8, a_col_ = (lane_ >> 4) * 8;  // A of Q, V .trans
     const int b_row_ = (lane_ & 7) + (lane_ >> 4) * 8, b_col_ = ((lane_ >> 3) & 1) * 8;  // B of K
 
-$loop_head        const unsigned char* k_tile_ = shared_ + (1 + (t_ & 1)) * TILE;
-        const unsigned char* v_tile_ = shared_ + (3 + (t_ & 1)) * TILE;
+$loop_head        const unsigned char* k_tile_ = kv_ + (t_ & 1) * TILE;
+        const unsigned char* v_tile_ = kv_ + (2 + (t_ & 1)) * TILE;
         if (Q_IN_REGISTERS && $first_tile) {  // the first tile this block computes
 #pragma unroll
-            for (int s_ = 0; s_ < (Q_IN_REGISTERS ? STEPS : 0); ++s_)
-                sa_ldmatrix_x4(q_frag_[s_], q_tile_ + ((warp_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
+            for (int g_ = 0; g_ < (Q_IN_REGISTERS ? GROUPS : 0); ++g_)
+#pragma unroll
+                for (int s_ = 0; s_ < STEPS; ++s_)
+                    sa_ldmatrix_x4(q_frag_[g_][s_], q_tile_ + ((wrow_ + g_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
         }
 $skip
         {
-        // S = Q K^T: 8 tiles of 16 x 8, fp32.
-        float s_acc_[SA_TC_KEYS / 8][4];
+        // S = Q K^T: GROUPS x KEYS / 8 tiles of 16 x 8, fp32; each K fragment feeds every row group.
+        float s_acc_[GROUPS][KEYS / 8][4];
 #pragma unroll
-        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
+        for (int g_ = 0; g_ < GROUPS; ++g_)
 #pragma unroll
-            for (int e_ = 0; e_ < 4; ++e_) s_acc_[n_][e_] = 0.0f;
+            for (int n_ = 0; n_ < KEYS / 8; ++n_)
+#pragma unroll
+                for (int e_ = 0; e_ < 4; ++e_) s_acc_[g_][n_][e_] = 0.0f;
 #pragma unroll
         for (int s_ = 0; s_ < STEPS; ++s_) {
-            uint32_t a_[4];
-            if (Q_IN_REGISTERS) {
+            uint32_t a_[GROUPS][4];
 #pragma unroll
-                for (int e_ = 0; e_ < 4; ++e_) a_[e_] = q_frag_[Q_IN_REGISTERS ? s_ : 0][e_];
-            } else {
-                sa_ldmatrix_x4(a_, q_tile_ + ((warp_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
+            for (int g_ = 0; g_ < GROUPS; ++g_) {
+                if (Q_IN_REGISTERS) {
+#pragma unroll
+                    for (int e_ = 0; e_ < 4; ++e_) a_[g_][e_] = q_frag_[Q_IN_REGISTERS ? g_ : 0][Q_IN_REGISTERS ? s_ : 0][e_];
+                } else {
+                    sa_ldmatrix_x4(a_[g_], q_tile_ + ((wrow_ + g_ * 16 + a_row_) * STRIDE + s_ * 16 + a_col_) * 2);
+                }
             }
 #pragma unroll
-            for (int n_ = 0; n_ < SA_TC_KEYS / 8; n_ += 2) {  // two key tiles per ldmatrix
+            for (int n_ = 0; n_ < KEYS / 8; n_ += 2) {  // two key tiles per ldmatrix
                 uint32_t b_[4];
                 sa_ldmatrix_x4(b_, k_tile_ + ((n_ * 8 + b_row_) * STRIDE + s_ * 16 + b_col_) * 2);
-                TYPE::mma(s_acc_[n_], a_, b_, s_acc_[n_]);
-                TYPE::mma(s_acc_[n_ + 1], a_, b_ + 2, s_acc_[n_ + 1]);
+#pragma unroll
+                for (int g_ = 0; g_ < GROUPS; ++g_) {
+                    TYPE::mma(s_acc_[g_][n_], a_[g_], b_, s_acc_[g_][n_]);
+                    TYPE::mma(s_acc_[g_][n_ + 1], a_[g_], b_ + 2, s_acc_[g_][n_ + 1]);
+                }
             }
         }
-        // The spec's score at each element's (i, j), in base 2; keys past the end are masked.
-        float tile_max_[2] = {m_[0], m_[1]};
+        uint32_t p_frag_[GROUPS][KEYS / 16][4];  // P, rounded to the input type
 #pragma unroll
-        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
-#pragma unroll
-            for (int e_ = 0; e_ < 4; ++e_) {
-                const int i_ = row0_ + (e_ >> 1) * 8;
-                const int j_ = t_ * SA_TC_KEYS + n_ * 8 + pair_ + (e_ & 1);
-                const float x_ = j_ < n_k_ ? ${prefix}_score(s_acc_[n_][e_], ${lead_args}i_, j_$dim_args) * LOG2E
-                                           : -INFINITY;
-                s_acc_[n_][e_] = x_;
-                tile_max_[e_ >> 1] = fmaxf(tile_max_[e_ >> 1], x_);
-            }
+        for (int g_ = 0; g_ < GROUPS; ++g_) {
+        // $element_comment; keys past the end are masked (a branch of its own, so that the bounds tests
+        // stay out of the loop of full tiles).
+        float tile_max_[2] = {m_[g_][0], m_[g_][1]};
+        if ((t_ + 1) * KEYS <= n_k_) {  // block-uniform: every key of the tile exists
+$scores
+        } else {
+$ragged_scores
+        }
         float base_[2];
 #pragma unroll
-        for (int r_ = 0; r_ < 2; ++r_) {  // the 4 lanes of a row hold its 64 scores between them
+        for (int r_ = 0; r_ < 2; ++r_) {  // the 4 lanes of a row hold its KEYS scores between them
             tile_max_[r_] = fmaxf(tile_max_[r_], sa_shfl_xor(tile_max_[r_], 1));
             tile_max_[r_] = fmaxf(tile_max_[r_], sa_shfl_xor(tile_max_[r_], 2));
-            // exp2(m_old - m_new): 1 while the row is all masked (no -inf - -inf), 0 on its first score.
-            const float rescale_ = tile_max_[r_] == -INFINITY ? 1.0f : exp2f(m_[r_] - tile_max_[r_]);
-            base_[r_] = tile_max_[r_] == -INFINITY ? 0.0f : tile_max_[r_];
-            m_[r_] = tile_max_[r_];
-            l_[r_] *= rescale_;
+            // 2^((m_old - m_new) scale_): 1 while the row is all masked (no -inf - -inf), 0 on its first score.
+            const float rescale_ = tile_max_[r_] == -INFINITY ? 1.0f
+                                                              : sa_ex2_approx((m_[g_][r_] - tile_max_[r_]) * scale_);
+            base_[r_] = tile_max_[r_] == -INFINITY ? 0.0f : tile_max_[r_] * scale_;
+            m_[g_][r_] = tile_max_[r_];
+            l_[g_][r_] *= rescale_;
 #pragma unroll
             for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_) {
-                o_[n_][2 * r_] *= rescale_;
-                o_[n_][2 * r_ + 1] *= rescale_;
+                o_[g_][n_][2 * r_] *= rescale_;
+                o_[g_][n_][2 * r_ + 1] *= rescale_;
             }
         }
 #pragma unroll
-        for (int n_ = 0; n_ < SA_TC_KEYS / 8; ++n_)
+        for (int n_ = 0; n_ < KEYS / 8; ++n_)
 #pragma unroll
-            for (int e_ = 0; e_ < 4; ++e_) {
-                const float p_ = exp2f(s_acc_[n_][e_] - base_[e_ >> 1]);  // a masked entry gives exactly 0
-                l_[e_ >> 1] += p_;
-                s_acc_[n_][e_] = p_;
+            for (int e_ = 0; e_ < 4; ++e_) {  // one FFMA and one MUFU.EX2; a masked entry gives exactly 0
+                const float p_ = sa_ex2_approx(fmaf(s_acc_[g_][n_][e_], scale_, -base_[e_ >> 1]));
+                l_[g_][e_ >> 1] += p_;
+                s_acc_[g_][n_][e_] = p_;
             }
-        // O += P V: P's accumulators of key tiles 2k and 2k + 1 are the A fragment of step k.
+        // P in the input type: the accumulators of key tiles 2k and 2k + 1 are the A fragment of step k.
 #pragma unroll
-        for (int k_step_ = 0; k_step_ < SA_TC_KEYS / 16; ++k_step_) {
-            uint32_t a_[4];
-            a_[0] = TYPE::pack(s_acc_[2 * k_step_][0], s_acc_[2 * k_step_][1]);
-            a_[1] = TYPE::pack(s_acc_[2 * k_step_][2], s_acc_[2 * k_step_][3]);
-            a_[2] = TYPE::pack(s_acc_[2 * k_step_ + 1][0], s_acc_[2 * k_step_ + 1][1]);
-            a_[3] = TYPE::pack(s_acc_[2 * k_step_ + 1][2], s_acc_[2 * k_step_ + 1][3]);
+        for (int k_step_ = 0; k_step_ < KEYS / 16; ++k_step_) {
+            p_frag_[g_][k_step_][0] = TYPE::pack(s_acc_[g_][2 * k_step_][0], s_acc_[g_][2 * k_step_][1]);
+            p_frag_[g_][k_step_][1] = TYPE::pack(s_acc_[g_][2 * k_step_][2], s_acc_[g_][2 * k_step_][3]);
+            p_frag_[g_][k_step_][2] = TYPE::pack(s_acc_[g_][2 * k_step_ + 1][0], s_acc_[g_][2 * k_step_ + 1][1]);
+            p_frag_[g_][k_step_][3] = TYPE::pack(s_acc_[g_][2 * k_step_ + 1][2], s_acc_[g_][2 * k_step_ + 1][3]);
+        }
+        }
+        // O += P V; each V fragment feeds every row group.
+#pragma unroll
+        for (int k_step_ = 0; k_step_ < KEYS / 16; ++k_step_) {
 #pragma unroll
             for (int n_ = 0; n_ < HEAD_DIM / 8; n_ += 2) {  // two 8-column tiles of O per ldmatrix
                 uint32_t b_[4];
                 sa_ldmatrix_x4_trans(b_, v_tile_ + ((k_step_ * 16 + a_row_) * STRIDE + n_ * 8 + a_col_) * 2);
-                TYPE::mma(o_[n_], a_, b_, o_[n_]);
-                TYPE::mma(o_[n_ + 1], a_, b_ + 2, o_[n_ + 1]);
+#pragma unroll
+                for (int g_ = 0; g_ < GROUPS; ++g_) {
+                    TYPE::mma(o_[g_][n_], p_frag_[g_][k_step_], b_, o_[g_][n_]);
+                    TYPE::mma(o_[g_][n_ + 1], p_frag_[g_][k_step_], b_ + 2, o_[g_][n_ + 1]);
+                }
             }
         }
         }
@@ -262,28 +341,45 @@ $skip
     }
 $after_loop    // O = acc / l, staged in this warp's rows of the Q tile, then written 16 bytes at a time.
 #pragma unroll
+    for (int g_ = 0; g_ < GROUPS; ++g_)
+#pragma unroll
     for (int r_ = 0; r_ < 2; ++r_) {
-        l_[r_] += sa_shfl_xor(l_[r_], 1);
-        l_[r_] += sa_shfl_xor(l_[r_], 2);
-        const float inv_ = l_[r_] > 0.0f ? 1.0f / l_[r_] : 0.0f;  // a fully masked row gives zeros
-        uint32_t* staged_ = (uint32_t*)(q_tile_ + ((warp_ * 16 + group_ + 8 * r_) * STRIDE + pair_) * 2);
+        float l_row_ = l_[g_][r_];
+        l_row_ += sa_shfl_xor(l_row_, 1);
+        l_row_ += sa_shfl_xor(l_row_, 2);
+        const float inv_ = l_row_ == 0.0f ? 0.0f : 1.0f / l_row_;  // a fully masked row gives zeros, NaN stays
+        uint32_t* staged_ = (uint32_t*)(q_tile_ + ((wrow_ + g_ * 16 + group_ + 8 * r_) * STRIDE + pair_) * 2);
 #pragma unroll
         for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
-            staged_[n_ * 4] = TYPE::pack(o_[n_][2 * r_] * inv_, o_[n_][2 * r_ + 1] * inv_);
-        const int i_ = row0_ + 8 * r_;
-        if ((lane_ & 3) == 0 && i_ < n_q_)
-            lse_[i_] = l_[r_] > 0.0f ? m_[r_] * 0.6931471805599453f + logf(l_[r_]) : -INFINITY;
+            staged_[n_ * 4] = TYPE::pack(o_[g_][n_][2 * r_] * inv_, o_[g_][n_][2 * r_ + 1] * inv_);
+        const int i_ = row0_ + g_ * 16 + 8 * r_;
+        if ((lane_ & 3) == 0 && i_ < n_q_)  // lse = max * scale_ * ln 2 + log(l)
+            lse_[i_] = l_row_ == 0.0f ? -INFINITY : m_[g_][r_] * scale_ * 0.6931471805599453f + logf(l_row_);
     }
     __syncthreads();  // the staged O tile is complete
     constexpr int CHUNKS = HEAD_DIM / 8;
 #pragma unroll
-    for (int c_ = threadIdx.x; c_ < SA_TC_ROWS * CHUNKS; c_ += SA_TC_THREADS) {
+    for (int c_ = threadIdx.x; c_ < ROWS * CHUNKS; c_ += SA_TC_THREADS) {
         const int r_ = c_ / CHUNKS, col_ = (c_ % CHUNKS) * 8;
         if (q0_ + r_ < n_q_ && col_ < d_v_)
             *(sa_tc_chunk*)(out_ + ((long long)(q0_ + r_) * d_v_ + col_) * 2) =
                 *(const sa_tc_chunk*)(q_tile_ + (r_ * STRIDE + col_) * 2);
     }
 }""")
+
+_SCORES = Template("""\
+#pragma unroll
+        for (int n_ = 0; n_ < KEYS / 8; ++n_)
+#pragma unroll
+            for (int e_ = 0; e_ < 4; ++e_) {
+                const int i_ = row0_ + g_ * 16 + (e_ >> 1) * 8;
+                const int j_ = t_ * KEYS + n_ * 8 + pair_ + (e_ & 1);
+                const float s_ = s_acc_[g_][n_][e_];
+                (void)i_, (void)j_;  // unused when x is s_
+                const float x_ = $x;
+                s_acc_[g_][n_][e_] = x_;
+                tile_max_[e_ >> 1] = fmaxf(tile_max_[e_ >> 1], x_);
+            }""")
 
 _HOST = Template("""\
 extern "C" $signature {
@@ -295,8 +391,8 @@ $checks
     if (heads_ > SA_GRID_YZ_MAX || $batch > SA_GRID_YZ_MAX) return SYMATTN_GRID_TOO_LARGE;
     (void)SA_LAST_ERROR();  // clear an error left by earlier work: a failure below is this call's
     const cudaStream_t stream_ = (cudaStream_t)stream;
-    const dim3 grid_((n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS, heads_, $batch), block_(SA_TC_THREADS);
-$dispatch
+    const dim3 block_(SA_TC_THREADS);
+$scale_check$dispatch
     (void)stream_;  // unused when the CPU emulation builds this file
     return SYMATTN_OK;
 }""")
@@ -317,17 +413,17 @@ _SKIP = Template("""\
 
 
 _FIRST = """\
-    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, q0_, n_q_, d_qk_);
-    sa_tc_load_tile<HEAD_DIM>(shared_ + TILE, k_, 0, n_k_, d_qk_);
-    sa_tc_load_tile<HEAD_DIM>(shared_ + 3 * TILE, v_, 0, n_k_, d_v_);
+    sa_tc_load_tile<HEAD_DIM, ROWS>(q_tile_, q_, q0_, n_q_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM, KEYS>(kv_, k_, 0, n_k_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM, KEYS>(kv_ + 2 * TILE, v_, 0, n_k_, d_v_);
     sa_cp_async_commit();
 """
 _LOOP_HEAD = """\
     for (int t_ = 0; t_ < tiles_; ++t_) {
         if (t_ + 1 < tiles_) {  // the next tile's copy overlaps this tile's math
             const int next_ = (t_ + 1) & 1;
-            sa_tc_load_tile<HEAD_DIM>(shared_ + (1 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
-            sa_tc_load_tile<HEAD_DIM>(shared_ + (3 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
+            sa_tc_load_tile<HEAD_DIM, KEYS>(kv_ + next_ * TILE, k_, (t_ + 1) * KEYS, n_k_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM, KEYS>(kv_ + (2 + next_) * TILE, v_, (t_ + 1) * KEYS, n_k_, d_v_);
             sa_cp_async_commit();
             sa_cp_async_wait<1>();
         } else {
@@ -341,13 +437,13 @@ _LOOP_HEAD = """\
 # tile t + 1 only when one of them needs it; a skipped tile also skips its barriers.
 _MASKED_FIRST = Template("""\
     __shared__ int live_flags_[2][SA_TC_THREADS / SA_WARP_SIZE];  // per tile parity: does warp w need it?
-    sa_tc_load_tile<HEAD_DIM>(q_tile_, q_, q0_, n_q_, d_qk_);
+    sa_tc_load_tile<HEAD_DIM, ROWS>(q_tile_, q_, q0_, n_q_, d_qk_);
     sa_cp_async_commit();
     bool warp_live_, block_live_, q_ready_ = false;  // q_ready_: Q's fragments are in registers
 $first_test
     if (block_live_) {
-        sa_tc_load_tile<HEAD_DIM>(shared_ + TILE, k_, 0, n_k_, d_qk_);
-        sa_tc_load_tile<HEAD_DIM>(shared_ + 3 * TILE, v_, 0, n_k_, d_v_);
+        sa_tc_load_tile<HEAD_DIM, KEYS>(kv_, k_, 0, n_k_, d_qk_);
+        sa_tc_load_tile<HEAD_DIM, KEYS>(kv_ + 2 * TILE, v_, 0, n_k_, d_v_);
         sa_cp_async_commit();
     }
 """)
@@ -360,8 +456,8 @@ $next_test
         }
         if (block_live_) {  // the next tile's copy overlaps this tile's math
             const int next_ = (t_ + 1) & 1;
-            sa_tc_load_tile<HEAD_DIM>(shared_ + (1 + next_) * TILE, k_, (t_ + 1) * SA_TC_KEYS, n_k_, d_qk_);
-            sa_tc_load_tile<HEAD_DIM>(shared_ + (3 + next_) * TILE, v_, (t_ + 1) * SA_TC_KEYS, n_k_, d_v_);
+            sa_tc_load_tile<HEAD_DIM, KEYS>(kv_ + next_ * TILE, k_, (t_ + 1) * KEYS, n_k_, d_qk_);
+            sa_tc_load_tile<HEAD_DIM, KEYS>(kv_ + (2 + next_) * TILE, v_, (t_ + 1) * KEYS, n_k_, d_v_);
             sa_cp_async_commit();
             sa_cp_async_wait<1>();
         } else {
@@ -374,14 +470,14 @@ _MASKED_AFTER_LOOP = """\
     __syncthreads();  // Q's copies are complete before O is staged over them (when no tile was computed)
 """
 
-# Whether any (row, key) of this warp's 16 rows x 64 keys from `key0` escapes the mask, warp-uniform, into
+# Whether any (row, key) of this warp's 16 x GROUPS rows x KEYS keys from `key0` escapes the mask, warp-uniform, into
 # `warp_live_`; lane 0 publishes it in `live_flags_[parity]`, and after a barrier `block_live_` is their OR.
 _WARP_LIVE = Template("""\
         {
             bool live_ = false;
 #pragma unroll 4
-            for (int e_ = lane_; e_ < 16 * SA_TC_KEYS; e_ += SA_WARP_SIZE) {
-                const int i_ = q0_ + warp_ * 16 + e_ / SA_TC_KEYS, j_ = ($key0) + e_ % SA_TC_KEYS;
+            for (int e_ = lane_; e_ < 16 * GROUPS * KEYS; e_ += SA_WARP_SIZE) {
+                const int i_ = q0_ + wrow_ + e_ / KEYS, j_ = ($key0) + e_ % KEYS;
                 live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
             }
             float any_ = live_ ? 1.0f : 0.0f;
@@ -395,39 +491,6 @@ _WARP_LIVE = Template("""\
             for (int w_ = 0; w_ < SA_TC_THREADS / SA_WARP_SIZE; ++w_)
                 block_live_ = block_live_ || live_flags_[$parity][w_];
         }""")
-
-
-def _masked(node: t.Node, product: t.Node, printer: CPrinter, coords: tuple) -> str | None:
-    """A C condition under which `node` is -inf for every finite value of the rest (s = the entry of
-    `product` included), or None. Only the -inf of a mask is read: x + -inf is -inf for finite x."""
-    if product not in t.walk(node):
-        return f"(({printer.entry(node, coords)}) == -INFINITY)"
-    if isinstance(node, t.Where) and product not in t.walk(node.cond):
-        a, b = (_masked(x, product, printer, coords) for x in (node.a, node.b))
-        if a is None and b is None:
-            return None
-        return f"({printer.entry(node.cond, coords)} ? {a or 'false'} : {b or 'false'})"
-    if isinstance(node, t.Binary) and node.op == "add":  # -inf + a finite value; both parts may mask
-        parts = [m for m in (_masked(x, product, printer, coords) for x in (node.a, node.b)) if m]
-        return " || ".join(parts) or None
-    if isinstance(node, t.Binary) and node.op == "sub":
-        return _masked(node.a, product, printer, coords)
-    return None
-
-
-def masked_condition(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str],
-                     lead: list[str]) -> str | None:
-    """The device function `<prefix>_masked(head coords, i, j, dims)`, or None when the score has no mask."""
-    coords = (*lead, "i_", "j_")
-    condition = _masked(core.score, core.product, score_printer(core, names), coords)
-    if condition is None:
-        return None
-    params = ", ".join([*[f"int {z}" for z in lead], "int i_", "int j_", *[f"int {d}" for d in dims]])
-    return "\n".join([
-        f"// True where the score of {core.output} is -inf whatever Q @ K.T is: a tile of such entries is skipped.",
-        f"static __device__ __forceinline__ bool {prefix}_masked({params}) {{",
-        f"    return {condition};",
-        "}"])
 
 
 def skip_test(forward: "TensorCoreForward", row: str, row0: str, col: str, col0: str, cols: str) -> str:
@@ -452,6 +515,7 @@ class TensorCoreForward:
     lead: list[str]        # C names of the head coordinates the score function takes
     lead_coords: str       # C statements setting them from `head_` (the flat head index)
     mask: str | None       # the device function `<prefix>_masked`, when the score has a mask
+    scale: str | None = None  # C expression of c when the score is c * (Q K^T) + b (`linear_score`)
 
     def kernel(self, dtype: str, head_dim: int) -> str:
         return f"{self.prefix}_tc_fwd_{dtype}_d{head_dim}"
@@ -470,19 +534,21 @@ class TensorCoreForward:
                 "(const unsigned char*)V, n_q_, n_k_, d_qk_, d_v_, heads_" + "".join(f", {d}" for d in self.dims))
         for k, head_dim in enumerate(TC_HEAD_DIMS):
             name = self.kernel(dtype, head_dim)
+            rows, keys = FORWARD_SHAPES[head_dim].rows, FORWARD_SHAPES[head_dim].keys
             test = "else " if k else ""
             test += f"if (head_dim_ <= {head_dim}) " if k < len(TC_HEAD_DIMS) - 1 else ""
             dispatch += [f"    {test}{{",
-                         f"        const int smem_ = sa_tc_shared_bytes({head_dim});",
+                         f"        const int smem_ = sa_tc_shared_bytes({head_dim}, {rows}, {keys});",
                          f"        if (smem_ > 48 * 1024 && SA_TC_ALLOW_SHARED({name}, smem_) != 0)",
                          "            return SA_LAST_ERROR();",
+                         f"        const dim3 grid_((n_q_ + {rows - 1}) / {rows}, heads_, {self.batch});",
                          f"        SA_TC_LAUNCH({name}, grid_, block_, smem_, stream_, {args});",
                          "        SA_CHECK_LAUNCH();",
                          "    }"]
         return _HOST.substitute(signature=self.signature(dtype), checks="\n".join(checks), n_q=self.sizes.n_q,
                                 n_k=self.sizes.n_k, d_qk=self.sizes.d_qk, d_v=self.sizes.d_v,
                                 heads=self.sizes.heads, largest=TC_HEAD_DIMS[-1], batch=self.batch,
-                                dispatch="\n".join(dispatch))
+                                dispatch="\n".join(dispatch), scale_check=scale_check(self.scale))
 
 
 def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str], lead: list[str],
@@ -494,15 +560,20 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
     forward = TensorCoreForward(core, prefix, "", Sizes(core, names), list(dims), batch, list(lead), lead_coords,
                                 mask)
     args_ = dict(prefix=prefix, lead_args="".join(f"{z}, " for z in lead), dim_args="".join(f", {d}" for d in dims))
+    softmax = softmax_parts(core, prefix, names, args_["lead_args"], args_["dim_args"], lead)
+    forward.scale = softmax.scale
     if mask:  # tiles every warp finds masked are not loaded; a warp skips the rest of its masked tiles
         test = lambda key0, parity: _WARP_LIVE.substitute(args_, key0=key0, parity=parity)  # noqa: E731
         parts = dict(first=_MASKED_FIRST.substitute(first_test=test("0", "0")),
-                     loop_head=_MASKED_LOOP_HEAD.substitute(next_test=test("(t_ + 1) * SA_TC_KEYS", "(t_ + 1) & 1")),
+                     loop_head=_MASKED_LOOP_HEAD.substitute(next_test=test("(t_ + 1) * KEYS", "(t_ + 1) & 1")),
                      skip="        if (this_warp_live_)  // warp-uniform: the whole warp computes the tile or skips it",
                      after_loop=_MASKED_AFTER_LOOP, first_tile="!q_ready_ && (q_ready_ = true)")
     else:
         parts = dict(first=_FIRST, loop_head=_LOOP_HEAD, skip="", after_loop="", first_tile="t_ == 0")
-    body = _FORWARD.substitute(args_, formula=formula, dim_params=dim_params, lead_coords=lead_coords, **parts)
+    body = _FORWARD.substitute(args_, formula=formula, dim_params=dim_params, lead_coords=lead_coords, **parts,
+                               scale_setup=softmax.setup, element_comment=softmax.comment,
+                               scores=_SCORES.substitute(x=softmax.element),
+                               ragged_scores=_SCORES.substitute(x=f"j_ < n_k_ ? {softmax.element} : -INFINITY"))
     if mask:
         body = mask + "\n\n" + body
     params = ("unsigned char* __restrict__ out_, float* __restrict__ lse_, const unsigned char* __restrict__ q_, "
@@ -512,8 +583,10 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
     wrappers = [f"// {core.output} on tensor cores, for each input type and head dim"]
     for dtype in TC_DTYPES:
         for head_dim in TC_HEAD_DIMS:
+            shape = FORWARD_SHAPES[head_dim]
+            template = f"{head_dim}, sa_tc_{dtype}, {shape.groups}, {shape.keys}, {str(shape.q_in_registers).lower()}"
             wrappers.append(f'extern "C" __global__ void __launch_bounds__(SA_TC_THREADS) '
                             f"{forward.kernel(dtype, head_dim)}(\n        {params}) {{\n"
-                            f"    {prefix}_tc_forward<{head_dim}, sa_tc_{dtype}>({args});\n}}")
+                            f"    {prefix}_tc_forward<{template}>({args});\n}}")
     forward.text = body + "\n\n" + "\n".join(wrappers)
     return forward
