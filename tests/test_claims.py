@@ -121,7 +121,6 @@ ELEMENT_LEVEL_ONLY = {
     ("stable_softmax", 23): "softmax's shift invariance: exp(-top) cancels between numerator and "
                             "denominator, a cancellation beyond the canonical index forms",
     ("stable_softmax", 24): "the hand-written softmax is softmax(S - top) only after the same cancellation",
-    ("rope_interleaved", 24): "Rq reads Q at the computed subscripts 2c and 2c + 1 (element level only)",
 }
 
 # The budget per claim is raised from the 5 s default: on a loaded machine (two cores shared

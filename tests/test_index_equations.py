@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -24,6 +25,7 @@ from symattn.prove.index_terms import ZERO_INDEX, Equation, Term, collect
 from symattn.symbolic.derive import derive
 
 NEG_INF = -np.inf
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +186,7 @@ def test_coinciding_sizes_are_shown_at_the_spec_sizes_only():
 
 
 def test_relative_bias_claims_are_proved_for_all_sizes():
-    spec = symattn.load("derivations/relative_bias.attn").typed
+    spec = symattn.load(REPO / "derivations" / "relative_bias.attn").typed
     defs = definitions_for(spec, derive(spec))
     proved = {c.text: prove_equal(c.lhs, c.rhs, spec, defs) for c in spec.checks if c.kind == "equal"}
     assert proved["sum(grad(b)) == sum(grad(S))"].method == METHOD
@@ -277,6 +279,13 @@ SUMS = [
     ("no solution: negative", [Equation((1,), sympy.Integer(1), ("t",))], {"t": N_}),
     ("even N only", [Equation((2,), -(N_ - 1), ("t",))], {"t": N_}),
     ("half N: no integer solution at odd N", [Equation((1,), -N_ / 2, ("t",))], {"t": N_}),
+    ("odd offset, even coefficient", [Equation((2,), sympy.Integer(-1), ("t",))], {"t": N_}),
+    ("divisible by 2", [Equation((2,), -2 * N_ + 2, ("t",))], {"t": N_}),
+    ("4t == 2", [Equation((4,), sympy.Integer(-2), ("t",))], {"t": N_}),
+    ("2t == 2", [Equation((2,), sympy.Integer(-2), ("t",))], {"t": N_}),
+    ("a pair index: 2c + p == 1 at p = 0", [Equation((2, 1), sympy.Integer(-1), ("c", "p")),
+                                           Equation((1,), sympy.Integer(0), ("p",))], {"c": N_, "p": sympy.Integer(2)}),
+    ("a pair index: 2c + p == 1", [Equation((2, 1), sympy.Integer(-1), ("c", "p"))], {"c": N_, "p": sympy.Integer(2)}),
     ("every diagonal once", [Equation((1, -1, 1), -(N_ - 1), ("k", "j", "i"))], {"k": 2 * N_ - 1, "i": N_, "j": N_}),
     ("diagonals of a short b", [Equation((1, -1, 1), -(N_ - 1), ("k", "j", "i"))], {"k": N_, "i": N_, "j": N_}),
     ("a corner", [Equation((1, -1), -(N_ - 1), ("i", "j"))], {"i": N_, "j": N_}),
@@ -297,3 +306,102 @@ def test_a_sum_of_equations_collapses_only_to_its_count(equations, ranges):
     coefficient = collected["1"].coef if collected else sympy.Integer(0)
     for n in range(1, 7):
         assert coefficient.subs(N_, n) == _count(equations, ranges, n), (n, coefficient)
+
+
+# --- where on an index of a few values, and merge_heads: interleaved RoPE -----------------------
+
+ROPE = "\n".join(line for line in (REPO / "derivations" / "rope_interleaved.attn").read_text("utf-8").splitlines()
+                 if not line.lstrip().startswith("check"))
+
+
+def _rope_values(n: int, h: int, rng) -> dict:
+    x = rng.integers(-4, 5, (n, 3)).astype(float) / 2
+    q = x @ (rng.integers(-4, 5, (3, 2 * h)).astype(float) / 2)
+    angle = np.arange(n)[:, None] * 10000.0 ** (-np.arange(h)[None, :] / h)
+    cos, sin = np.cos(angle), np.sin(angle)
+    qr = np.zeros((n, 2 * h))
+    qr[:, 0::2] = q[:, 0::2] * cos - q[:, 1::2] * sin   # pair c: columns 2c and 2c + 1
+    qr[:, 1::2] = q[:, 0::2] * sin + q[:, 1::2] * cos
+    return {"Q": q, "Cos": cos, "Sin": sin, "Qr": qr}
+
+
+ROPE_CASES = [
+    ("first pair, first entry", "Qr[:, 0:1] == Q[:, 0:1] * Cos[:, 0:1] - Q[:, 1:2] * Sin[:, 0:1]",
+     lambda v, h: (v["Qr"][:, 0:1], v["Q"][:, 0:1] * v["Cos"][:, 0:1] - v["Q"][:, 1:2] * v["Sin"][:, 0:1]), True),
+    ("first pair, second entry", "Qr[:, 1:2] == Q[:, 0:1] * Sin[:, 0:1] + Q[:, 1:2] * Cos[:, 0:1]",
+     lambda v, h: (v["Qr"][:, 1:2], v["Q"][:, 0:1] * v["Sin"][:, 0:1] + v["Q"][:, 1:2] * v["Cos"][:, 0:1]), True),
+    ("last pair", "Qr[:, 2 * h - 1:2 * h] == Q[:, 2 * h - 2:2 * h - 1] * Sin[:, h - 1:h] "
+                  "+ Q[:, 2 * h - 1:2 * h] * Cos[:, h - 1:h]",
+     lambda v, h: (v["Qr"][:, 2 * h - 1:2 * h], v["Q"][:, 2 * h - 2:2 * h - 1] * v["Sin"][:, h - 1:h]
+                   + v["Q"][:, 2 * h - 1:2 * h] * v["Cos"][:, h - 1:h]), True),
+    ("second entry, first formula", "Qr[:, 1:2] == Q[:, 1:2] * Cos[:, 0:1] - Q[:, 0:1] * Sin[:, 0:1]",
+     lambda v, h: (v["Qr"][:, 1:2], v["Q"][:, 1:2] * v["Cos"][:, 0:1] - v["Q"][:, 0:1] * v["Sin"][:, 0:1]), False),
+    ("sign flipped", "Qr[:, 0:1] == Q[:, 0:1] * Cos[:, 0:1] + Q[:, 1:2] * Sin[:, 0:1]",
+     lambda v, h: (v["Qr"][:, 0:1], v["Q"][:, 0:1] * v["Cos"][:, 0:1] + v["Q"][:, 1:2] * v["Sin"][:, 0:1]), False),
+    ("last pair, first angle", "Qr[:, 2 * h - 1:2 * h] == Q[:, 2 * h - 2:2 * h - 1] * Sin[:, 0:1] "
+                               "+ Q[:, 2 * h - 1:2 * h] * Cos[:, 0:1]",
+     lambda v, h: (v["Qr"][:, 2 * h - 1:2 * h], v["Q"][:, 2 * h - 2:2 * h - 1] * v["Sin"][:, 0:1]
+                   + v["Q"][:, 2 * h - 1:2 * h] * v["Cos"][:, 0:1]), False),
+]
+
+
+@pytest.mark.parametrize("claim, sides, holds", [pytest.param(*c[1:], id=c[0]) for c in ROPE_CASES])
+def test_interleaved_rope_entries(claim, sides, holds):
+    rng = np.random.default_rng(11)
+    agree = all(_same(*sides(_rope_values(n, h, rng), h)) for n in range(1, 5) for h in range(1, 4) for _ in range(3))
+    assert agree == holds, "the table's truth disagrees with NumPy"
+    spec = symattn.load(ROPE + f"\ncheck {claim}\n").typed
+    (check,) = spec.checks
+    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
+    if holds:
+        assert proof is not None and proof.method == METHOD
+    else:
+        assert proof is None, "a false claim proved for all sizes"
+
+
+SPLIT_SPEC = """attention split
+
+dim N = 4
+
+input X[N, 2]
+
+T[i:N, p:2] = where(p == 0, X[i, 1], -inf)
+U[i:N, p:2] = where(1 <= p, X[i, 0], 0)
+O = T + U
+
+output O
+"""
+
+
+def _split_values(n, rng):
+    x = rng.integers(-4, 5, (n, 2)).astype(float) / 2
+    t = np.stack([x[:, 1], np.full(n, NEG_INF)], axis=1)
+    u = np.stack([np.zeros(n), x[:, 0]], axis=1)
+    return {"X": x, "T": t, "U": u}
+
+
+SPLIT_CASES = [
+    ("the picked branch", "T[:, 0:1] == X[:, 1:2]", lambda v: (v["T"][:, 0:1], v["X"][:, 1:2]), True),
+    ("the other branch, mirrored condition", "U[:, 1:2] == X[:, 0:1]",
+     lambda v: (v["U"][:, 1:2], v["X"][:, 0:1]), True),
+    ("the wrong column", "T[:, 0:1] == X[:, 0:1]", lambda v: (v["T"][:, 0:1], v["X"][:, 0:1]), False),
+    ("the -inf entry", "T[:, 1:2] == X[:, 1:2]", lambda v: (v["T"][:, 1:2], v["X"][:, 1:2]), False),
+    ("the -inf entry times 0", "T[:, 1:2] * 0 == 0 * X[:, 1:2]",
+     lambda v: (v["T"][:, 1:2] * 0, 0 * v["X"][:, 1:2]), False),
+    ("the zero branch", "U[:, 0:1] == X[:, 0:1]", lambda v: (v["U"][:, 0:1], v["X"][:, 0:1]), False),
+]
+
+
+@pytest.mark.parametrize("claim, sides, holds", [pytest.param(*c[1:], id=c[0]) for c in SPLIT_CASES])
+def test_where_on_an_index_is_split_by_its_value(claim, sides, holds):
+    rng = np.random.default_rng(5)
+    with np.errstate(invalid="ignore"):
+        agree = all(_same(*sides(_split_values(n, rng))) for n in range(1, 6) for _ in range(4))
+    assert agree == holds, "the table's truth disagrees with NumPy"
+    spec = symattn.load(SPLIT_SPEC + f"check {claim}\n").typed
+    (check,) = spec.checks
+    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
+    if holds:
+        assert proof is not None and proof.method == METHOD
+    else:
+        assert proof is None, "a false claim proved for all sizes"

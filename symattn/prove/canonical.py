@@ -21,7 +21,9 @@ rules that make them cancel against each other, and a computed subscript
 equation `[m == j - i + N - 1]` that selects entries
 (`symattn.prove.index_equations`: solved for a contracted index that stays in
 range, pinned to a corner of the index box, or zero where no point of the box
-satisfies it; each range decided for all sizes). Everything nonlinear (`exp`,
+satisfies it; each range decided for all sizes), and `where(p == 0, A, B)` on
+an index p of a few values is the sum over u of [p == u] times the branch it
+picks at u. Everything nonlinear (`exp`,
 `softmax`, `logsumexp`, division by a tensor, `where`, powers other than small
 natural ones, constants other than `ones` and `eye`) is an opaque factor keyed
 by the canonical forms of its arguments, with its free indices named by

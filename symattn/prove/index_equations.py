@@ -19,6 +19,10 @@ decision about sizes is made for all sizes by `symattn.ir.affine.nonnegative`:
 - normal form: ZERO_INDEX (the value 0) is dropped, a repeated token merged;
   `[a - b == 0]` is the Kronecker delta `[a == b]`, which the delta rule
   eliminates where it can.
+- divisibility: with g > 1 dividing every coefficient, `[2 * c + p - 1 == 0]`
+  at p = 0 has no integer solution (g does not divide the offset's constant
+  part while it divides the rest of it): the term is zero; where g divides
+  the whole offset, the equation is divided by g.
 - a constant equation: `[0 == 0]` is dropped; `[c == 0]` with c >= 1 or
   c <= -1 at every size makes the term zero.
 - the box: with e the equation's left side, its least and greatest values
@@ -34,19 +38,21 @@ decision about sizes is made for all sizes by `symattn.ir.affine.nonnegative`:
 - a pin `[t == v]` is substituted into the other equations that read t; a pin
   no other equation reads is `Embed(v)` over `(t, ZERO_INDEX)`, the form a
   slice `X[v:v + 1]` has, so `grad(b)[0:1]` and `grad(S)[N - 1:N, 0:1]` meet.
-- an `Embed` (`[m == c + offset]`, slices and concat) that shares a token
-  with an equation becomes an equation, so the rules above see it.
+- an `Embed` (`[m == c + offset]`, slices and concat) or a `Mix` of an
+  integer block (`[m == a * k + b]`, merge_heads and split_heads) that shares
+  a token with an equation becomes an equation, so the rules above see it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import sympy
 
 from ..ir.affine import nonnegative
-from .index_factors import ZERO_INDEX, Delta, Embed, Equation, Factor
+from .index_factors import ZERO_INDEX, Delta, Embed, Equation, Factor, Mix
 
 __all__ = ["equation_rule", "equation_text"]
 
@@ -126,6 +132,9 @@ def equation_rule(factors: list[Factor], sums: dict, rng: Callable[[str], sympy.
         if isinstance(f, Embed) and read & set(f.indices) and _integral(f.offset):
             m, c = f.indices
             return _replaced(factors, n, [Equation((1, -1), -f.offset, (m, c))]), sums
+        if isinstance(f, Mix) and read & set(f.indices) and sympy.sympify(f.block).is_Integer:
+            m, a, b = f.indices
+            return _replaced(factors, n, [Equation((1, -int(f.block), -1), sympy.Integer(0), (m, a, b))]), sums
     for n in equations:
         step = _one_equation(factors, n, sums, rng)
         if step is not None:
@@ -146,6 +155,11 @@ def _one_equation(factors, n, sums, rng):
         if _holds(lin.offset - 1) or _holds(-lin.offset - 1):
             return False
         return None
+    divided = _divided(lin)
+    if divided is False:
+        return False
+    if divided is not None:
+        return _replaced(factors, n, [divided.factor()]), sums
     if len(lin.terms) == 2 and sorted(lin.terms.values()) == [-1, 1] and lin.offset == 0:
         return _replaced(factors, n, [Delta(tuple(lin.terms))]), sums
     box = {x: rng(x) for x in lin.terms}
@@ -177,6 +191,24 @@ def _one_equation(factors, n, sums, rng):
                 else g for g in others]
         return rest, {x: r for x, r in sums.items() if x != token}
     return None
+
+
+def _divided(lin: _Linear):
+    """With g > 1 the gcd of the coefficients: the equation divided by g when g divides the offset
+    (at every size: each coefficient of the offset's polynomial), False when the offset is g * (an
+    integer polynomial) plus a remainder g does not divide (no integer solution), else None."""
+    g = math.gcd(*lin.terms.values())
+    if g <= 1:
+        return None
+    symbols = sorted(lin.offset.free_symbols, key=str)
+    poly = sympy.Poly(lin.offset, *symbols) if symbols else None
+    constant = lin.offset if poly is None else poly.coeff_monomial(1)
+    others = [] if poly is None else [c for m, c in poly.terms() if any(m)]
+    if any(c % g for c in others):
+        return None
+    if constant % g:
+        return False
+    return _Linear({x: c // g for x, c in lin.terms.items()}, sympy.expand(lin.offset / g))
 
 
 def _pins(factors, equations, sums):

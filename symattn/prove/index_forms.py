@@ -8,7 +8,8 @@ drops an index, `ones` is 1, `eye` a Kronecker delta, `cumsum` a sum against
 the lower-triangular 0/1 factor `$tril`, `merge_heads`,
 `split_heads`, `concat` and slices are index maps, a read at computed subscripts
 (`b[j - i + N - 1]`) and a `Scatter` are sums against an index `Equation`
-(`symattn.prove.index_equations`), and everything nonlinear is an
+(`symattn.prove.index_equations`), a `where` comparing an index of at most
+MAX_CASES values with an integer is split by that index's value, and everything nonlinear is an
 opaque factor keyed by the canonical forms of its arguments. A form that cannot
 be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
 zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
@@ -18,6 +19,7 @@ A divisor whose zeros may be -0 is keyed by its expression (`Converter.plus_zero
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Mapping
 
 import sympy
@@ -34,6 +36,11 @@ __all__ = ["Converter"]
 
 
 # --- index forms ------------------------------------------------------------------
+
+MAX_CASES = 8  # a `where` on an index with at most this many values is split by the index's value
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+            "!=": operator.ne}
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
 def _bcast(sub_shape, shape, idx):
@@ -307,9 +314,35 @@ class Converter:
 
     def _Where(self, node, idx, env):
         c = node.cond
+        cases = self._index_cases(c, env)
+        if cases is not None:
+            # where(p == 0, A, B) over an index p of a few values: the sum over u of [p == u] times the
+            # branch the condition picks at u, a selection (each p meets one u) and no arithmetic
+            token, picks = cases
+            branches = [self.conv(node.a, _bcast(node.a.shape, node.shape, idx), env),
+                        self.conv(node.b, _bcast(node.b.shape, node.shape, idx), env)]
+            out = []
+            for u, pick in picks:
+                case = Term(ONE, (Equation((1,), -sympy.Integer(u), (token,)),))
+                out += _mul_forms([case], branches[0 if pick else 1])
+            return out
         args = [(c.a, _bcast(c.a.shape, node.shape, idx)), (c.b, _bcast(c.b.shape, node.shape, idx)),
                 (node.a, _bcast(node.a.shape, node.shape, idx)), (node.b, _bcast(node.b.shape, node.shape, idx))]
         return self._opaque(f"$where{c.op}", node, args, idx, env)
+
+    def _index_cases(self, cond, env):
+        """(token, [(u, condition at u)]) when `cond` compares one index variable of index notation
+        with an integer and the index takes at most MAX_CASES values; None otherwise."""
+        a, b, op = cond.a, cond.b, cond.op
+        if isinstance(b, t.IndexVar) and isinstance(a, t.Scalar):
+            a, b, op = b, a, _MIRRORED[op]
+        if not (isinstance(a, t.IndexVar) and isinstance(b, t.Scalar) and a.name in env):
+            return None
+        value = sympy.sympify(b.value)
+        size = self.ranges.get(env[a.name])
+        if not (value.is_Integer and size is not None and size.is_Integer and size <= MAX_CASES):
+            return None
+        return env[a.name], [(u, _COMPARE[op](u, int(value))) for u in range(int(size))]
 
     # linear structure ----------------------------------------------------------
     def _MatMul(self, node, idx, env):
