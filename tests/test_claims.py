@@ -116,18 +116,11 @@ def _equal_checks():
 # Equalities the matrix level does not settle for all sizes, which the element level proves
 # at the spec's default sizes only: (spec, line) -> why the all-sizes rung cannot show it.
 ELEMENT_LEVEL_ONLY = {
-    ("causal_linear", 27): "a cumsum scan against the masked quadratic form: the canonical index forms "
-                           "of a prefix sum and of a product with exp(causal_mask) differ",
-    ("causal_linear", 28): "the normaliser as a scan against the masked quadratic form (as line 27)",
     ("cosine", 18): "the QK-norm backward: equal only after clearing the sqrt(sum(Q * Q)) denominators, "
                     "which the canonical index forms do not do",
     ("stable_softmax", 23): "softmax's shift invariance: exp(-top) cancels between numerator and "
                             "denominator, a cancellation beyond the canonical index forms",
     ("stable_softmax", 24): "the hand-written softmax is softmax(S - top) only after the same cancellation",
-    ("relative_bias", 20): "grad(b) is a scatter of grad(B) at the computed subscript j - i + N - 1: the "
-                           "matrix level leaves computed subscripts to the element level",
-    ("relative_bias", 21): "the same scatter, one entry of it",
-    ("rope_interleaved", 24): "Rq reads Q at the computed subscripts 2c and 2c + 1 (element level only)",
 }
 
 # The budget per claim is raised from the 5 s default: on a loaded machine (two cores shared

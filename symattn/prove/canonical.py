@@ -16,7 +16,14 @@ and `SumTo` contract axes, `mean` also divides by the dim, `+ - *` distribute,
 a scalar divisor goes into the coefficient, broadcasting drops an index,
 `ones` is 1, `eye` is a Kronecker delta, `merge_heads`/`split_heads` and
 `concat`/slices are index maps (`m = a * k + b`, `m = c + offset`) with the
-rules that make them cancel against each other. Everything nonlinear (`exp`,
+rules that make them cancel against each other, and a computed subscript
+(`b[j - i + N - 1]` read, or its gradient scattered back) is an index
+equation `[m == j - i + N - 1]` that selects entries
+(`symattn.prove.index_equations`: solved for a contracted index that stays in
+range, pinned to a corner of the index box, or zero where no point of the box
+satisfies it; each range decided for all sizes), and `where(p == 0, A, B)` on
+an index p of a few values is the sum over u of [p == u] times the branch it
+picks at u. Everything nonlinear (`exp`,
 `softmax`, `logsumexp`, division by a tensor, `where`, powers other than small
 natural ones, constants other than `ones` and `eye`) is an opaque factor keyed
 by the canonical forms of its arguments, with its free indices named by
@@ -49,7 +56,8 @@ overflow, both sides are equal, or the same non-finite value (see
 `symattn.symbolic.finiteness`).
 
 Identities of opaque functions that hold for every size are rewrite rules
-(`symattn.prove.index_rules`: cos^2 = 1 - sin^2 on finite terms), applied to
+(`symattn.prove.index_rules`: cos^2 = 1 - sin^2 and exp(causal_mask(N)) =
+the 0/1 lower triangle cumsum sums with, on finite terms), applied to
 each side's expansion before like terms are collected, and to the arguments of
 opaque factors before they are keyed.
 
@@ -62,8 +70,10 @@ formula, written out>` for cosine attention's division by a row norm).
 
 Incomplete by design: no other algebra inside opaque functions (`exp(a + b)` is
 not `exp(a) * exp(b)`, `sin(a + b)` is not expanded, `P = softmax(S)` is not expanded into `exp`), no
-cancellation of `x * (1 / x)`, no index arithmetic beyond the index-map
-rules, and an expansion larger than MAX_TERMS terms is given up.
+cancellation of `x * (1 / x)`, no index arithmetic beyond the index-map and
+index-equation rules (a computed subscript inside index notation whose
+tensor is read again elsewhere stays a sum over an equation), and an
+expansion larger than MAX_TERMS terms is given up.
 """
 
 from __future__ import annotations

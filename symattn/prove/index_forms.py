@@ -6,7 +6,10 @@ tokens `idx`. `@` contracts an index, `.T` swaps two, reductions contract axes,
 `+ - *` distribute, a constant divisor goes into the coefficient, broadcasting
 drops an index, `ones` is 1, `eye` a Kronecker delta, `cumsum` a sum against
 the lower-triangular 0/1 factor `$tril`, `merge_heads`,
-`split_heads`, `concat` and slices are index maps, and everything nonlinear is an
+`split_heads`, `concat` and slices are index maps, a read at computed subscripts
+(`b[j - i + N - 1]`) and a `Scatter` are sums against an index `Equation`
+(`symattn.prove.index_equations`), a `where` comparing an index of at most
+MAX_CASES values with an integer is split by that index's value, and everything nonlinear is an
 opaque factor keyed by the canonical forms of its arguments. A form that cannot
 be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
 zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
@@ -16,21 +19,28 @@ A divisor whose zeros may be -0 is keyed by its expression (`Converter.plus_zero
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Mapping
 
 import sympy
 
+from ..ir import affine
 from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
 from .index_rules import rewrite
-from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Embed, Eye, IndexValue, Infinity, Mix,
-                          Reference, SoftmaxApplication, Term, TooBig, Unsupported, form_key)
+from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Embed, Equation, Eye, IndexValue, Infinity,
+                          Mix, Reference, SoftmaxApplication, Term, TooBig, Unsupported, form_key)
 
 __all__ = ["Converter"]
 
 
 # --- index forms ------------------------------------------------------------------
+
+MAX_CASES = 8  # a `where` on an index with at most this many values is split by the index's value
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+            "!=": operator.ne}
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
 def _bcast(sub_shape, shape, idx):
@@ -181,15 +191,60 @@ class Converter:
         info = self.spec.tensors.get(node.tensor)
         if info is None or len(info.shape) != len(node.indices):
             raise Unsupported(f"unknown tensor {node.tensor}")
+        key = f"grad({node.tensor})" if node.grad else node.tensor
         if not all(isinstance(i, str) for i in node.indices):
-            # index arithmetic has no canonical form here: the element level decides such claims
-            raise Unsupported(f"{node.tensor} is read at a computed subscript")
+            return self._gather(node, info.shape, env, key)
         try:
             tokens = tuple(env[i] for i in node.indices)
         except KeyError:
             raise Unsupported("an index is not bound") from None
-        key = f"grad({node.tensor})" if node.grad else node.tensor
         return self._reference(key, node.tensor, info.shape, tokens, node.grad)
+
+    def _gather(self, node, shape, env, key):
+        """X[s(i, j)] at computed subscripts: sum over m of [m == s(i, j)] X[m], one m per computed
+        subscript; each must stay in its axis for every point (the spec's rule, checked again)."""
+        tokens, equations, sums = [], [], []
+        for subscript, size in zip(node.indices, shape):
+            if isinstance(subscript, str):
+                tokens.append(self._bound(subscript, env))
+                continue
+            m = self.fresh(size)
+            equations.append(self._equation(m, subscript, {n: self._bound(n, env) for n in affine.names(subscript)},
+                                            size))
+            tokens.append(m)
+            if m != ZERO_INDEX:
+                sums.append((m, self.ranges[m]))
+        form = _mul_forms([Term(ONE, tuple(equations))], self._reference(key, node.tensor, shape, tuple(tokens),
+                                                                         node.grad))
+        return [term.summed(tuple(sums)) for term in form]
+
+    def _Scatter(self, node, idx, env):
+        """Zeros with each value of the index box added at its subscripts: sum over the box of
+        [idx == s(box)] x[box]. The subscripts stay in the axes (the spec's rule, checked again)."""
+        box = node.x
+        tokens = tuple(self.fresh(index.range) for index in box.indices)
+        named = {index.name: token for index, token in zip(box.indices, tokens)}
+        equations = tuple(self._equation(out, subscript, named, size)
+                          for out, subscript, size in zip(idx, node.targets, node.shape))
+        form = _mul_forms([Term(ONE, equations)], self.conv(box, tokens, {}))
+        sums = tuple((tok, self.ranges[tok]) for tok in tokens if tok != ZERO_INDEX)
+        return [term.summed(sums) for term in form]
+
+    @staticmethod
+    def _bound(name: str, env: Mapping[str, str]) -> str:
+        if name not in env:
+            raise Unsupported("an index is not bound")
+        return env[name]
+
+    def _equation(self, token: str, subscript, named: Mapping[str, str], size) -> Equation:
+        """[token == subscript], the subscript's indices read as `named` tokens; Unsupported unless the
+        subscript stays in 0 .. size - 1 for every point and every size."""
+        ranges = {n: self.ranges[tok] for n, tok in named.items()}
+        low, high = affine.extremes(subscript, ranges)
+        if affine.nonnegative(low).holds is not True or affine.nonnegative(size - 1 - high).holds is not True:
+            raise Unsupported("a computed subscript may leave its axis")
+        pairs = affine.terms(subscript)
+        return Equation((1, *[-c for _, c in pairs]), -affine.offset(subscript), (token, *[named[n] for n, _ in pairs]))
 
     # numbers -------------------------------------------------------------------
     def _Scalar(self, node, idx, env):
@@ -269,9 +324,35 @@ class Converter:
 
     def _Where(self, node, idx, env):
         c = node.cond
+        cases = self._index_cases(c, env)
+        if cases is not None:
+            # where(p == 0, A, B) over an index p of a few values: the sum over u of [p == u] times the
+            # branch the condition picks at u, a selection (each p meets one u) and no arithmetic
+            token, picks = cases
+            branches = [self.conv(node.a, _bcast(node.a.shape, node.shape, idx), env),
+                        self.conv(node.b, _bcast(node.b.shape, node.shape, idx), env)]
+            out = []
+            for u, pick in picks:
+                case = Term(ONE, (Equation((1,), -sympy.Integer(u), (token,)),))
+                out += _mul_forms([case], branches[0 if pick else 1])
+            return out
         args = [(c.a, _bcast(c.a.shape, node.shape, idx)), (c.b, _bcast(c.b.shape, node.shape, idx)),
                 (node.a, _bcast(node.a.shape, node.shape, idx)), (node.b, _bcast(node.b.shape, node.shape, idx))]
         return self._opaque(f"$where{c.op}", node, args, idx, env)
+
+    def _index_cases(self, cond, env):
+        """(token, [(u, condition at u)]) when `cond` compares one index variable of index notation
+        with an integer and the index takes at most MAX_CASES values; None otherwise."""
+        a, b, op = cond.a, cond.b, cond.op
+        if isinstance(b, t.IndexVar) and isinstance(a, t.Scalar):
+            a, b, op = b, a, _MIRRORED[op]
+        if not (isinstance(a, t.IndexVar) and isinstance(b, t.Scalar) and a.name in env):
+            return None
+        value = sympy.sympify(b.value)
+        size = self.ranges.get(env[a.name])
+        if not (value.is_Integer and size is not None and size.is_Integer and size <= MAX_CASES):
+            return None
+        return env[a.name], [(u, _COMPARE[op](u, int(value))) for u in range(int(size))]
 
     # linear structure ----------------------------------------------------------
     def _MatMul(self, node, idx, env):

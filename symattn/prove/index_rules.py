@@ -14,6 +14,11 @@ sin^2), so they never touch what the finiteness analysis keeps whole.
   indices, so the same entry) become `1 - $sin(a)[i...]^2`. Every term reaches a
   normal form of degree < 2 in each cos factor, so both sides of a claim agree
   modulo sin^2 + cos^2 = 1 (`cos(X)^2 + sin(X)^2 == ones(N, d)` for all sizes).
+- `exp(causal_mask(N)) = tril(N)`: exp(0) is 1 and exp(-inf) is 0 exactly, so on
+  a finite term the factor is the 0/1 lower triangle that `cumsum` sums
+  against (a prefix sum is the causal quadratic form, as in causal linear
+  attention). On a term that may be -inf it is not: 0 * -inf is NaN where
+  the prefix sum leaves the entry out.
 
 What the matrix level does not do (the element level does, at concrete sizes):
 angle addition (`sin(X + Y)`), roots (`sqrt(s)^2 = s` needs s >= 0 and the
@@ -23,10 +28,12 @@ NaN cases), exp of sums.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from typing import Callable
 
-from .index_terms import MAX_TERMS, Application, Term, TooBig
+from ..symbolic.finiteness import FINITE
+from .index_terms import MAX_TERMS, Application, Constant, Term, TooBig
 
 __all__ = ["rewrite", "RULES"]
 
@@ -53,7 +60,24 @@ def _cos_squared(term: Term) -> list[Term] | None:
     return [Term(term.coef, tuple(rest), term.sums), Term(-term.coef, tuple(rest) + (sine, sine), term.sums)]
 
 
-RULES: tuple[Callable, ...] = (_cos_squared,)
+_CAUSAL_MASK = re.compile(r"\(1\)\*\$causal_mask\((?P<size>[^()]+)\)\[p0,p1\]")
+
+
+def _exp_causal_mask(term: Term) -> list[Term] | None:
+    """c * exp(causal_mask(N))[i, k] * rest -> c * tril(N)[i, k] * rest: exp(0) is 1 and exp(-inf) is 0
+    exactly, and on a finite rest multiplying by 0 and 1 is the selection cumsum's tril makes."""
+    if not _finite_term(term):
+        return None
+    for n, f in enumerate(term.factors):
+        if isinstance(f, Application) and f.op == "$exp" and len(f.indices) == 2:
+            match = _CAUSAL_MASK.fullmatch(f.arguments)
+            if match is not None:
+                tril = Constant("tril", (match["size"],), f.indices, FINITE)
+                return [Term(term.coef, term.factors[:n] + (tril,) + term.factors[n + 1:], term.sums)]
+    return None
+
+
+RULES: tuple[Callable, ...] = (_cos_squared, _exp_causal_mask)
 
 
 def rewrite(form: list) -> list:

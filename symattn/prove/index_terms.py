@@ -2,13 +2,15 @@
 
 Contract: an index form is a list of `Term`s: a coefficient (SymPy numbers and
 dims) times `Factor`s summed over contracted `(token, range)` pairs. A factor is
-one of a few small types (a tensor or gradient entry, a function application,
-a Kronecker delta, an index map, a constant); each carries its index tokens, its
+one of a few small types (`symattn.prove.index_factors`: a tensor or gradient
+entry, a function application, a Kronecker delta, an index map or equation, a
+constant); each carries its index tokens, its
 `risk` (FINITE / MINUS_INF / ANY from `symattn.symbolic.finiteness`) and its
 `key`, the canonical text of what it is (`X`, `grad(X)`, `$exp(...)`).
 `collect(form, names, ranges)` relabels the contracted indices of each term
 canonically (every labelling that respects an invariant of each index; the
-least serialisation wins), applies the index-map and delta rules, and sums like
+least serialisation wins), applies the index-map and delta rules and those of
+index equations (`symattn.prove.index_equations`), and sums like
 terms into `{canonical text: Collected(coefficient, risky)}`, never cancelling
 terms that may be non-finite (`Unsupported` says so); `form_key` is the text of
 a whole form (how function applications are keyed by their arguments),
@@ -17,180 +19,25 @@ a whole form (how function applications are keyed by their arguments),
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import sympy
 
 from ..ir.shapes import same_dim
-from ..symbolic.finiteness import ANY, FINITE
+from ..symbolic.finiteness import FINITE
+from .index_equations import equation_rule, equation_text
+from .index_factors import (MAX_LABELLINGS, MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Delta, Embed,
+                            Equation, Eye, Factor, IndexValue, Infinity, Mix, Reference, SoftmaxApplication, TooBig,
+                            Unsupported)
 
 __all__ = ["Unsupported", "TooBig", "ONE", "ZERO_INDEX", "MAX_TERMS", "MAX_LABELLINGS",
            "Factor", "Reference", "Application", "SoftmaxApplication", "Delta", "Eye", "IndexValue",
-           "Infinity", "Constant", "Mix", "Embed", "Term", "Collected",
+           "Infinity", "Constant", "Mix", "Embed", "Equation", "Term", "Collected",
            "collect", "form_key", "display", "is_zero"]
 
-MAX_TERMS = 20000      # a larger expansion is given up (not proved)
-MAX_LABELLINGS = 2000  # relabellings tried per term before settling for one
-
-ONE = sympy.Integer(1)
-ZERO_INDEX = "_"       # the only index of a size-1 axis: always 0
-
-
-class Unsupported(Exception):
-    """The expansion cannot be used soundly; the comparison is not proved."""
-
-
-class TooBig(Unsupported):
-    """The expansion grew past MAX_TERMS."""
-
-
-# --- factors ----------------------------------------------------------------------
-#
-# Canonical texts (and so proofs and documents) are built from `key` and the
-# indices alone: `key[i,j]`, sorted as strings.
-
-
-class Factor:
-    """One indexed factor of a term: `indices` (tokens), `risk` (FINITE / MINUS_INF / ANY)
-    and `key`, the canonical text of what it is. Subclasses are frozen, slotted dataclasses."""
-
-    __slots__ = ()
-    indices: tuple[str, ...]
-    risk: int
-    key: str
-
-    def renamed(self, old: str, new: str) -> "Factor":
-        """The factor with index token `old` replaced by `new`."""
-        if old not in self.indices:
-            return self
-        return dataclasses.replace(self, indices=tuple(new if x == old else x for x in self.indices))
-
-
-@dataclass(frozen=True, slots=True)
-class Reference(Factor):
-    """An entry of a tensor (`X[i,j]`) or of its gradient (`grad(X)[i,j]`) left as a symbol."""
-
-    name: str
-    grad: bool
-    indices: tuple[str, ...]
-    risk: int
-
-    @property
-    def key(self) -> str:
-        return f"grad({self.name})" if self.grad else self.name
-
-
-@dataclass(frozen=True, slots=True)
-class Application(Factor):
-    """An opaque function `op(arguments)`, the arguments keyed by their canonical forms with the
-    factor's own indices named by position (`$exp(...)`, `$recip(...)`, `$where<(...)`)."""
-
-    op: str
-    arguments: str
-    indices: tuple[str, ...]
-    risk: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.op}({self.arguments})"
-
-
-@dataclass(frozen=True, slots=True)
-class SoftmaxApplication(Factor):
-    """`softmax(x, axis)`, with what the row-sum rule needs: the axis, its size, and whether the
-    argument is finite (a fully masked row has softmax 0, not a row summing to 1)."""
-
-    axis: int
-    size: sympy.Expr
-    finite_argument: bool
-    arguments: str
-    indices: tuple[str, ...]
-    risk: int
-
-    @property
-    def key(self) -> str:
-        return f"$softmax[{self.axis}]({self.arguments})"
-
-
-@dataclass(frozen=True, slots=True)
-class Delta(Factor):
-    """`[x == y]` from an index map: it selects entries, no arithmetic."""
-
-    indices: tuple[str, str]
-    key: ClassVar[str] = "$delta"
-    risk: ClassVar[int] = FINITE
-
-
-@dataclass(frozen=True, slots=True)
-class Eye(Factor):
-    """`eye(N)[x, y]`: selects by multiplying with 0 and 1 (only a finite term exactly)."""
-
-    indices: tuple[str, str]
-    key: ClassVar[str] = "$eye"
-    risk: ClassVar[int] = FINITE
-
-
-@dataclass(frozen=True, slots=True)
-class IndexValue(Factor):
-    """The value of an index variable of index notation (`i` in `A[i, j] = i * ...`)."""
-
-    indices: tuple[str]
-    key: ClassVar[str] = "$index"
-    risk: ClassVar[int] = FINITE
-
-
-@dataclass(frozen=True, slots=True)
-class Infinity(Factor):
-    """The number inf (with a coefficient of -1: -inf); no indices."""
-
-    indices: tuple[()] = ()
-    key: ClassVar[str] = "$inf"
-    risk: ClassVar[int] = ANY
-
-
-@dataclass(frozen=True, slots=True)
-class Constant(Factor):
-    """A fixed tensor other than `ones` and `eye`: `sinusoidal(N, d)`, `causal_mask(N)`."""
-
-    kind: str
-    args: tuple
-    indices: tuple[str, ...]
-    risk: int
-
-    @property
-    def key(self) -> str:
-        return f"${self.kind}({','.join(str(a) for a in self.args)})"
-
-
-@dataclass(frozen=True, slots=True)
-class Mix(Factor):
-    """`[m == a * block + b]` over indices `(m, a, b)`: merge_heads and split_heads."""
-
-    block: sympy.Expr
-    indices: tuple[str, str, str]
-    risk: ClassVar[int] = FINITE
-
-    @property
-    def key(self) -> str:
-        return f"$mix({self.block})"
-
-
-@dataclass(frozen=True, slots=True)
-class Embed(Factor):
-    """`[m == c + offset]` over indices `(m, c)`: concat and slices."""
-
-    offset: sympy.Expr
-    indices: tuple[str, str]
-    risk: ClassVar[int] = FINITE
-
-    @property
-    def key(self) -> str:
-        return f"$embed({self.offset})"
-
+MAX_RULE_ROUNDS = 10000  # rules applied to one term
 
 # --- terms ------------------------------------------------------------------------
 
@@ -247,8 +94,12 @@ def _normalize(term: Term, ranges):
         return sums.get(token, ranges.get(token))
 
     changed = True
+    rounds = 0
     while changed:
         changed = False
+        rounds += 1
+        if rounds > MAX_RULE_ROUNDS:  # every rule shrinks the term; this is a guard, never reached
+            raise Unsupported("the index rules do not settle")
         for n, f in enumerate(factors):
             if isinstance(f, Delta) or (isinstance(f, Eye) and finite):
                 x, y = f.indices
@@ -283,6 +134,8 @@ def _normalize(term: Term, ranges):
         if changed:
             continue
         pair = _pair_rule(factors, sums, rng)
+        if pair is None:
+            pair = equation_rule(factors, sums, rng)
         if pair is False:
             return None
         if pair is not None:
@@ -354,7 +207,11 @@ def _canon_term(term: Term, names, ranges):
     keyed = [(f.key, f.indices) for f in factors]
 
     def text(label):
-        parts = sorted(f"{key}[{','.join(label.get(x) or names[x] for x in idx)}]" for key, idx in keyed)
+        def name(x):
+            return label.get(x) or names[x]
+
+        parts = sorted(equation_text(f, name) if isinstance(f, Equation)
+                       else f"{f.key}[{','.join(map(name, f.indices))}]" for f in factors)
         head = ""
         if bound:
             order = sorted(bound, key=lambda tok: label[tok])
@@ -367,7 +224,10 @@ def _canon_term(term: Term, names, ranges):
     signature = {}
     for tok in bound:
         occ = []
-        for key, idx in keyed:
+        for f, (key, idx) in zip(factors, keyed):
+            if isinstance(f, Equation):  # its order of tokens is no invariant: the coefficient and the size are
+                occ += [(key, abs(c), ("=", str(len(idx)))) for x, c in zip(idx, f.coefficients) if x == tok]
+                continue
             for pos, x in enumerate(idx):
                 if x == tok:
                     pattern = tuple("=" if y == tok else ("?" if y in sums else names[y]) for y in idx)
