@@ -256,6 +256,21 @@ def test_shared_xreplace_is_xreplace():
     assert replace(z) is z
 
 
+def test_shared_xreplace_reuses_only_an_extreme_of_the_same_kind_and_arguments():
+    """The symmetry witness's substitution with `known` extremes: a swap of x and y maps
+    Max(x, y) to the known Max(x, y), never to the Min of the same arguments, and a max whose
+    new arguments are not a known one's is built afresh; the result is always xreplace's."""
+    known = [sympy.Max(x, y), sympy.Min(x, y), sympy.Max(x, y, z), sympy.Min(x, -y)]
+    entries = [sympy.Min(y, x) + 2 * sympy.Max(y, x), sympy.Max(z, y, x) - sympy.Min(y, -x),
+               sympy.Max(x, z), sympy.Min(x, y) * sympy.Min(y, z)]
+    mapping = {x: y, y: x}
+    replace = shared_xreplace(mapping, known=known)
+    for entry in entries:
+        assert replace(entry) == entry.xreplace(mapping)
+    swapped = replace(sympy.Min(x, y) - sympy.Max(x, y))
+    assert swapped.has(sympy.Min) and swapped.has(sympy.Max) and swapped.xreplace({x: 1, y: 2}) == -1
+
+
 @pytest.mark.parametrize("expr", [
     x * sympy.oo, -sympy.oo * x + y, sympy.exp(x - sympy.oo) + y, x + sympy.I * y,
     sympy.AccumBounds(-1, 1) * x, sympy.zoo * x, x + y, sympy.exp(x) / (1 + y), sympy.oo, sympy.nan,
