@@ -126,6 +126,97 @@ def test_packed_monomials_agree_with_sympy_expand(expr):
     assert expands_to_zero(expr) == (sympy.expand(expr) == 0)
 
 
+# Random trees, built with and without SymPy's evaluation, of what the packing maps: symbols,
+# roots and negative rational powers of positive symbols, roots of integers (r**L = b), negative
+# integer powers (inverse generators), powers whose exponents sit at a field's top (2**k - 1) or
+# just past it (2**k), huge and tiny rationals, zero. "Zero" must agree with SymPy's exact
+# expansion (over the common denominator when the tree has one); a tree minus its own expansion,
+# plus a monomial that a carry between fields or a lost sign would cancel, must never be "zero".
+REALS = sympy.symbols("r0:3", real=True)
+POSITIVES = sympy.symbols("q0:2", positive=True)
+FAR = sympy.symbols("f0:40", real=True)    # generators far up the packed integer
+EDGE_EXPONENTS = [1, 2, 3, 4, 7, 8, 15, 16, 31, 32]
+
+
+@st.composite
+def _leaves(draw, inverses=True):
+    evaluate = draw(st.booleans())
+    kind = draw(st.integers(min_value=0, max_value=7))
+    if not inverses and kind in (1, 3):
+        kind = 4
+    if kind == 0:
+        return draw(st.sampled_from(REALS + POSITIVES + FAR[-2:]))
+    if kind == 1:
+        exponent = sympy.Rational(draw(st.sampled_from([1, -1, 2, -3, 5])), draw(st.sampled_from([2, 3, 4, 6])))
+        return sympy.Pow(draw(st.sampled_from(POSITIVES)), exponent, evaluate=evaluate)
+    if kind == 2:
+        exponent = sympy.Rational(draw(st.sampled_from([1, 2, 3, 5])), draw(st.sampled_from([2, 3, 4])))
+        return sympy.Pow(sympy.Integer(draw(st.sampled_from([2, 3, 4, 8, 12]))), exponent, evaluate=evaluate)
+    if kind == 3:
+        return sympy.Pow(draw(st.sampled_from(REALS + POSITIVES)), -draw(st.integers(1, 3)), evaluate=evaluate)
+    if kind == 4:
+        return sympy.Pow(draw(st.sampled_from(REALS)), draw(st.sampled_from(EDGE_EXPONENTS)), evaluate=evaluate)
+    if kind == 5:
+        return sympy.Rational(draw(st.sampled_from([0, 1, -1, 3, -7, 10**30, -10**25])),
+                              draw(st.sampled_from([1, 2, 3, 97, 10**20])))
+    return draw(st.sampled_from(REALS))
+
+
+@st.composite
+def _trees(draw, depth=3, inverses=True):
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(_leaves(inverses))
+    evaluate = draw(st.booleans())
+    kind = draw(st.integers(0, 4))
+    if kind < 2:
+        return sympy.Add(*draw(st.lists(_trees(depth - 1, inverses), min_size=2, max_size=3)), evaluate=evaluate)
+    if kind < 4:
+        return sympy.Mul(*draw(st.lists(_trees(depth - 1, inverses), min_size=2, max_size=3)), evaluate=evaluate)
+    exponents = [2, 3, -1, -2] if inverses else [2, 3]
+    return sympy.Pow(draw(_trees(depth - 1, inverses)), draw(st.sampled_from(exponents)), evaluate=evaluate)
+
+
+@st.composite
+def _sums(draw, inverses=True):
+    """A sum of two or three leaves with signed and fractional coefficients: products of these
+    meet in many monomials, so cancellation (and a lost sign) reaches the coefficients."""
+    terms = draw(st.lists(st.tuples(_leaves(inverses), st.sampled_from([1, -1, 2, -3, sympy.Rational(-1, 3)])),
+                          min_size=2, max_size=3))
+    return sympy.Add(*[leaf * coeff for leaf, coeff in terms])
+
+
+def _sympy_says_zero(expr: sympy.Expr) -> bool:
+    return sympy.expand(expr) == 0 or sympy.expand(sympy.fraction(sympy.together(expr))[0]) == 0
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.booleans().flatmap(lambda inverses: st.tuples(_trees(3, inverses), _trees(2, inverses), _sums(inverses),
+                                                        _sums(inverses), st.integers(1, 3))), st.sampled_from(REALS + POSITIVES + FAR[-1:]), st.sampled_from(EDGE_EXPONENTS),
+       st.sampled_from([1, -1, sympy.Rational(1, 10**30)]))
+def test_random_trees_zero_only_where_sympy_expands_to_zero(factors, base, exponent, coeff):
+    a, b, s, t, k = factors
+    product = sympy.Mul(a, b, sympy.Pow(s, k, evaluate=False), t, evaluate=False)
+    rewritten = sympy.Add(product, -sympy.expand(a * b * s**k * t), evaluate=False)
+    for expr in (a, product, rewritten):
+        if expands_to_zero(expr):
+            assert _sympy_says_zero(expr), expr
+    # plus a nonzero monomial (a power at a field's top, a far generator, a tiny or negative coefficient)
+    changed = sympy.Add(rewritten, coeff * sympy.Pow(base, exponent, evaluate=False) * FAR[0], evaluate=False)
+    assert not expands_to_zero(changed), changed
+    # ... or minus another generator: base**(2**k) carried out of a k-bit field would be the next one
+    for other in sorted(changed.free_symbols - {base}, key=str):
+        changed = sympy.Add(rewritten, coeff * (sympy.Pow(base, exponent, evaluate=False) - other), evaluate=False)
+        assert not expands_to_zero(changed), changed
+    # a tree without inverses is a polynomial in its generators: its rewriting is always shown zero,
+    # given at most one integer radicand, one SymPy would not rewrite (here sqrt(4) is a root r with
+    # r**2 = 4, not 2, and sqrt(2) * sqrt(3) is not the generator of sqrt(6))
+    powers = product.atoms(sympy.Pow)
+    radicands = {p.base for p in powers if p.base.is_Integer}
+    if not any(p.exp.is_negative for p in powers) and len(radicands) <= 1 and all(
+            sympy.root(r, 2) == sympy.Pow(r, sympy.S.Half, evaluate=False) for r in radicands):
+        assert expands_to_zero(rewritten), rewritten
+
+
 # --- the product rule against sympy.diff of the whole term ----------------------------------
 
 @pytest.mark.parametrize("expr", [
@@ -163,6 +254,21 @@ def test_shared_xreplace_is_xreplace():
     replace = shared_xreplace(mapping)
     assert [replace(e) for e in softmax] == [e.xreplace(mapping) for e in softmax]
     assert replace(z) is z
+
+
+def test_shared_xreplace_reuses_only_an_extreme_of_the_same_kind_and_arguments():
+    """The symmetry witness's substitution with `known` extremes: a swap of x and y maps
+    Max(x, y) to the known Max(x, y), never to the Min of the same arguments, and a max whose
+    new arguments are not a known one's is built afresh; the result is always xreplace's."""
+    known = [sympy.Max(x, y), sympy.Min(x, y), sympy.Max(x, y, z), sympy.Min(x, -y)]
+    entries = [sympy.Min(y, x) + 2 * sympy.Max(y, x), sympy.Max(z, y, x) - sympy.Min(y, -x),
+               sympy.Max(x, z), sympy.Min(x, y) * sympy.Min(y, z)]
+    mapping = {x: y, y: x}
+    replace = shared_xreplace(mapping, known=known)
+    for entry in entries:
+        assert replace(entry) == entry.xreplace(mapping)
+    swapped = replace(sympy.Min(x, y) - sympy.Max(x, y))
+    assert swapped.has(sympy.Min) and swapped.has(sympy.Max) and swapped.xreplace({x: 1, y: 2}) == -1
 
 
 @pytest.mark.parametrize("expr", [
