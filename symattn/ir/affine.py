@@ -37,7 +37,7 @@ import sympy
 from .shapes import format_dim
 
 __all__ = ["Affine", "affine", "names", "renamed", "substituted", "value", "as_sympy", "Piece", "pieces", "text", "signed_sum",
-           "terms", "offset", "extremes", "corner", "SizeDecision", "nonnegative"]
+           "terms", "offset", "extremes", "box_extremes", "corner", "SizeDecision", "nonnegative"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +165,14 @@ def signed_sum(parts: Sequence[tuple[bool, str]]) -> str:
 
 def extremes(s, ranges: Mapping[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
     """(least, greatest) value of the subscript with each index k in 0 .. ranges[k] - 1."""
-    low = high = offset(s)
-    for name, c in terms(s):
+    return box_extremes(terms(s), offset(s), ranges)
+
+
+def box_extremes(pairs, start, ranges: Mapping[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
+    """(least, greatest) of start + sum(c * k) over the (name k, coefficient c) pairs, each k in
+    0 .. ranges[k] - 1."""
+    low = high = start
+    for name, c in pairs:
         top = c * (ranges[name] - 1)
         if c < 0:
             low = low + top

@@ -51,7 +51,7 @@ from typing import Callable
 
 import sympy
 
-from ..ir.affine import nonnegative
+from ..ir.affine import box_extremes, nonnegative
 from .index_factors import ZERO_INDEX, Delta, Embed, Equation, Factor, Mix
 
 __all__ = ["equation_rule", "equation_text"]
@@ -95,18 +95,6 @@ def _integral(expr) -> bool:
 def _holds(expr) -> bool:
     """expr >= 0 at every size (a proof, not a search)."""
     return nonnegative(sympy.expand(expr)).holds is True
-
-
-def _bounds(terms: dict[str, int], offset, box: dict[str, sympy.Expr]):
-    """(least, greatest) of sum(c * t) + offset with each t in 0 .. box[t] - 1."""
-    low = high = offset
-    for token, c in terms.items():
-        top = c * (box[token] - 1)
-        if c < 0:
-            low = low + top
-        else:
-            high = high + top
-    return sympy.expand(low), sympy.expand(high)
 
 
 def _substitute(lin: _Linear, token: str, terms: dict[str, int], offset) -> _Linear:
@@ -165,7 +153,7 @@ def _one_equation(factors, n, sums, rng):
     box = {x: rng(x) for x in lin.terms}
     if any(r is None for r in box.values()):
         return None
-    low, high = _bounds(lin.terms, lin.offset, box)
+    low, high = box_extremes(lin.terms.items(), lin.offset, box)
     if _holds(low - 1) or _holds(-high - 1):
         return False  # no point of the box satisfies it
     for extreme, least in ((low, True), (high, False)):
@@ -184,7 +172,7 @@ def _one_equation(factors, n, sums, rng):
         # token = sum(-c * k * x) - c * offset over the other tokens
         terms = {x: -c * k for x, k in lin.terms.items() if x != token}
         offset = sympy.expand(-c * lin.offset)
-        v_low, v_high = _bounds(terms, offset, box)
+        v_low, v_high = box_extremes(terms.items(), offset, box)
         if not (_holds(v_low) and _holds(sums[token] - 1 - v_high)):
             continue
         rest = [_substitute(_linear(g), token, terms, offset).factor() if isinstance(g, Equation) and token in g.indices
