@@ -57,36 +57,34 @@ def _own_free_symbols(cls: type) -> bool:
     return found
 
 
-def free_symbols(expr: sympy.Basic) -> set:
-    """`expr.free_symbols`, the same set, in one walk over distinct subtrees."""
-    out: set = set()
+def _subtrees(expr: sympy.Basic, descend=None):
+    """Each distinct subtree of expr once (SymPy's walks visit every occurrence of a shared one); the
+    arguments of a node are visited only where descend(node) is true (all when descend is None)."""
     seen = {expr}
     stack = [expr]
     while stack:
         node = stack.pop()
-        if _own_free_symbols(type(node)):
-            out |= node.free_symbols
+        yield node
+        if descend is not None and not descend(node):
             continue
         for arg in node.args:
             if arg not in seen:
                 seen.add(arg)
                 stack.append(arg)
+
+
+def free_symbols(expr: sympy.Basic) -> set:
+    """`expr.free_symbols`, the same set, in one walk over distinct subtrees."""
+    out: set = set()
+    for node in _subtrees(expr, descend=lambda node: not _own_free_symbols(type(node))):
+        if _own_free_symbols(type(node)):
+            out |= node.free_symbols
     return out
 
 
 def holds(expr: sympy.Basic, *types: type) -> bool:
     """`expr.has(*types)` for classes (any subtree an instance of one), in one walk over distinct subtrees."""
-    seen = {expr}
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, types):
-            return True
-        for arg in node.args:
-            if arg not in seen:
-                seen.add(arg)
-                stack.append(arg)
-    return False
+    return any(isinstance(node, types) for node in _subtrees(expr))
 
 
 # Atoms and atomized subtrees, shared by every _atomize call: the entries of one tensor, and the
@@ -315,18 +313,6 @@ def _point(symbols: frozenset) -> _Point:
     return _LATEST[0]
 
 
-def _subtrees(expr: sympy.Basic) -> list:
-    """Every distinct subtree of expr, itself included."""
-    seen = {expr}
-    stack = [expr]
-    while stack:
-        for arg in stack.pop().args:
-            if arg not in seen:
-                seen.add(arg)
-                stack.append(arg)
-    return list(seen)
-
-
 def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset) -> bool:
     """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
 
@@ -424,17 +410,7 @@ _UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
 def _holds_non_finite(entry: sympy.Expr) -> bool:
     """entry.has(oo, -oo, nan, zoo, I, AccumBounds) in one walk over shared subtrees
     (`has` walks the whole tree once per pattern)."""
-    seen = {entry}
-    stack = [entry]
-    while stack:
-        node = stack.pop()
-        if node in _UNSETTLING or isinstance(node, sympy.AccumBounds):
-            return True
-        for arg in node.args:
-            if arg not in seen:
-                seen.add(arg)
-                stack.append(arg)
-    return False
+    return any(node in _UNSETTLING or isinstance(node, sympy.AccumBounds) for node in _subtrees(entry))
 
 
 def _non_finite_number(entry: sympy.Expr) -> bool:
