@@ -72,13 +72,16 @@ def test_outputs_and_gradients_equal_the_numpy_module(name, modules):
 TILED = [name for name in SPECS if "_flash_forward(" in symattn.load(REPO / "derivations" / f"{name}.attn").emit("torch")]
 
 
+@pytest.mark.parametrize("blocks", [(1, 1), (4, 3)], ids=["1x1", "4x3"])
 @pytest.mark.parametrize("name", TILED)
-def test_tiled_strips_and_groups_equal_the_numpy_module(name):
-    """At N = 21 with blocks of 1 x 1 (strips of 16: two per pass) and one batch entry per group, heads and
-    masks included, the tiled torch module gives the NumPy module's outputs and gradients."""
+def test_tiled_strips_and_groups_equal_the_numpy_module(name, blocks):
+    """At N = 21 with blocks of 1 x 1 (strips of 16: two per pass; every visible key of a row is inside
+    its mask's bounds) and of 4 x 3 (blocks that straddle a mask's bound, next to ones that do not) and one
+    batch entry per group, heads and masks included, the tiled torch module gives the NumPy module's
+    outputs and gradients."""
     spec = symattn.load(REPO / "derivations" / f"{name}.attn")
     tm = load_module(spec.emit("torch"), f"torch_strips_{name}")
-    tm.BLOCK_Q = tm.BLOCK_K = 1
+    tm.BLOCK_Q, tm.BLOCK_K = blocks
     groups = tm._groups
     tm._groups = lambda q, lead, per: groups(q, lead, per, 1)
     typed = spec.typed
@@ -220,7 +223,7 @@ def test_recomputes_softmax_from_the_row_logsumexp(modules):
 def test_fused_core_is_tiled_and_saves_only_its_logsumexp(modules):
     spec = modules["self_attention"][0]
     source = spec.emit("torch")
-    assert "O, O_lse = _flash_forward(Q, K, V, O_score, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)" in source
+    assert "O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)" in source
     assert "return [O], [Q, K, V, O_lse]" in source  # no [N, N] tensor is saved, none is made
     assert "np." not in source
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 import inspect
 import math
 
+from ..numpy.runtime import helper_source as numpy_helper_source
+
 try:  # the printer reads the helpers' source without torch; generated modules import torch themselves
     import torch
 except ImportError:  # pragma: no cover - exercised where torch is not installed
     torch = None
 
-__all__ = ["HELPERS", "CALLS", "helper_source"]
+__all__ = ["HELPERS", "CALLS", "SHARED", "helper_source"]
 
 
 def _as_float(*arrays):
@@ -261,18 +263,22 @@ HELPERS = (  # in the order generated modules list them
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
-    "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_entries",
+    "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_key_blocks", "_entries",
 )
+SHARED = ("_key_blocks",)  # plain Python on integers: the NumPy runtime's own source text
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",),
-         "_flash_forward": ("_entries", "_groups", "_block"),
+         "_flash_forward": ("_entries", "_groups", "_block", "_strips", "_key_blocks"),
          "_flash_backward": ("_entries", "_groups", "_block", "_strips")}
 
 
-def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
+def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k):
     """(o, lse) of o = softmax(score(scale * q @ k.T), dim=-1) @ v, tiled (FlashAttention): every batch entry
     and head of a group at once (batched products), query blocks of block_q rows, each against its visible
     keys (keys(first, last); all when None) in strips of up to 16 key blocks, with an online softmax across
-    strips; one score buffer per group, reused. A fully masked row gives o = 0 and lse = -inf."""
+    strips; one score buffer per group, reused. `inside(first, last)` (None: none) gives the keys every
+    one of those rows sees at each condition that bounds keys: strips there take `score_inside` (None:
+    s itself), which pays no mask, and the others `score` (`_key_blocks`). A fully masked row gives
+    o = 0 and lse = -inf."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     q = _entries(q * scale if scale != 1 else q, batch, heads)
@@ -290,12 +296,14 @@ def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
         for i0 in range(0, n_q, block_q):
             i1 = min(i0 + block_q, n_q)
             lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+            seen = None if inside is None else inside(i0, i1 - 1)
             qi, oi = q[g0:g1, i0:i1], o[g0:g1, i0:i1]
             m = total = None
-            for j0 in range(lo, hi, strip):
-                j1 = min(j0 + strip, hi)
+            for j0, j1, whole in _strips(_key_blocks(lo, hi, seen, block_k), strip):
                 s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, i1 - i0, j1 - j0))
-                p = score(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1], cols[:, j0:j1]).reshape(s.shape)
+                fn = score_inside if whole else score
+                p = s if fn is None else fn(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1],
+                                            cols[:, j0:j1]).reshape(s.shape)
                 top = p.amax(dim=-1, keepdim=True)
                 if m is not None:
                     top = torch.maximum(m, top)
@@ -315,11 +323,15 @@ def _flash_forward(q, k, v, score, keys, scale, heads, block_q, block_k):
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
-def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, block_q, block_k):
+def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_inside, scale, heads,
+                    block_q, block_k):
     """(dq, dk, dv) of o = softmax(score(scale * q @ k.T), dim=-1) @ v given do, tiled (FlashAttention-2): every
     batch entry and head of a group at once, key blocks of block_k keys, each against the query rows that
-    see it (runs of query blocks, up to 16 blocks a strip): P = exp(score - lse) recomputed,
-    dv += P.T @ do, dS = P * (do @ v.T - delta) * score', dq += dS @ k, dk += dS.T @ q."""
+    see it (runs of query blocks, up to 16 blocks a strip; `keys`, `inside` and `score_inside` as in the
+    forward): P = exp(score - lse) recomputed, dv += P.T @ do, dS = P * (do @ v.T - delta) * score',
+    dq += dS @ k, dk += dS.T @ q. delta is subtracted inside the product, [do, -delta] @ [v, 1].T, and so
+    is lse where score_grad is None (d score / d s is 1: score(s) - lse = score(s - lse)):
+    [q, -lse] @ [k, 1].T."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     n_q, n_k = q.shape[-2], k.shape[-2]
     shift = torch.where(lse == -math.inf, 0.0, lse)  # a fully masked row: exp(-inf - 0) = 0
@@ -328,12 +340,16 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, 
     lead = tuple(_entries(q, batch, heads).shape[1:-2])
     q, k, v, do, shift, delta = (_entries(x, batch, heads).reshape((-1,) + x.shape[-2:])
                                  for x in (q, k, v, do, shift, delta))
-    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    q1, kt = (torch.cat((q, -shift), -1), torch.cat((k, torch.ones_like(k[..., :1])), -1).transpose(1, 2)) \
+        if score_grad is None else (q, k.transpose(1, 2))
+    do1 = torch.cat((do, -delta), -1)
+    vt = torch.cat((v, torch.ones_like(v[..., :1])), -1).transpose(1, 2)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     rows = torch.arange(n_q, device=q.device)[:, None]
     cols = torch.arange(n_k, device=q.device)[None, :]
     blocks = [(i0, min(i0 + block_q, n_q)) for i0 in range(0, n_q, block_q)]
     seen = [(0, n_k) if keys is None else keys(i0, i1 - 1) for i0, i1 in blocks]
+    sure = [(n_k, n_k) if inside is None else inside(i0, i1 - 1) for i0, i1 in blocks]
     strip = 16 * block_q
     for g0, g1, buffer in _groups(q, lead, 2 * block_k * min(strip, n_q)):
         for j0 in range(0, n_k, block_k):
@@ -341,24 +357,28 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, scale, heads, 
             j = cols[:, j0:j1]
             kj = k[g0:g1, j0:j1]
             dkj = dvj = None  # this key block's dK and dV: contiguous, copied into dk and dv at its end
-            for r0, r1 in _strips([b for b, (lo, hi) in zip(blocks, seen) if lo < j1 and hi > j0], strip):
+            runs = [(i0, i1, a <= j0 and j1 <= b) for (i0, i1), (lo, hi), (a, b) in zip(blocks, seen, sure)
+                    if lo < j1 and hi > j0]
+            for r0, r1, whole in _strips(runs, strip):
                 size = (g1 - g0) * (r1 - r0) * (j1 - j0)
                 i = rows[r0:r1]
                 qi, doi, dqi = q[g0:g1, r0:r1], do[g0:g1, r0:r1], dq[g0:g1, r0:r1]
-                s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
+                s = torch.bmm(q1[g0:g1, r0:r1], kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
                 view = (-1,) + lead + s.shape[1:]
-                if score_grad is None:  # score(s) - lse = score(s - lse): d score / d s is 1
-                    p = score(s.sub_(shift[g0:g1, r0:r1]).view(view), i, j)
+                fn = score_inside if whole else score
+                if score_grad is None:  # s holds s - lse already
+                    p = s if fn is None else fn(s.view(view), i, j)
                 else:
                     grad = score_grad(s.view(view), i, j)
-                    p = score(s.view(view), i, j) - shift[g0:g1, r0:r1].view(view[:-1] + (1,))
+                    p = (s if fn is None else fn(s.view(view), i, j)) - shift[g0:g1, r0:r1].view(view[:-1] + (1,))
                 p = p.reshape(s.shape).exp_()
                 if dvj is None:
                     dvj = torch.bmm(p.transpose(1, 2), doi)
                 else:
                     dvj.baddbmm_(p.transpose(1, 2), doi)
-                ds = torch.bmm(doi, vt[g0:g1, :, j0:j1], out=_block(buffer[size:], g1 - g0, r1 - r0, j1 - j0))
-                ds.sub_(delta[g0:g1, r0:r1]).mul_(p)
+                ds = torch.bmm(do1[g0:g1, r0:r1], vt[g0:g1, :, j0:j1],
+                               out=_block(buffer[size:], g1 - g0, r1 - r0, j1 - j0))  # do @ v.T - delta
+                ds.mul_(p)
                 if score_grad is not None:
                     ds.view(view).mul_(grad)
                 dqi.baddbmm_(ds, kj)
@@ -390,14 +410,14 @@ def _block(buffer, *shape):
 
 
 def _strips(blocks, limit):
-    """Runs of adjacent (first, last + 1) blocks merged, each at most `limit` long (a block on its own may be
-    longer)."""
+    """Runs of adjacent (first, last + 1, whole) blocks with the same `whole` merged, each at most `limit`
+    long (a block on its own may be longer)."""
     out = []
-    for b0, b1 in blocks:
-        if out and out[-1][1] == b0 and b1 - out[-1][0] <= limit:
-            out[-1] = (out[-1][0], b1)
+    for b0, b1, whole in blocks:
+        if out and out[-1][1] == b0 and out[-1][2] == whole and b1 - out[-1][0] <= limit:
+            out[-1] = (out[-1][0], b1, whole)
         else:
-            out.append((b0, b1))
+            out.append((b0, b1, whole))
     return out
 
 
@@ -412,4 +432,6 @@ def helper_source(name: str) -> str:
     """The source text of one helper, as it appears in generated modules."""
     if name not in HELPERS:
         raise KeyError(f"no runtime helper {name}")
+    if name in SHARED:
+        return numpy_helper_source(name)
     return inspect.getsource(globals()[name]).strip("\n")
