@@ -278,7 +278,10 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     strips; one score buffer per group, reused. `inside(first, last)` (None: none) gives the keys every
     one of those rows sees at each condition that bounds keys: strips there take `score_inside` (None:
     s itself), which pays no mask, and the others `score` (`_key_blocks`). A fully masked row gives
-    o = 0 and lse = -inf."""
+    o = 0 and lse = -inf. exp(x - max) is taken as exp2(x log2e - max log2e): torch's exp is many times
+    slower where it underflows or x is -inf, its exp2 is not (scores beyond the dtype's largest number /
+    log2e overflow there)."""
+    LOG2E = 1.4426950408889634
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     q = _entries(q * scale if scale != 1 else q, batch, heads)
@@ -304,22 +307,22 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
                 fn = score_inside if whole else score
                 p = s if fn is None else fn(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1],
                                             cols[:, j0:j1]).reshape(s.shape)
-                top = p.amax(dim=-1, keepdim=True)
+                top = p.amax(dim=-1, keepdim=True).mul_(LOG2E)  # the running row max, in log2 units
                 if m is not None:
                     top = torch.maximum(m, top)
-                shift = top.clamp_min(finfo.min)  # a row masked so far: exp(-inf - lowest) = 0
-                p.sub_(shift).exp_()
+                shift = top.clamp_min(finfo.min)  # a row masked so far: -inf - lowest = -inf, exp2 gives 0
+                torch.add(shift.neg(), p, alpha=LOG2E, out=p).exp2_()  # exp(p - max) as exp2(p log2e - max)
                 if m is None:
                     torch.bmm(p, v[g0:g1, j0:j1], out=oi)
                     total = p.sum(dim=-1, keepdim=True)
                 else:
-                    fix = m.sub_(shift).exp_()
+                    fix = m.sub_(shift).exp2_()
                     oi.mul_(fix).baddbmm_(p, v[g0:g1, j0:j1])
                     total.mul_(fix).add_(p.sum(dim=-1, keepdim=True))
                 m = top
             if m is not None:
                 oi.div_(total.clamp_min(finfo.tiny))  # a fully masked row: 0 / tiny = 0
-                torch.add(m, total.log_(), out=lse[g0:g1, i0:i1])
+                torch.add(m, total.log2_(), out=lse[g0:g1, i0:i1]).div_(LOG2E)
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
@@ -331,7 +334,8 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
     forward): P = exp(score - lse) recomputed, dv += P.T @ do, dS = P * (do @ v.T - delta) * score',
     dq += dS @ k, dk += dS.T @ q. delta is subtracted inside the product, [do, -delta] @ [v, 1].T, and so
     is lse where score_grad is None (d score / d s is 1: score(s) - lse = score(s - lse)):
-    [q, -lse] @ [k, 1].T."""
+    [q, -lse] @ [k, 1].T. The weights come from exp2, as in the forward."""
+    LOG2E = 1.4426950408889634
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     n_q, n_k = q.shape[-2], k.shape[-2]
     shift = torch.where(lse == -math.inf, 0.0, lse)  # a fully masked row: exp(-inf - 0) = 0
@@ -342,6 +346,8 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                                  for x in (q, k, v, do, shift, delta))
     q1, kt = (torch.cat((q, -shift), -1), torch.cat((k, torch.ones_like(k[..., :1])), -1).transpose(1, 2)) \
         if score_grad is None else (q, k.transpose(1, 2))
+    q1c = q1 * LOG2E if score_grad is None else None  # (s - lse) log2e out of the product, for `fn` None
+    shiftc = shift * -LOG2E
     do1 = torch.cat((do, -delta), -1)
     vt = torch.cat((v, torch.ones_like(v[..., :1])), -1).transpose(1, 2)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -363,15 +369,17 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                 size = (g1 - g0) * (r1 - r0) * (j1 - j0)
                 i = rows[r0:r1]
                 qi, doi, dqi = q[g0:g1, r0:r1], do[g0:g1, r0:r1], dq[g0:g1, r0:r1]
-                s = torch.bmm(q1[g0:g1, r0:r1], kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
-                view = (-1,) + lead + s.shape[1:]
                 fn = score_inside if whole else score
-                if score_grad is None:  # s holds s - lse already
-                    p = s if fn is None else fn(s.view(view), i, j)
+                a = q1c if score_grad is None and fn is None else q1
+                s = torch.bmm(a[g0:g1, r0:r1], kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
+                view = (-1,) + lead + s.shape[1:]
+                if score_grad is None:  # s holds s - lse already (times log2e where fn is None)
+                    p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape).mul_(LOG2E)
                 else:
                     grad = score_grad(s.view(view), i, j)
-                    p = (s if fn is None else fn(s.view(view), i, j)) - shift[g0:g1, r0:r1].view(view[:-1] + (1,))
-                p = p.reshape(s.shape).exp_()
+                    p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape)
+                    p = torch.add(shiftc[g0:g1, r0:r1], p, alpha=LOG2E, out=p)
+                p = p.exp2_()
                 if dvj is None:
                     dvj = torch.bmm(p.transpose(1, 2), doi)
                 else:
