@@ -394,3 +394,61 @@ def test_distributed_gloo_averaged_gradients_equal_single_process(how):
         assert p.exitcode == 0
     for n, p in single.named_parameters():
         torch.testing.assert_close(torch.from_numpy(grads[n]), p.grad, rtol=1e-12, atol=1e-14)
+
+
+EXTREME = """
+attention extreme
+dim N = 8, d = 4
+input Q[N, d], K[N, d], V[N, d]
+buffer B[N, N]
+O = softmax(Q @ K.T + B, axis=-1) @ V
+output O
+"""
+
+
+def _attention_reference(q, k, v, b, grad_o):
+    """Plain float64 NumPy attention and its gradients: a fully masked row gets weights 0."""
+    s = q @ k.T + b
+    top = s.max(axis=-1, keepdims=True)
+    top = np.where(top == -np.inf, 0, top)
+    p = np.exp(s - top)
+    p /= np.where(p.sum(axis=-1, keepdims=True) == 0, 1, p.sum(axis=-1, keepdims=True))
+    o = p @ v
+    dp = grad_o @ v.T
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return o, ds @ k, ds.T @ q, p.T @ grad_o
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("blocks", [(3, 2), (256, 128)], ids=["3x2", "default"])
+def test_extreme_scores_equal_plain_numpy(dtype, tolerance, blocks):
+    """Rows whose scores spread over hundreds (exp underflows: the weights of far keys are 0), scores
+    offset by 1e4, -inf entries, a fully masked row (weights 0, output 0) and a row with a single visible
+    key, through the tiled torch module (exp taken as exp2), against plain float64 NumPy."""
+    n, d = 11, 4
+    rng = np.random.default_rng(7)
+    q, k, v, grad_o = (rng.standard_normal((n, d)) for _ in range(4))
+    b = rng.standard_normal((n, n))
+    b[0] = rng.uniform(-400, 0, n)             # spread: most weights underflow to 0
+    b[1] += 1e4                                 # large offset, small spread
+    b[2] = -np.inf                              # fully masked
+    b[3, :] = -np.inf
+    b[3, 5] = 0.0                               # one visible key
+    b[4:, :][np.triu_indices(n - 4, 1)] = -np.inf  # causal-like -inf corner
+    b[5, 2] = -1e4
+    want = _attention_reference(q, k, v, b, grad_o)
+    tm = load_module(symattn.load(EXTREME).emit("torch"), "torch_extreme")
+    tm.BLOCK_Q, tm.BLOCK_K = blocks
+    t = {name: torch.tensor(x, dtype=dtype, requires_grad=name != "B") for name, x in
+         (("Q", q), ("K", k), ("V", v), ("B", b))}
+    out = tm.forward(**t)["O"]
+    out.backward(torch.tensor(grad_o, dtype=dtype))
+    got = (out, t["Q"].grad, t["K"].grad, t["V"].grad)
+    assert not np.isnan(out.detach().numpy()).any()
+    assert (out.detach().numpy()[2] == 0).all()
+    # float32 rounds scores near 1e4 to 1e-3: the bar is the plain float32 computation's own error, x10
+    plain = _attention_reference(*(x.astype(np.float32) for x in (q, k, v, b, grad_o)))
+    for name, g, w, f in zip(("O", "dQ", "dK", "dV"), got, want, plain):
+        bar = max(tolerance, 10 * relative_error(f.astype(np.float64), w))  # lse recomputed: a little more
+        assert relative_error(g.detach().double().numpy(), w) < bar, name
+    assert (t["Q"].grad.numpy()[2] == 0).all()  # the fully masked row has no gradient

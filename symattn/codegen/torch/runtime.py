@@ -123,10 +123,8 @@ def _softmax_(x, axis):
     its sum to the tiniest positive value (which leaves every other sum, at
     least 1, unchanged), so 0 / tiny = 0.
     """
-    finfo = torch.finfo(x.dtype)
-    x -= x.amax(dim=axis, keepdim=True).clamp_min(finfo.min)
-    x.exp_()
-    x /= x.sum(dim=axis, keepdim=True).clamp_min(finfo.tiny)
+    _exp_shifted_(x, x.amax(dim=axis, keepdim=True))
+    x /= x.sum(dim=axis, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
     return x
 
 
@@ -140,8 +138,7 @@ def _softmax_lse_(x, axis):
     backward pass keeps to recompute the weights (FlashAttention's convention); -inf for a fully masked row."""
     finfo = torch.finfo(x.dtype)
     top = x.amax(dim=axis, keepdim=True).clamp_min(finfo.min)
-    x -= top
-    x.exp_()
+    _exp_shifted_(x, top)
     total = x.sum(dim=axis, keepdim=True)
     x /= total.clamp_min(finfo.tiny)
     return x, total.log_() + top
@@ -149,8 +146,7 @@ def _softmax_lse_(x, axis):
 
 def _softmax_from_lse_(x, lse):
     """softmax(x) recomputed from its row log-sum-exp, in x's buffer: exp(x - lse); 0 in a fully masked row."""
-    x -= lse.clamp_min(torch.finfo(x.dtype).min)  # -inf - lowest finite = -inf: exp gives 0
-    return x.exp_()
+    return _exp_shifted_(x, lse)
 
 
 def _softmax_backward_(P, dP, rowdot):
@@ -186,7 +182,18 @@ def _logsumexp(x, axis):
     holding +inf gives NaN (+inf - +inf) there too; torch.logsumexp would give +inf.
     """
     top = x.amax(dim=axis, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
-    return (x - top).exp_().sum(dim=axis, keepdim=True).log_() + top
+    return _exp_shifted_(x.clone(), top).sum(dim=axis, keepdim=True).log_() + top
+
+
+def _exp_shifted_(x, top):
+    """exp(x - top) in x's buffer, `top` (a row max or log-sum-exp) broadcast; a row of -inf whose top is
+    -inf gives 0. Taken as exp2(x log2e - top log2e), one fused multiply-add (the rounding of top log2e
+    scales a whole row alike), with top log2e in at least float32 and clamped to its lowest finite value:
+    torch's exp is 10-170x slower where it underflows or x is -inf, its exp2 is not."""
+    LOG2E = 1.4426950408889634
+    wide = torch.promote_types(x.dtype, torch.float32)
+    shift = top.to(wide).mul(LOG2E).clamp_min_(torch.finfo(wide).min)
+    return torch.add(shift.neg_(), x, alpha=LOG2E, out=x).exp2_()
 
 
 def _reverse_cumsum(x, dim):
@@ -261,12 +268,14 @@ def _own(values, inputs):
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
-    "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
+    "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
     "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_key_blocks", "_entries",
 )
 SHARED = ("_key_blocks",)  # plain Python on integers: the NumPy runtime's own source text
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",),
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
+         "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
+         "_logsumexp": ("_exp_shifted_",),
          "_flash_forward": ("_entries", "_groups", "_block", "_strips", "_key_blocks"),
          "_flash_backward": ("_entries", "_groups", "_block", "_strips")}
 
@@ -278,9 +287,8 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     strips; one score buffer per group, reused. `inside(first, last)` (None: none) gives the keys every
     one of those rows sees at each condition that bounds keys: strips there take `score_inside` (None:
     s itself), which pays no mask, and the others `score` (`_key_blocks`). A fully masked row gives
-    o = 0 and lse = -inf. exp(x - max) is taken as exp2(x log2e - max log2e): torch's exp is many times
-    slower where it underflows or x is -inf, its exp2 is not (scores beyond the dtype's largest number /
-    log2e overflow there)."""
+    o = 0 and lse = -inf. exp(x - max) is taken as exp2(x log2e - max log2e), the row max in at least
+    float32: torch's exp is 10-170x slower where it underflows or x is -inf, its exp2 is not."""
     LOG2E = 1.4426950408889634
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
@@ -293,7 +301,8 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     lse = q.new_full(q.shape[:-1] + (1,), -math.inf)
     rows = torch.arange(n_q, device=q.device)[:, None]
     cols = torch.arange(n_k, device=q.device)[None, :]
-    finfo = torch.finfo(q.dtype)
+    wide = torch.promote_types(q.dtype, torch.float32)  # the row max times log2e: no overflow in float16
+    finfo = torch.finfo(wide)
     strip = 16 * block_k
     for g0, g1, buffer in _groups(q, lead, block_q * min(strip, n_k)):
         for i0 in range(0, n_q, block_q):
@@ -307,7 +316,7 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
                 fn = score_inside if whole else score
                 p = s if fn is None else fn(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1],
                                             cols[:, j0:j1]).reshape(s.shape)
-                top = p.amax(dim=-1, keepdim=True).mul_(LOG2E)  # the running row max, in log2 units
+                top = p.amax(dim=-1, keepdim=True).to(wide).mul_(LOG2E)  # the running row max, in log2 units
                 if m is not None:
                     top = torch.maximum(m, top)
                 shift = top.clamp_min(finfo.min)  # a row masked so far: -inf - lowest = -inf, exp2 gives 0
@@ -321,7 +330,7 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
                     total.mul_(fix).add_(p.sum(dim=-1, keepdim=True))
                 m = top
             if m is not None:
-                oi.div_(total.clamp_min(finfo.tiny))  # a fully masked row: 0 / tiny = 0
+                oi.div_(total.clamp_min(torch.finfo(total.dtype).tiny))  # a fully masked row: 0 / tiny = 0
                 torch.add(m, total.log2_(), out=lse[g0:g1, i0:i1]).div_(LOG2E)
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
@@ -346,8 +355,10 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                                  for x in (q, k, v, do, shift, delta))
     q1, kt = (torch.cat((q, -shift), -1), torch.cat((k, torch.ones_like(k[..., :1])), -1).transpose(1, 2)) \
         if score_grad is None else (q, k.transpose(1, 2))
-    q1c = q1 * LOG2E if score_grad is None else None  # (s - lse) log2e out of the product, for `fn` None
-    shiftc = shift * -LOG2E
+    wide = torch.promote_types(q.dtype, torch.float32)
+    # (s - lse) log2e out of the product where the score is s itself (not in float16: lse log2e might overflow)
+    q1c = q1 * LOG2E if score_grad is None and q1.dtype == wide else None
+    shiftc = shift.to(wide) * -LOG2E
     do1 = torch.cat((do, -delta), -1)
     vt = torch.cat((v, torch.ones_like(v[..., :1])), -1).transpose(1, 2)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -370,11 +381,11 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                 i = rows[r0:r1]
                 qi, doi, dqi = q[g0:g1, r0:r1], do[g0:g1, r0:r1], dq[g0:g1, r0:r1]
                 fn = score_inside if whole else score
-                a = q1c if score_grad is None and fn is None else q1
+                a = q1c if q1c is not None and fn is None else q1
                 s = torch.bmm(a[g0:g1, r0:r1], kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
                 view = (-1,) + lead + s.shape[1:]
-                if score_grad is None:  # s holds s - lse already (times log2e where fn is None)
-                    p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape).mul_(LOG2E)
+                if score_grad is None:  # s holds s - lse already (times log2e where it came from q1c)
+                    p = s if a is q1c else (s if fn is None else fn(s.view(view), i, j).reshape(s.shape)).mul_(LOG2E)
                 else:
                     grad = score_grad(s.view(view), i, j)
                     p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape)
