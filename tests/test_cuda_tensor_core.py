@@ -350,14 +350,26 @@ def test_bf16_forward_and_backward_under_tsan(tmp_path, name):
     assert case.ok and set(case.errors) == {"O", "lse", "dQ", "dK", "dV"}, case.problems
 
 
+_UNMASKED = """attention plain_tc
+dim N = 70, d = 64
+input Q[N, d], K[N, d], V[N, d]
+O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
+output O
+"""
+
+
 @pytest.mark.slow
 @needs_cxx
-def test_tsan_sees_the_tensor_core_kernels(tmp_path):
-    """The control: without the barriers before a K/V (or Q/dO) buffer is refilled, TSan reports a race."""
-    code = emit_cuda(symattn.load(CASES["causal"][0]))
-    text = code.files[code.source_name]
-    marker = "__syncthreads();  // every warp is done with tile t before its buffers are refilled"
-    assert marker in text
-    code.files[code.source_name] = text.replace(marker, "/* planted: no barrier */")
+@pytest.mark.parametrize("text, marker", [
+    (_UNMASKED, "__syncthreads();  // every warp is done with tile t before its buffers are refilled"),
+    (CASES["causal"][0], "__syncthreads();  // every warp's dS^T of this part is in shared memory")])
+def test_tsan_sees_the_tensor_core_kernels(tmp_path, text, marker):
+    """The control: without the unmasked forward's barrier before a K/V buffer is refilled (with a mask the
+    next tile's test has one), or the backward's between its dS^T stores and the dQ product that reads every
+    warp's (which also orders the Q/dO refills), TSan reports a race."""
+    code = emit_cuda(symattn.load(text))
+    source = code.files[code.source_name]
+    assert marker in source
+    code.files[code.source_name] = source.replace(marker, "/* planted: no barrier */")
     race, _ = tsan_tensor_cores(build_cpu(code, tmp_path, tsan=True), code, {"N": 200, "d": 64}, batch=1)
-    assert "data race" in race and "causal_tc_O_attn_tc_" in race
+    assert "data race" in race and "_O_attn_tc_" in race

@@ -1,28 +1,45 @@
 """The fused attention backward on tensor cores (bf16 / f16 inputs, fp32 accumulation and gradients).
 
 Contract: `backward(forward)` takes the core's `TensorCoreForward` and returns
-a `TensorCoreBackward`: the CUDA text of three kernels (instantiated for both
-`TC_DTYPES` and every `BACKWARD_HEAD_DIMS`) and, per dtype, the host function
-`<prefix>_backward_<dtype>(Q, K, V, O, dO, lse, dQ, dK, dV, delta, dims...,
-batch, stream)`. Q, K, V, O, dO are in the input type (O and lse as the
-forward wrote them); dQ, dK, dV are written in fp32; `delta` is fp32 scratch
-of [batch, heads..., n_q]. FlashAttention-2's scheme, no atomics:
+a `TensorCoreBackward`: the CUDA text of two kernels (instantiated for both
+`TC_DTYPES`, the second also for every `BACKWARD_HEAD_DIMS`) and, per dtype,
+the host function `<prefix>_backward_<dtype>(Q, K, V, O, dO, lse, dQ, dK, dV,
+delta, dims..., batch, stream)`. Q, K, V, O, dO are in the input type (O and
+lse as the forward wrote them); dQ, dK, dV are written in fp32; `delta` is
+fp32 scratch of [batch, heads..., n_q]. FlashAttention-2's scheme, one pass:
 
-- delta[i] = rowsum(dO * O)[i] (one thread per row);
-- dQ: a block of 4 warps owns 64 query rows (16 per warp) and streams 64-key
-  tiles of K and V (cp.async, double buffered): S = Q K^T and dP = dO V^T by
-  mma.sync, P = exp(score(S) - lse) recomputed, dS = P (dP - delta) score'(S)
-  (the score's derivative function, as the fp32 path's), dQ += dS K with dS
-  rounded to the input type in registers as the A operand (K via ldmatrix .trans);
-- dK, dV: a block owns 64 keys (16 per warp) and streams 64-query tiles of Q
-  and dO: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO and dK += dS^T Q, the
-  transposed products needing no exchange between warps.
+- the host zeroes dQ (`cudaMemsetAsync` on the stream, checked), then
+  delta[i] = rowsum(dO * O)[i] (one thread per row);
+- `bwd`: a block of 4 warps owns 64 keys (16 per warp), K and V resident in
+  shared memory, and streams 64-query tiles of Q and dO (cp.async, double
+  buffered), COLS queries at a time (`backward_cols`: 64, or 32 above head
+  dim 64 so that S^T and dP^T fit beside the dK and dV accumulators). Per
+  part, S^T = K Q^T and dP^T = V dO^T by mma.sync, P = exp(score(S) - lse)
+  recomputed, dS = P (dP - delta) score'(S) (the score's derivative function,
+  as the fp32 path's), dV += P^T dO and dK += dS^T Q with P^T and dS^T rounded
+  to the input type in registers as the A operand (Q and dO via ldmatrix
+  .trans). dS^T also goes, rounded, to shared memory (one buffer per part);
+  after a barrier the 4 warps split the part's COLS x head-dim block of
+  dQ += dS K (rows, then columns; both operands by ldmatrix .trans, the
+  contraction over the block's 64 keys) and add it into dQ with fp32
+  `atomicAdd` (RED on the GPU; every key block adds to the same rows).
 
-A warp skips a tile whose entries are all masked (`tensor_core.skip_test`,
-as in the forward). Q/dO (dQ) and K/V (dK/dV) fragments are reloaded from shared memory per tile
-rather than kept in registers, where they would not fit beside the two
-accumulators. Head dims up to 128 (`SYMATTN_UNSUPPORTED` above: at 256 the dK
-and dV accumulators alone would need 256 registers per thread).
+So S and dP are computed once per (query tile, key tile): 5 products, as
+FlashAttention-2, instead of the 7 of a separate dQ pass that recomputes them
+(the dQ kernel this replaced). The cost is the atomics (COLS x head dim fp32
+reductions per part and block) and dQ's memset.
+
+Masked tiles: with a mask (`tensor_core.masked_condition`), each warp tests
+the next query tile over its 16 keys while this tile's copy is in flight
+and publishes the answer in shared memory (one barrier a tile); a query tile
+no warp of the block needs is neither loaded nor computed, and its barriers
+are skipped (the mirror of the forward's skipped key tiles: under a causal
+mask a key block does about half the tiles of an unmasked one). A warp whose
+16 keys see none of a needed tile skips its products and stores zeros for
+its rows of dS^T. The loop still visits every query tile (the test, not a
+bound computed from the mask). Head dims up to 128 (`SYMATTN_UNSUPPORTED`
+above: at 256 the dK and dV accumulators alone would need 256 registers per
+thread).
 """
 
 from __future__ import annotations
@@ -262,7 +279,9 @@ $next_test
                     if (i_ < n_q_ && c_ < d_qk_) atomicAdd(dq_ + (long long)i_ * d_qk_ + c_, dq_acc_[n_][e_]);
                 }
         }
-        __syncthreads();  // every warp is done with tile t before its buffers are refilled
+        // No barrier here: every read of tile t's Q and dO precedes the dS^T barrier of its part, so the copy
+        // into its buffers at the next tile is ordered after them; the dQ product's reads of dS^T precede the
+        // next computed tile's first barrier, before any dS^T store.
     }
 #pragma unroll
     for (int n_ = 0; n_ < HEAD_DIM / 8; ++n_)
