@@ -14,9 +14,12 @@ fp32 scratch of [batch, heads..., n_q]. FlashAttention-2's scheme, one pass:
   shared memory, and streams 64-query tiles of Q and dO (cp.async, double
   buffered), COLS queries at a time (`backward_cols`: 64, or 32 above head
   dim 64 so that S^T and dP^T fit beside the dK and dV accumulators). Per
-  part, S^T = K Q^T and dP^T = V dO^T by mma.sync, P = exp(score(S) - lse)
-  recomputed, dS = P (dP - delta) score'(S) (the score's derivative function,
-  as the fp32 path's), dV += P^T dO and dK += dS^T Q with P^T and dS^T rounded
+  part, S^T = K Q^T and dP^T = V dO^T by mma.sync, P recomputed in base 2 as
+  the forward's softmax (`score_forms.softmax_parts`: for a score c (Q K^T) + b,
+  P = exp2((s + b / c) c log2 e - lse log2 e), one FFMA and one `ex2.approx`,
+  and score' = c; otherwise x = score(s) log2 e and the score's derivative
+  function, as the fp32 path's), lse and delta loaded once per query column,
+  dS = P (dP - delta) score', dV += P^T dO and dK += dS^T Q with P^T and dS^T rounded
   to the input type in registers as the A operand (Q and dO via ldmatrix
   .trans). dS^T also goes, rounded, to shared memory (one buffer per part);
   after a barrier the 4 warps split the part's COLS x head-dim block of
@@ -39,7 +42,7 @@ mask a key block does about half the tiles of an unmasked one). A warp whose
 its rows of dS^T. The loop still visits every query tile (the test, not a
 bound computed from the mask). Head dims up to 128 (`SYMATTN_UNSUPPORTED`
 above: at 256 the dK and dV accumulators alone would need 256 registers per
-thread).
+thread), and the forward's test of a folded scale c (`scale_check`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import Sequence
 
+from .score_forms import scale_check
 from .tensor_core import PAD, ROWS, TC_DTYPES, TensorCoreForward
 
 __all__ = ["BACKWARD_HEAD_DIMS", "BACKWARD_PRELUDE", "TensorCoreBackward", "backward", "backward_cols",
@@ -160,13 +164,14 @@ static __device__ __forceinline__ void ${prefix}_tc_delta(
     }
 }
 
-// P and dS of entry (i, j) from s = (Q K^T)[i, j] and dp = (dO V^T)[i, j]: 0 outside the matrix and on
-// fully masked rows (lse = -inf), and dS = 0 where P = 0 (as the fp32 path).
-#define ${PREFIX}_TC_RECOMPUTE(s_, dp_, i_, j_, lse_i_, delta_i_, p_, ds_) \\
+// P and dS of entry (i, j) from s = (Q K^T)[i, j] and dp = (dO V^T)[i, j], in base 2 as the forward: P =
+// exp2(x scale_ - lse log2 e) with the forward's x ($element_comment) and lse2 = lse log2 e; 0 outside the
+// matrix and on fully masked rows (lse = -inf), and dS = P (dP - delta) score' = 0 where P = 0 (as the fp32 path).
+#define ${PREFIX}_TC_RECOMPUTE(s_, dp_, i_, j_, lse2_, delta_i_, p_, ds_) \\
     float p_ = 0.0f, ds_ = 0.0f; \\
-    if ((i_) < n_q_ && (j_) < n_k_ && (lse_i_) != -INFINITY) { \\
-        p_ = expf(${prefix}_score(s_, ${lead_args}i_, j_$dim_args) - (lse_i_)); \\
-        if (p_ != 0.0f) ds_ = p_ * ((dp_) - (delta_i_)) * ${prefix}_score_grad(s_, ${lead_args}i_, j_$dim_args); \\
+    if ((i_) < n_q_ && (j_) < n_k_ && (lse2_) != -INFINITY) { \\
+        p_ = sa_ex2_approx(fmaf($element, scale_, -(lse2_))); \\
+        if (p_ != 0.0f) ds_ = p_ * ((dp_) - (delta_i_)) * $score_grad; \\
     }
 
 // dK, dV and dQ on tensor cores in one pass: 4 warps x 16 keys, tiles of 64 queries of Q and dO
@@ -209,6 +214,8 @@ $lead_coords
     const int key0_ = blockIdx.x * SA_TC_ROWS + warp_ * 16 + (lane_ >> 2), pair_ = (lane_ & 3) * 2;
     const int dq_row_ = (warp_ % DQ_ROW_GROUPS) * 16, dq_col_ = (warp_ / DQ_ROW_GROUPS) * DQ_COLS;
     const int tiles_ = (n_q_ + SA_TC_ROWS - 1) / SA_TC_ROWS;
+    constexpr float LOG2E = 1.4426950408889634f;
+$scale_setup
     sa_tc_load_tile<HEAD_DIM>(k_tile_, k_, blockIdx.x * SA_TC_ROWS, n_k_, d_qk_);
     sa_tc_load_tile<HEAD_DIM>(v_tile_, v_, blockIdx.x * SA_TC_ROWS, n_k_, d_v_);
     sa_cp_async_commit();
@@ -244,17 +251,23 @@ $next_test
                 sa_tc_rows_by_rows<HEAD_DIM, TYPE, COLS>(s_, k_tile_, warp_ * 16, q_part_, lane_);
                 sa_tc_rows_by_rows<HEAD_DIM, TYPE, COLS>(dp_, v_tile_, warp_ * 16, do_part_, lane_);
 #pragma unroll
-                for (int n_ = 0; n_ < COLS / 8; ++n_)
+                for (int n_ = 0; n_ < COLS / 8; ++n_) {
+                    float lse2_[2], delta2_[2];  // of this lane's two query columns, loaded once for both key rows
+#pragma unroll
+                    for (int q_ = 0; q_ < 2; ++q_) {
+                        const int i_ = t_ * SA_TC_ROWS + part_ * COLS + n_ * 8 + pair_ + q_;
+                        lse2_[q_] = i_ < n_q_ ? lse_[i_] * LOG2E : -INFINITY;
+                        delta2_[q_] = i_ < n_q_ ? delta_[i_] : 0.0f;
+                    }
 #pragma unroll
                     for (int e_ = 0; e_ < 4; ++e_) {
                         const int j_ = key0_ + (e_ >> 1) * 8;
                         const int i_ = t_ * SA_TC_ROWS + part_ * COLS + n_ * 8 + pair_ + (e_ & 1);
-                        const float lse_i_ = i_ < n_q_ ? lse_[i_] : -INFINITY;
-                        const float delta_i_ = i_ < n_q_ ? delta_[i_] : 0.0f;
-                        ${PREFIX}_TC_RECOMPUTE(s_[n_][e_], dp_[n_][e_], i_, j_, lse_i_, delta_i_, p_, ds_)
+                        ${PREFIX}_TC_RECOMPUTE(s_[n_][e_], dp_[n_][e_], i_, j_, lse2_[e_ & 1], delta2_[e_ & 1], p_, ds_)
                         s_[n_][e_] = p_;
                         dp_[n_][e_] = ds_;
                     }
+                }
 #pragma unroll
                 for (int n_ = 0; n_ < COLS / 8; ++n_) {  // dS^T rounded to the input type, as the A operand of dQ
                     ds_rows_[n_ * 4] = TYPE::pack(dp_[n_][0], dp_[n_][1]);
@@ -327,7 +340,7 @@ $checks
     const int head_dim_ = d_qk_ > d_v_ ? d_qk_ : d_v_;
     if (d_qk_ % 8 != 0 || d_v_ % 8 != 0 || head_dim_ > $largest) return SYMATTN_UNSUPPORTED;
     if (((size_t)Q | (size_t)K | (size_t)V | (size_t)O | (size_t)dO) % 16 != 0) return SYMATTN_UNSUPPORTED;
-    if (heads_ > SA_GRID_YZ_MAX || $batch > SA_GRID_YZ_MAX) return SYMATTN_GRID_TOO_LARGE;
+$scale_check    if (heads_ > SA_GRID_YZ_MAX || $batch > SA_GRID_YZ_MAX) return SYMATTN_GRID_TOO_LARGE;
     (void)SA_LAST_ERROR();  // clear an error left by earlier work: a failure below is this call's
     const cudaStream_t stream_ = (cudaStream_t)stream;
     const dim3 block_(SA_TC_THREADS);
@@ -388,7 +401,8 @@ class TensorCoreBackward:
         s = f.sizes
         return _HOST.substitute(signature=self.signature(dtype), checks="\n".join(checks), n_q=s.n_q, n_k=s.n_k,
                                 d_qk=s.d_qk, d_v=s.d_v, heads=s.heads, largest=BACKWARD_HEAD_DIMS[-1],
-                                batch=f.batch, prefix=self.prefix, dtype=dtype, dispatch="\n".join(dispatch))
+                                batch=f.batch, prefix=self.prefix, dtype=dtype, dispatch="\n".join(dispatch),
+                                scale_check=scale_check(f.scale))
 
 
 def backward_cols(head_dim: int) -> int:
@@ -414,8 +428,12 @@ def backward(forward: TensorCoreForward) -> TensorCoreBackward:
         tests = dict(first_test=_MASKED_FIRST + _LIVE.substitute(args, query0="0", parity="0"),
                      next_test="        if (block_live_)\n" + _LIVE.substitute(args, query0="(t_ + 1) * SA_TC_ROWS",
                                                                               parity="(t_ + 1) & 1"))
+    softmax = forward.softmax
+    grad = "c_" if softmax.scale else f"{forward.prefix}_score_grad(s_, {args['lead_args']}i_, j_{args['dim_args']})"
     body = _KERNELS.substitute(args, PREFIX=forward.prefix.upper(), output=forward.core.output,
-                               dim_params=dim_params, lead_coords=forward.lead_coords, **tests)
+                               dim_params=dim_params, lead_coords=forward.lead_coords, **tests,
+                               scale_setup=softmax.setup, element=softmax.element, score_grad=grad,
+                               element_comment=softmax.comment)
     result = TensorCoreBackward(forward, "")
     reads = ("const unsigned char* __restrict__ q_, const unsigned char* __restrict__ k_, "
              "const unsigned char* __restrict__ v_,\n        const unsigned char* __restrict__ do_, "
@@ -434,6 +452,7 @@ def backward(forward: TensorCoreForward) -> TensorCoreBackward:
                             f"{result.kernel('bwd', dtype, head_dim)}(\n"
                             "        float* __restrict__ dq_, float* __restrict__ dk_, float* __restrict__ dv_, "
                             f"{reads}) {{\n"
-                            f"    {forward.prefix}_tc_backward<{head_dim}, sa_tc_{dtype}>(dq_, dk_, dv_, {read_args});\n}}")
+                            f"    {forward.prefix}_tc_backward<{head_dim}, sa_tc_{dtype}>"
+                            f"(dq_, dk_, dv_, {read_args});\n}}")
     result.text = body + "\n\n" + "\n".join(wrappers)
     return result
