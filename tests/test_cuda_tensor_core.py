@@ -91,6 +91,15 @@ O = softmax(5 * tanh(Q @ K.T / sqrt(d) / 5), axis=-1) @ V
 output O
 """, lambda q, k, s: 5 * np.tanh(_scaled(q, k, s["d"]) / 5),
         lambda q, k, s: (1 - np.tanh(_scaled(q, k, s["d"]) / 5) ** 2) / np.sqrt(s["d"])),
+    # keys from L on are padding (an index mask over whole key blocks), n_q != n_k
+    "key_padding": ("""attention key_padding_tc
+dim N = 70, T = 150, L = 100, d = 64
+input Q[N, d], K[T, d], V[T, d]
+M[i:N, j:T] = where(j < L, 0, -inf)
+O = softmax(Q @ K.T / sqrt(d) + M, axis=-1) @ V
+output O
+""", lambda q, k, s: _mask(_scaled(q, k, s["d"]), _rows_cols(s["N"], s["T"])[1] < s["L"]),
+        lambda q, k, s: 1 / np.sqrt(s["d"])),
     # heads, n_q != n_k, d_v != d_qk
     "cross_heads": ("""attention cross_heads
 dim h = 2, N = 70, T = 130, d = 64, e = 32
@@ -240,6 +249,20 @@ def test_backward_strict_causal_f16_head_dim_32(built):
 
 
 @needs_cxx
+@pytest.mark.parametrize("name, sizes", [("key_padding", {"N": 130, "T": 150, "L": 100, "d": 64}),
+                                         ("window", {"N": 200, "w": 20, "d": 64})])
+def test_backward_adds_dq_over_key_blocks(built, name, sizes):
+    """dQ is the sum of every key block's atomic adds into a zeroed buffer (a row of dQ here takes two or
+    three key blocks: a plain store, a missing zeroing or a lost block shows); key blocks and query tiles
+    that the mask hides entirely are skipped: keys past L (a third key block) get dK = dV = 0 exactly, and
+    the window's key blocks see query tiles before and after their live ones."""
+    grads, want = _run_case(built, name, "bf16", sizes, batch=2, backward=True)
+    _check_gradients(grads, want, "bf16")
+    if name == "key_padding":
+        assert np.all(grads["dK"][:, 100:] == 0.0) and np.all(grads["dV"][:, 100:] == 0.0)
+
+
+@needs_cxx
 def test_backward_refuses_head_dim_256(built):
     spec, code, library = built.get("strict_causal")
     (forward,) = code.plan.tensor_cores
@@ -289,7 +312,7 @@ def test_sass_gate(tmp_path):
     rows = {r.kernel: r for r in tensor_core_resources(gate.kernels, code)}
     for dtype in ("bf16", "f16"):
         for head_dim in (64, 128):
-            for kind in ("fwd", "bwd_dq", "bwd_dkdv"):
+            for kind in ("fwd", "bwd"):
                 row = rows[f"causal_tc_O_attn_tc_{kind}_{dtype}_d{head_dim}"]
                 assert row.registers <= 255 and row.spill_bytes == 0 and row.blocks_per_sm >= 1
     cuobjdump = find_cuobjdump()
@@ -300,10 +323,14 @@ def test_sass_gate(tmp_path):
     sass = subprocess.run([cuobjdump, "-sass", str(tmp_path / "k.cubin")], check=True, capture_output=True,
                           text=True).stdout
     for name in ("causal_tc_O_attn_tc_fwd_bf16_d64", "causal_tc_O_attn_tc_fwd_bf16_d128",
-                 "causal_tc_O_attn_tc_bwd_dq_bf16_d64", "causal_tc_O_attn_tc_bwd_dkdv_bf16_d128"):
+                 "causal_tc_O_attn_tc_bwd_bf16_d64", "causal_tc_O_attn_tc_bwd_bf16_d128"):
         body = sass.split(f"Function : {name}")[1].split("Function : ")[0]
         assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", body), name
         assert re.search(r"\bLDSM\b", body) and re.search(r"\bLDGSTS\b", body), name
+        # The backward adds its part of dQ with fp32 reductions to global memory (RED, the atomicAdd whose
+        # result is unused): the CPU emulation runs blocks one after another, so only the SASS shows a
+        # plain `+=`, which would lose updates between the key blocks on a GPU.
+        assert ("_bwd_" not in name) or re.search(r"\bREDG?\.E\.ADD\.F32\b", body), name
 
 
 # --- ThreadSanitizer over the bf16 entry points ------------------------------------------------
@@ -323,14 +350,26 @@ def test_bf16_forward_and_backward_under_tsan(tmp_path, name):
     assert case.ok and set(case.errors) == {"O", "lse", "dQ", "dK", "dV"}, case.problems
 
 
+_UNMASKED = """attention plain_tc
+dim N = 70, d = 64
+input Q[N, d], K[N, d], V[N, d]
+O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
+output O
+"""
+
+
 @pytest.mark.slow
 @needs_cxx
-def test_tsan_sees_the_tensor_core_kernels(tmp_path):
-    """The control: without the barriers before a K/V (or Q/dO) buffer is refilled, TSan reports a race."""
-    code = emit_cuda(symattn.load(CASES["causal"][0]))
-    text = code.files[code.source_name]
-    marker = "__syncthreads();  // every warp is done with tile t before its buffers are refilled"
-    assert marker in text
-    code.files[code.source_name] = text.replace(marker, "/* planted: no barrier */")
+@pytest.mark.parametrize("text, marker", [
+    (_UNMASKED, "__syncthreads();  // every warp is done with tile t before its buffers are refilled"),
+    (CASES["causal"][0], "__syncthreads();  // every warp's dS^T of this part is in shared memory")])
+def test_tsan_sees_the_tensor_core_kernels(tmp_path, text, marker):
+    """The control: without the unmasked forward's barrier before a K/V buffer is refilled (with a mask the
+    next tile's test has one), or the backward's between its dS^T stores and the dQ product that reads every
+    warp's (which also orders the Q/dO refills), TSan reports a race."""
+    code = emit_cuda(symattn.load(text))
+    source = code.files[code.source_name]
+    assert marker in source
+    code.files[code.source_name] = source.replace(marker, "/* planted: no barrier */")
     race, _ = tsan_tensor_cores(build_cpu(code, tmp_path, tsan=True), code, {"N": 200, "d": 64}, batch=1)
-    assert "data race" in race and "causal_tc_O_attn_tc_" in race
+    assert "data race" in race and "_O_attn_tc_" in race

@@ -316,10 +316,9 @@ def tensor_core_resources(kernels: Sequence, code: CudaCode) -> list[TensorCoreR
                     continue
                 rows.append(_resources(k, head_dim, shared_bytes(head_dim)))
             for head_dim in BACKWARD_HEAD_DIMS:
-                for which in ("bwd_dq", "bwd_dkdv"):
-                    k = found.get(f"{forward.prefix}_tc_{which}_{dtype}_d{head_dim}")
-                    if k is not None:
-                        rows.append(_resources(k, head_dim, backward_shared_bytes(head_dim)))
+                k = found.get(f"{forward.prefix}_tc_bwd_{dtype}_d{head_dim}")
+                if k is not None:
+                    rows.append(_resources(k, head_dim, backward_shared_bytes(head_dim)))
     return rows
 
 

@@ -58,10 +58,10 @@ from typing import Sequence
 from .core import AttentionCore
 from .flash import Sizes, head_coordinates
 from .names import CNames
-from .score_forms import masked_condition, scale_check, softmax_parts
+from .score_forms import SoftmaxParts, masked_condition, scale_check, softmax_parts
 
 __all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD",
-           "masked_condition", "skip_test", "ForwardShape", "FORWARD_SHAPES"]
+           "masked_condition", "ForwardShape", "FORWARD_SHAPES"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
 TC_DTYPES = ("bf16", "f16")
@@ -398,20 +398,6 @@ $scale_check$dispatch
 }""")
 
 
-# A warp's test of one tile (rows of `row0_`, keys from `key0_`): skip it when every entry is masked.
-_SKIP = Template("""\
-        bool live_ = false;  // does any (row, key) of this warp's part of the tile escape the mask?
-#pragma unroll 4
-        for (int e_ = lane_; e_ < 16 * $cols; e_ += SA_WARP_SIZE) {
-            const int $row_ = $row0 + e_ / $cols, $col_ = $col0 + e_ % $cols;
-            live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
-        }
-        float any_ = live_ ? 1.0f : 0.0f;
-#pragma unroll
-        for (int m_ = 16; m_ > 0; m_ >>= 1) any_ = fmaxf(any_, sa_shfl_xor(any_, m_));
-        if (any_ != 0.0f)  // warp-uniform: the whole warp computes the tile or skips it""")
-
-
 _FIRST = """\
     sa_tc_load_tile<HEAD_DIM, ROWS>(q_tile_, q_, q0_, n_q_, d_qk_);
     sa_tc_load_tile<HEAD_DIM, KEYS>(kv_, k_, 0, n_k_, d_qk_);
@@ -493,15 +479,6 @@ _WARP_LIVE = Template("""\
         }""")
 
 
-def skip_test(forward: "TensorCoreForward", row: str, row0: str, col: str, col0: str, cols: str) -> str:
-    """C lines ending in `if (...)`: the warp-uniform test that guards one tile's work (or '')."""
-    if forward.mask is None:
-        return ""
-    return _SKIP.substitute(prefix=forward.prefix, row_=row, row0=row0, col_=col, col0=col0, cols=cols,
-                            lead_args="".join(f"{z}, " for z in forward.lead),
-                            dim_args="".join(f", {d}" for d in forward.dims))
-
-
 @dataclass
 class TensorCoreForward:
     """The tensor-core forward of one core: kernels, and the host function per dtype."""
@@ -516,6 +493,7 @@ class TensorCoreForward:
     lead_coords: str       # C statements setting them from `head_` (the flat head index)
     mask: str | None       # the device function `<prefix>_masked`, when the score has a mask
     scale: str | None = None  # C expression of c when the score is c * (Q K^T) + b (`linear_score`)
+    softmax: SoftmaxParts | None = None  # the softmax's x and scale_ (the backward recomputes P with them)
 
     def kernel(self, dtype: str, head_dim: int) -> str:
         return f"{self.prefix}_tc_fwd_{dtype}_d{head_dim}"
@@ -561,7 +539,7 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
                                 mask)
     args_ = dict(prefix=prefix, lead_args="".join(f"{z}, " for z in lead), dim_args="".join(f", {d}" for d in dims))
     softmax = softmax_parts(core, prefix, names, args_["lead_args"], args_["dim_args"], lead)
-    forward.scale = softmax.scale
+    forward.scale, forward.softmax = softmax.scale, softmax
     if mask:  # tiles every warp finds masked are not loaded; a warp skips the rest of its masked tiles
         test = lambda key0, parity: _WARP_LIVE.substitute(args_, key0=key0, parity=parity)  # noqa: E731
         parts = dict(first=_MASKED_FIRST.substitute(first_test=test("0", "0")),
