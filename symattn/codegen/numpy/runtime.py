@@ -3,7 +3,9 @@
 Contract: every function here is an ordinary NumPy function that a generated
 module may call; `helper_source(name)` is its exact source text, which the
 NumPy printer copies into a generated module that uses it (so that the module
-needs nothing but NumPy), with the helpers it calls in turn (`CALLS`). Being
+needs nothing but NumPy: the tiled pass's helpers import the standard library
+inside, and threadpoolctl where it is installed), with the helpers it calls in
+turn (`CALLS`). Being
 real functions, they are tested and linted like any other code. Each keeps
 the dtype of its arrays and never loops over tokens.
 """
