@@ -400,7 +400,9 @@ def _one_blas_thread():
     """A context that holds BLAS to one thread per product while it lasts (threadpoolctl's limit: for the whole
     process), or None where threadpoolctl is not installed. Products that BLAS splits over threads of its
     own, called from several threads at once, wait for each other: two runs at once on two-thread OpenBLAS
-    took 1.2 s and 13 s (causal) where one after another took 0.7 s and 0.4 s (N = 4096, d = 64, 2 cores)."""
+    took 1.2 s and 13 s (causal) where one after another took 0.7 s and 0.4 s (N = 4096, d = 64, 2 cores).
+    Two tiled passes called from two threads at once may leave BLAS at one thread (each limit restores what
+    it found when it began)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
