@@ -10,7 +10,8 @@ child process (the BLAS thread variables must be set before NumPy is
 imported) times, alternating, the generated module's `forward_backward` (its
 tiled pass at these sizes) and `torch.nn.functional.scaled_dot_product_attention`
 forward + `backward` on [B, H, N, d] tensors (its CPU flash kernel), both
-float32, `torch.set_num_threads(threads)`; with `--plain`, also the module's
+float32, `torch.set_num_threads(threads)` (the module's THREADS is left at its
+default, which reads the BLAS thread variables); with `--plain`, also the module's
 plain pass (TILED_ABOVE set above the size). Before timing, every result is
 compared with a float64 SDPA at the same inputs. Times: median of `--repeat`
 runs after one warm-up. Peak memory: what NumPy allocates during one
@@ -131,6 +132,11 @@ def main() -> None:
         return
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"B = {args.batch}, H = {args.heads}, d = {args.dim}, float32, blocks {args.block_q} x {args.block_k}")
+    try:  # the generated module runs its blocks on THREADS threads only where threadpoolctl can hold BLAS to one
+        import threadpoolctl
+        print(f"threadpoolctl {threadpoolctl.__version__}: the blocks run on `threads` threads, BLAS on one each")
+    except ImportError:
+        print("threadpoolctl not installed: the blocks run one after another, BLAS on `threads` threads")
     print()
     print("| mask | N | threads | generated ms | SDPA ms | generated / SDPA | by CPU time |"
           + (" plain ms | plain / SDPA |" if args.plain else "")

@@ -197,10 +197,12 @@ def test_threshold_chooses_the_pass(monkeypatch):
     assert calls == [1]
 
 
-def test_tiled_memory_is_linear_in_n():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiled_memory_is_linear_in_n(threads):
     n, d = 1024, 16
     q, k, v, do = inputs(n=n, d=d, batch=(), dtype=np.float32)
     mod = tiled(module("causal"), 64, 128)
+    mod.THREADS = threads  # 2: two blocks at once, and dk, dv of the entry the two runs share summed apart
     mod.forward_backward(Q=q, K=k, V=v, grad_O=do)  # warm
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

@@ -22,8 +22,11 @@ Attention whose scores have more than TILED_ABOVE entries (batch x heads x queri
 x keys) is computed tiled, as FlashAttention does: blocks of BLOCK_Q queries x BLOCK_K
 keys through BLAS, an online softmax, the weights recomputed from the saved row
 log-sum-exp in the backward pass, fully masked blocks skipped; memory O(N * block)
-instead of O(N^2). Smaller attention is computed plainly. The three are module
-constants: set them to choose.
+instead of O(N^2). Smaller attention is computed plainly. The blocks of a pass
+run on THREADS threads at once (None: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or
+the CPU count) where threadpoolctl is installed to hold BLAS to one thread
+meanwhile, one after another otherwise; the results do not depend on it beyond
+the order of sums. The four are module constants: set them to choose.
 """
 
 import numpy as np
@@ -32,6 +35,7 @@ __all__ = ["forward", "backward", "forward_backward"]
 TILED_ABOVE = 4_194_304  # score entries (batch x heads x queries x keys) above which attention is tiled
 BLOCK_Q = 256  # query rows per block of the tiled pass
 BLOCK_K = 512  # keys per block of the tiled pass
+THREADS = None  # threads of the tiled pass; None: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or the CPU count
 
 
 
@@ -124,14 +128,14 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
         """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]), given
         s = Q @ K.T / sqrt(d_k) there (it may work in the buffer of s)."""
         return s
-    O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)
+    O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
     outputs = {"O": O}
     if grad_O is None:
         return outputs, None
 
     # backward pass: L = sum(O * grad(O)); dT is grad(T) = dL/dT
     dO = _upstream("grad_O", grad_O, "[N, d_k]", (N, d_k), dtype)
-    dQ_via_O, dK_via_O, dV_via_O = _flash_backward(Q, K, V, O, O_lse, dO, O_score, None, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)
+    dQ_via_O, dK_via_O, dV_via_O = _flash_backward(Q, K, V, O, O_lse, dO, O_score, None, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
     # grad(V) = P.T @ grad(O)
     dV = dV_via_O
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
@@ -247,11 +251,11 @@ def _rowdot(a, b):
     return np.einsum("...j,...j->...", a, b)[..., None]
 
 
-def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k):
+def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k, threads):
     """(o, lse): o = softmax(score(scale * q @ k.T), axis=-1) @ v and each row's log-sum-exp, tiled (FlashAttention).
 
-    One batch entry at a time (the last `heads` leading axes, which the score
-    may read, stay together), blocks of block_q query rows x block_k keys: each
+    Per batch entry (the last `heads` leading axes, which the score may read,
+    stay together), blocks of block_q query rows x block_k keys: each
     block's scores come from one matrix product, and an online softmax keeps
     each row's running max m and sum l of exp(score - m), rescaling the partial
     output when m grows, so no array is larger than a block. `score(s, i, j)`
@@ -263,7 +267,9 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     `score_inside(s, i, j)` (None: s itself), which pays no mask (see
     `_key_blocks`). The row sums come out of the product with v, which has a
     column of ones appended. A fully masked row gives o = 0 and lse = -inf,
-    never NaN.
+    never NaN. The (entry, query block) units run on `threads` threads
+    (`_units`, `_runs`, `_run`); each unit writes its own rows of o and lse, so
+    the result does not depend on the thread count.
     """
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     dtype = np.result_type(q, k, v)
@@ -272,11 +278,11 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     k, v1 = _entries(k, batch, heads), _entries(_append(v, 1), batch, heads)  # p @ [v, 1] = [p @ v, rowsum(p)]
     o = np.zeros(q.shape[:-1] + (d_v,), dtype)
     lse = np.full(q.shape[:-1] + (1,), -np.inf, dtype)
-    for b in range(q.shape[0]):
-        kt = k[b].swapaxes(-1, -2)
-        for i0 in range(0, n_q, block_q):
-            i1 = min(i0 + block_q, n_q)
-            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+    units = _units(q.shape[0], n_q, n_k, keys, block_q)
+
+    def work(r, first, last):
+        for b, i0, i1, lo, hi in units[first:last]:
+            kt = k[b].swapaxes(-1, -2)
             i = np.arange(i0, i1)[:, None]
             qi = q[b, ..., i0:i1, :]
             m = np.full(qi.shape[:-1] + (1,), -np.inf, dtype)  # running max of each row's scores
@@ -299,11 +305,13 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
             o[b, ..., i0:i1, :] = acc[..., :d_v] / np.where(total == 0, 1, total)
             with np.errstate(divide="ignore"):
                 lse[b, ..., i0:i1, :] = m + np.log(total)
+
+    _run(work, _runs(units, threads))
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
 def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_inside, scale, heads,
-                    block_q, block_k):
+                    block_q, block_k, threads):
     """(dq, dk, dv) for o = softmax(score(scale * q @ k.T), axis=-1) @ v, given do = grad(o), tiled (FlashAttention-2).
 
     delta = rowsum(do * o) (= rowsum(dP * P)); per block the weights are
@@ -313,7 +321,11 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
     there). `score_grad(s, i, j)` is d score / d s (evaluated before `score`,
     which may overwrite s); None means 1 (the score is s plus terms of the
     indices), and then lse is subtracted inside the product: [q, -lse] @ [k, 1].T.
-    delta always is: [do, -delta] @ [v, 1].T.
+    delta always is: [do, -delta] @ [v, 1].T. The (entry, query block) units
+    run on `threads` threads as in `_flash_forward`: each writes its own rows
+    of dq; dk and dv of an entry whose units several runs share are summed in
+    place by the first of them and in an array of its own by each other one,
+    added in the order of the runs afterwards.
     """
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     dtype = np.result_type(q, k, v, do)
@@ -326,11 +338,20 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
         q, q1, k, k1, do, _append(do, -delta), _append(v, 1), shift))
     dq, dk = np.zeros(q.shape, dtype), np.zeros(k.shape, dtype)
     dv = np.zeros(k.shape[:-1] + (v1.shape[-1] - 1,), dtype)
-    for b in range(q.shape[0]):
-        kt, v1t = k1[b].swapaxes(-1, -2), v1[b].swapaxes(-1, -2)
-        for i0 in range(0, n_q, block_q):
-            i1 = min(i0 + block_q, n_q)
-            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
+    units = _units(q.shape[0], n_q, n_k, keys, block_q)
+    runs = _runs(units, threads)
+    first_run = {}  # entry -> the first run with units of it, which sums its dk and dv in place
+    for r, (first, last) in enumerate(runs):
+        for b in range(units[first][0], units[last - 1][0] + 1):
+            first_run.setdefault(b, r)
+
+    def work(r, first, last):
+        parts = {}  # entry -> (dk, dv) of this run, for an entry an earlier run has units of too
+        for b, i0, i1, lo, hi in units[first:last]:
+            if first_run[b] != r and b not in parts:
+                parts[b] = np.zeros(dk.shape[1:], dtype), np.zeros(dv.shape[1:], dtype)
+            dkb, dvb = parts[b] if b in parts else (dk[b], dv[b])
+            kt, v1t = k1[b].swapaxes(-1, -2), v1[b].swapaxes(-1, -2)
             i = np.arange(i0, i1)[:, None]
             qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
             for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
@@ -346,16 +367,85 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                         p = fn(p, i, j)
                     p -= shift[b, ..., i0:i1, :]
                 np.exp(p, out=p)
-                dv[b, ..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
+                dvb[..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
                 ds = do1i @ v1t[..., j0:j1]  # do @ v.T - delta
                 ds *= p
                 if score_grad is not None:
                     ds *= grad
                 dqi += ds @ k[b, ..., j0:j1, :]
-                dk[b, ..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
+                dkb[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
+        return parts
+
+    for parts in _run(work, runs):  # in the order of the runs: the sums do not depend on timing
+        for b, (dkb, dvb) in parts.items():
+            dk[b] += dkb
+            dv[b] += dvb
     if scale != 1:
         dq *= scale
     return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
+
+
+def _units(entries, n_q, n_k, keys, block_q):
+    """The units of work of a tiled pass, (entry, first row, end row, first key, end key): each batch entry's
+    query blocks in order, with the range of keys they may see (`keys`, None: all)."""
+    units = []
+    for b in range(entries):
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            units.append((b, i0, i1) + ((0, n_k) if keys is None else tuple(keys(i0, i1 - 1))))
+    return units
+
+
+def _runs(units, threads):
+    """The units cut into at most `threads` runs (first, end) of consecutive units, each of about an equal share
+    of the work (rows x keys seen; each cut at the unit boundary nearest its share), none empty. The cuts
+    depend on nothing but the units and `threads` (None: `_threads()`)."""
+    threads = _threads() if threads is None else threads
+    prefix = np.cumsum([0] + [(i1 - i0) * max(hi - lo, 0) for _, i0, i1, lo, hi in units])
+    cuts = [0] + [int(np.argmin(np.abs(prefix - prefix[-1] * w / threads))) for w in range(1, threads)]
+    cuts = sorted(set(cuts + [len(units)]))
+    return [(first, end) for first, end in zip(cuts, cuts[1:]) if first < end]
+
+
+def _threads():
+    """The default thread count of the tiled pass: OPENBLAS_NUM_THREADS or else OMP_NUM_THREADS when set to
+    a whole number (the first of a list), else the CPU count."""
+    import os
+
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return os.cpu_count() or 1
+
+
+def _run(work, runs):
+    """[work(r, first, end) for each run r], in the order of the runs. Several runs go at once, each on a thread
+    of its own (NumPy's products and ufuncs release the GIL), while BLAS is held to one thread per product
+    (`_one_blas_thread`); where it cannot be, one after another in this thread (the same sums: each run's
+    work is the same)."""
+    limit = _one_blas_thread() if len(runs) > 1 else None
+    if limit is None:
+        return [work(r, *run) for r, run in enumerate(runs)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with limit, ThreadPoolExecutor(len(runs) - 1) as pool:
+        others = [pool.submit(work, r, *run) for r, run in enumerate(runs) if r]
+        return [work(0, *runs[0])] + [future.result() for future in others]
+
+
+def _one_blas_thread():
+    """A context that holds BLAS to one thread per product while it lasts (threadpoolctl's limit: for the whole
+    process), or None where threadpoolctl is not installed. Products that BLAS splits over threads of its
+    own, called from several threads at once, wait for each other: two runs at once on two-thread OpenBLAS
+    took 1.2 s and 13 s (causal) where one after another took 0.7 s and 0.4 s (N = 4096, d = 64, 2 cores).
+    Two tiled passes called from two threads at once may leave BLAS at one thread (each limit restores what
+    it found when it began)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _key_blocks(lo, hi, inside, block_k):

@@ -110,7 +110,9 @@ def numpy_source(spec: t.TypedSpec, derivation=None, tiled: bool = True) -> str:
         lines[-2:-2] = [f"TILED_ABOVE = {TILED_ABOVE:_}  # score entries (batch x heads x queries x keys) above "
                         "which attention is tiled",
                         f"BLOCK_Q = {BLOCK_Q}  # query rows per block of the tiled pass",
-                        f"BLOCK_K = {BLOCK_K}  # keys per block of the tiled pass", ""]
+                        f"BLOCK_K = {BLOCK_K}  # keys per block of the tiled pass",
+                        "THREADS = None  # threads of the tiled pass; None: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or "
+                        "the CPU count", ""]
     lines += _public(spec, program, leaves, keywords, unsafe, printer, sizes)
     lines.append(f"def _forward_backward({signature}):")
     lines += [("    " + line) if line else "" for line in body]
@@ -322,8 +324,11 @@ def _header(spec: t.TypedSpec, program: Program, tiled: bool = False) -> list[st
             "x keys) is computed tiled, as FlashAttention does: blocks of BLOCK_Q queries x BLOCK_K",
             "keys through BLAS, an online softmax, the weights recomputed from the saved row",
             "log-sum-exp in the backward pass, fully masked blocks skipped; memory O(N * block)",
-            "instead of O(N^2). Smaller attention is computed plainly. The three are module",
-            "constants: set them to choose.",
+            "instead of O(N^2). Smaller attention is computed plainly. The blocks of a pass",
+            "run on THREADS threads at once (None: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or",
+            "the CPU count) where threadpoolctl is installed to hold BLAS to one thread",
+            "meanwhile, one after another otherwise; the results do not depend on it beyond",
+            "the order of sums. The four are module constants: set them to choose.",
         ]
     lines.append('"""')
     return lines

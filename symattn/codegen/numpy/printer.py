@@ -391,6 +391,7 @@ class NumPyPrinter(IndexNotationPrinter):
     # how the score closures spell things (`symattn.codegen.numpy.block`); the torch printer overrides
     block_syntax = {"where": "np.where", "inf": "np.inf", "arange": "np.arange({n})", "cast": "{x}.astype(dtype)"}
     flash_inside = True  # the flash helpers take the blocks every key bound holds on (`block.core_functions`)
+    flash_settings = "BLOCK_Q, BLOCK_K, THREADS"  # the module constants the flash helpers take last
 
     def unary_template(self, fn: str) -> str:
         """The template of a function applied to an array (its helper recorded as used)."""
@@ -427,13 +428,13 @@ class NumPyPrinter(IndexNotationPrinter):
             self.helpers.add("_flash_forward")
             q, k, v = (self.doprint(x).text for x in node.children)
             return lines + [f"{var}, {lse} = _flash_forward({q}, {k}, {v}, {score}, {keys}, {scale}, {heads}, "
-                            "BLOCK_Q, BLOCK_K)"]
+                            f"{self.flash_settings})"]
         grads = tuple(names.numbered(f"d{getattr(core, role)}_via_{node.core}") for role in ("q", "k", "v"))
         self.fused[var] = grads
         self.helpers.add("_flash_backward")
         q, k, v, o, do = (self.doprint(x).text for x in node.children)
         return lines + [f"{', '.join(grads)} = _flash_backward({q}, {k}, {v}, {o}, {lse}, {do}, {score}, {grad}, "
-                        f"{keys}, {scale}, {heads}, BLOCK_Q, BLOCK_K)"]
+                        f"{keys}, {scale}, {heads}, {self.flash_settings})"]
 
     def _print_FusedPart(self, node: FusedPart) -> Code:
         return Code(self.fused[node.x.name][node.index], ATOM, fresh=False)

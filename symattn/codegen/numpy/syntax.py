@@ -43,7 +43,8 @@ CONSTANT = {
 
 RESERVED = {"np", "dtype", "outputs", "gradients", "forward", "backward", "forward_backward",
             "_forward_backward", "_", "float", "dict", "tuple", "list", "len", "range", "ValueError",
-            "batch", "max", "min", "int", "TILED_ABOVE", "BLOCK_Q", "BLOCK_K", "_forward_backward_tiled"} | set(HELPERS)
+            "batch", "max", "min", "int", "TILED_ABOVE", "BLOCK_Q", "BLOCK_K", "THREADS",
+            "_forward_backward_tiled"} | set(HELPERS)
 
 
 @dataclass(frozen=True)

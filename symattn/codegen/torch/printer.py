@@ -89,6 +89,7 @@ class TorchPrinter(NumPyPrinter):
 
     block_syntax = {"where": "torch.where", "inf": "math.inf", "arange": "torch.arange({n}, device=device)",
                     "cast": "{x}.to(dtype)"}
+    flash_settings = "BLOCK_Q, BLOCK_K"  # (torch runs each block on its own threads)
 
     def unary_template(self, fn: str) -> str:
         return UNARY[fn]
