@@ -163,3 +163,21 @@ def test_without_figures_the_document_is_the_one_with_them_less_the_figures(monk
     bare = _build("causal", monkeypatch, fork=figure_job.fork_available(), figures_wanted=False)
     assert full.figures and not bare.figures
     assert [b for b in full.blocks if b not in full.figures] == bare.blocks
+
+
+def test_figures_drawn_from_a_notebook_kernel_are_the_committed_ones():
+    """Spec.document_with_figures in a Jupyter kernel (threads of its own, stdout a ZMQ stream) forks too."""
+    pytest.importorskip("matplotlib")
+    nbformat = pytest.importorskip("nbformat", reason="the notebook extra is not installed")
+    nbclient = pytest.importorskip("nbclient", reason="the notebook extra is not installed")
+    pytest.importorskip("ipykernel", reason="the notebook extra is not installed")
+    derivations = ROOT / "derivations"
+    cell = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport symattn\nfrom pathlib import Path\n"
+            f"spec = symattn.load({str(derivations / 'self_attention.attn')!r})\n"
+            "_, pngs = spec.document_with_figures()\n"
+            f"print(sorted(pngs), all(png == (Path({str(derivations)!r}) / name).read_bytes() "
+            "for name, png in pngs.items()))")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3").execute()
+    (output,) = notebook.cells[0].outputs
+    assert output.text.strip() == "['self_attention-cost.png', 'self_attention-weights.png'] True"
