@@ -181,3 +181,21 @@ def test_figures_drawn_from_a_notebook_kernel_are_the_committed_ones():
     nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3").execute()
     (output,) = notebook.cells[0].outputs
     assert output.text.strip() == "['self_attention-cost.png', 'self_attention-weights.png'] True"
+
+
+def test_no_heatmap_is_drawn_for_an_example_too_large_to_write(monkeypatch):
+    """Over the element model's size guard the document has no example and no heatmap; the job is
+    not even asked for one (its weights would be evaluated at the large sizes for nothing)."""
+    pytest.importorskip("matplotlib")
+    asked = []
+    real = FigureJob.__init__
+
+    def spy(self, thunks, fork=None):
+        asked.append(sorted(thunks))
+        real(self, thunks, fork)
+
+    monkeypatch.setattr(FigureJob, "__init__", spy)
+    doc = build(_load("self_attention").with_dims(N=64))
+    assert asked == [["available", "cost"]]
+    assert [f.name for f in doc.figures] == ["self_attention-cost.png"]
+    assert "is too large to write out" in render(doc, "md")

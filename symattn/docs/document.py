@@ -26,12 +26,13 @@ from .. import progress
 from ..version import __version__
 from ..ir import typed as t
 from ..prove.verdicts import Verdict
-from ..symbolic.cost import spec_cost
+from ..symbolic.cost import Cost, spec_cost
 from ..symbolic.derive import Derivation
 from .display import counterexample_lines
 from ..symbolic.element import ElementModel
 from ..prove.equivariance import LEMMAS
 from ..errors import SizeGuardError
+from ..symbolic.element import guard
 from .figures import Figure
 from .figure_job import FigureJob
 from ..symbolic.evaluate import NUMERIC, Evaluator
@@ -213,10 +214,30 @@ _HEATMAP_NOTE = ("(The heatmap of these weights is left out: matplotlib is not i
 _FIGURES_NOTE = "Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."
 
 
-def _figure_job(typed: t.TypedSpec, derivation: Derivation, wanted: bool) -> FigureJob:
+@dataclass
+class _Inputs:
+    """What the sections and the figures both need, computed once before the figure job starts."""
+
+    cost: Cost
+    weights: str | None = None          # the attention weights tensor, if any
+    table: np.ndarray | None = None     # its values in the small example, when the example is written
+
+
+def _inputs(typed: t.TypedSpec, derivation: Derivation, force: bool) -> _Inputs:
+    inputs = _Inputs(spec_cost(typed, derivation), _weights_tensor(typed))
+    if inputs.weights is not None:
+        try:
+            guard(typed, force)   # the element model's own test: without a model there is no example
+        except SizeGuardError:
+            return inputs
+        inputs.table = _weight_table(typed, inputs.weights)
+    return inputs
+
+
+def _figure_job(typed: t.TypedSpec, inputs: _Inputs, wanted: bool) -> FigureJob:
     """Whether matplotlib is there and, when the figures are wanted, the figures themselves, from
-    the typed spec and the derivation alone: a child can draw them while the element level runs.
-    No child when the figures are not wanted or matplotlib is not installed."""
+    numbers already computed: a child can draw them while the element level runs. No child when
+    the figures are not wanted or matplotlib is not installed."""
     from importlib.util import find_spec
 
     from . import figures
@@ -224,10 +245,9 @@ def _figure_job(typed: t.TypedSpec, derivation: Derivation, wanted: bool) -> Fig
     thunks = {"available": figures.available}
     if not wanted:
         return FigureJob(thunks, fork=False)
-    weights = _weights_tensor(typed)
-    if weights is not None:
-        thunks["heatmap"] = lambda: figures.heatmap(typed.name, weights, _weight_table(typed, weights))
-    thunks["cost"] = lambda: figures.cost_curve(typed, spec_cost(typed, derivation))
+    if inputs.table is not None:
+        thunks["heatmap"] = lambda: figures.heatmap(typed.name, inputs.weights, inputs.table)
+    thunks["cost"] = lambda: figures.cost_curve(typed, inputs.cost)
     return FigureJob(thunks, fork=None if find_spec("matplotlib") is not None else False)
 
 
@@ -264,7 +284,7 @@ def _weight_table(spec: t.TypedSpec, weights: str) -> np.ndarray:
     return values
 
 
-def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None) -> None:
+def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, inputs: _Inputs) -> None:
     doc.add(Heading(2, "A small example"))
     sizes = ", ".join(f"{k} = {v}" for k, v in spec.sizes.items())
     if model is None:
@@ -277,12 +297,12 @@ def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None) -> No
     sym = model.slot[out][first] if spec.tensors[out].shape else model.slot[out]
     doc.add(Display(Math.of_sympy(sympy.Eq(sym, model.local[out][first] if spec.tensors[out].shape
                                            else model.local[out], evaluate=False))))
-    w = _weights_tensor(spec)
+    w = inputs.weights
     if w is not None:
         entry = (0,) * len(spec.tensors[w].shape)
         doc.add(Para([f"and the first attention weight {w}, a softmax written with exp:"]),
                 Display(Math.of_sympy(sympy.Eq(model.slot[w][entry], model.local[w][entry], evaluate=False))))
-        values = _weight_table(spec, w)
+        values = inputs.table if inputs.table is not None else _weight_table(spec, w)
         doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {w} are:"]))
         header = [""] + [str(j + 1) for j in range(values.shape[-1])]
         doc.add(Table(header, [[str(i + 1)] + [f"{v:.3f}" for v in r] for i, r in enumerate(values)]))
@@ -361,8 +381,7 @@ def _symmetry(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict], symmetr
             doc.add(Items(items))
 
 
-def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation) -> None:
-    cost = spec_cost(spec, derivation)
+def _cost(doc: Document, spec: t.TypedSpec, cost: Cost) -> None:
     doc.add(Heading(2, "Cost"),
             Para(["FLOPs count a multiply-add as 2 and one elementwise operation as 1; memory counts floats. "
                   "Every formula is a polynomial in the dims."]))
@@ -399,13 +418,14 @@ def _build(spec, force: bool, figures: bool) -> Document:
     typed = spec.typed
     progress.step("deriving")
     derivation = spec.derive()
-    with _figure_job(typed, derivation, figures) as job:
-        doc = _sections(spec, typed, derivation, force)
+    inputs = _inputs(typed, derivation, force)
+    with _figure_job(typed, inputs, figures) as job:
+        doc = _sections(spec, typed, derivation, inputs, force)
         _place_figures(doc, job, figures)
     return doc
 
 
-def _sections(spec, typed: t.TypedSpec, derivation: Derivation, force: bool) -> Document:
+def _sections(spec, typed: t.TypedSpec, derivation: Derivation, inputs: _Inputs, force: bool) -> Document:
     """The document, with a `_Slot` where each figure (or the note on a missing one) goes."""
     doc = Document(typed.name, f"Derivation of {typed.name}")
     doc.add(Heading(1, doc.title),
@@ -425,7 +445,7 @@ def _sections(spec, typed: t.TypedSpec, derivation: Derivation, force: bool) -> 
     except SizeGuardError:
         model = None
     progress.step("the small example")
-    _example(doc, typed, model)
+    _example(doc, typed, model, inputs)
     verified = {}
     if model is not None:
         for check in spec.verify_gradients(force=force):
@@ -436,7 +456,7 @@ def _sections(spec, typed: t.TypedSpec, derivation: Derivation, force: bool) -> 
     progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
     progress.step("cost")
-    _cost(doc, typed, derivation)
+    _cost(doc, typed, inputs.cost)
     return doc
 
 
