@@ -26,13 +26,16 @@ registers a `pthread_atfork` handler that stops its workers before a fork and st
 again on demand in both processes, so the child's BLAS is in a consistent state; and (b) on a
 terminal, `symattn.progress`'s ticker thread, whose every write to stderr happens under its
 line's lock: the fork happens inside `progress.held()`, which holds that lock, so the child
-never starts with stderr's buffer half written. symattn starts no other thread. (Python 3.12+
+never starts with stderr's buffer half written. symattn starts no other thread. The parent's objects are frozen (`gc.freeze`) across the fork,
+so the child's garbage collections never walk the inherited heap (which would copy it page by
+page and cost CPU for nothing); the parent unfreezes them at once. (Python 3.12+
 warns on fork with threads running; 3.14 made 'forkserver' the default start method, which is
 why the context asks for 'fork' by name.)
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import pickle
 import traceback
@@ -98,10 +101,16 @@ class FigureJob:
         if self.forked:
             context = multiprocessing.get_context("fork")
             self._conn, sender = context.Pipe(duplex=False)
-            with progress.held():
-                self._process = context.Process(target=_run_all, args=(self.thunks, sender),
-                                                name="symattn-figures", daemon=True)
-                self._process.start()
+            # The parent's objects into the permanent generation for the fork: the child's
+            # collections then never walk (and copy, page by page) the heap it inherited.
+            gc.freeze()
+            try:
+                with progress.held():
+                    self._process = context.Process(target=_run_all, args=(self.thunks, sender),
+                                                    name="symattn-figures", daemon=True)
+                    self._process.start()
+            finally:
+                gc.unfreeze()
             sender.close()
 
     def result(self, name: str) -> Any:
