@@ -29,10 +29,9 @@ from ..prove.verdicts import Verdict
 from ..symbolic.cost import Cost, spec_cost
 from ..symbolic.derive import Derivation
 from .display import counterexample_lines
-from ..symbolic.element import ElementModel
+from ..symbolic.element import ElementModel, guard
 from ..prove.equivariance import LEMMAS
 from ..errors import SizeGuardError
-from ..symbolic.element import guard
 from .figures import Figure
 from .figure_job import FigureJob
 from ..symbolic.evaluate import NUMERIC, Evaluator
