@@ -25,6 +25,7 @@ terminal REPL, and inside `symattn derive` the command's title stays).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -32,7 +33,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
-__all__ = ["task", "step", "detail", "DELAY"]
+__all__ = ["task", "step", "detail", "held", "DELAY"]
 
 DELAY = 1.0      # seconds a task runs before the line appears
 INTERVAL = 0.1   # seconds between redraws
@@ -162,3 +163,28 @@ def detail(text: str) -> None:
     if _line is not None:
         what, done, total = _line.last
         _line.show(what, done, total, detail=text)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Keep the progress line from being written during the body (its ticker thread waits): a
+    process forked in the body never starts with stderr half written by that thread."""
+    line = _line
+    if line is None:
+        yield
+        return
+    with line.lock:
+        yield
+
+
+def _forget_line_in_child() -> None:
+    """A forked child draws no progress: the line (its lock possibly held by the forking thread,
+    its ticker thread not copied) and the stdout wrapper that clears it stay the parent's."""
+    global _line
+    _line = None
+    if isinstance(sys.stdout, _ClearingStream):
+        sys.stdout = sys.stdout._stream
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_line_in_child)

@@ -7,7 +7,9 @@ permutation proof, and the cost polynomials. `render(doc, fmt)` writes it as
 Markdown (math GitHub renders), standalone HTML (MathML, renders offline) or
 LaTeX (compiles with a standard distribution). The same inputs give the same
 bytes. Figures come from `symattn.docs.figures` when matplotlib is installed and
-are left out, with a note, when it is not.
+are left out, with a note, when it is not. They are drawn in a child process
+(`symattn.docs.figure_job`) while the element-level work goes on, where the
+'fork' start method exists, else in this process: the same PNG bytes either way.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from .. import progress
 from ..version import __version__
 from ..ir import typed as t
 from ..prove.verdicts import Verdict
-from ..symbolic.cost import spec_cost
+from ..symbolic.cost import Cost, spec_cost
 from ..symbolic.derive import Derivation
 from .display import counterexample_lines
-from ..symbolic.element import ElementModel
+from ..symbolic.element import ElementModel, guard
 from ..prove.equivariance import LEMMAS
 from ..errors import SizeGuardError
 from .figures import Figure
+from .figure_job import FigureJob
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from .mathbox import Box, Ident, Op, row, to_latex, to_mathml
 from .mathprint import Names, definition_box, dim_box, entry_box, grad_box, gradient_box, loss_box, matrix_box
@@ -198,7 +201,89 @@ def _legend(names: dict[str, Box]) -> list[Inline]:
     return parts
 
 
-def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, figures) -> None:
+@dataclass
+class _Slot:
+    """Where a figure goes, filled by `_place_figures` when the figure job has answered."""
+
+    name: str   # the figure job's thunk: "heatmap" or "cost"
+
+
+_HEATMAP_NOTE = ("(The heatmap of these weights is left out: matplotlib is not installed; "
+                 "`pip install 'symattn[plots]'` adds it.)")
+_FIGURES_NOTE = "Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."
+
+
+@dataclass
+class _Inputs:
+    """What the sections and the figures both need, computed once before the figure job starts."""
+
+    cost: Cost
+    weights: str | None = None          # the attention weights tensor, if any
+    table: np.ndarray | None = None     # its values in the small example, when the example is written
+
+
+def _inputs(typed: t.TypedSpec, derivation: Derivation, force: bool) -> _Inputs:
+    inputs = _Inputs(spec_cost(typed, derivation), _weights_tensor(typed))
+    if inputs.weights is not None:
+        try:
+            guard(typed, force)   # the element model's own test: without a model there is no example
+        except SizeGuardError:
+            return inputs
+        inputs.table = _weight_table(typed, inputs.weights)
+    return inputs
+
+
+def _figure_job(typed: t.TypedSpec, inputs: _Inputs, wanted: bool) -> FigureJob:
+    """Whether matplotlib is there and, when the figures are wanted, the figures themselves, from
+    numbers already computed: a child can draw them while the element level runs. No child when
+    the figures are not wanted or matplotlib is not installed."""
+    from importlib.util import find_spec
+
+    from . import figures
+
+    thunks = {"available": figures.available}
+    if not wanted:
+        return FigureJob(thunks, fork=False)
+    if inputs.table is not None:
+        thunks["heatmap"] = lambda: figures.heatmap(typed.name, inputs.weights, inputs.table)
+    thunks["cost"] = lambda: figures.cost_curve(typed, inputs.cost)
+    return FigureJob(thunks, fork=None if find_spec("matplotlib") is not None else False)
+
+
+def _place_figures(doc: Document, job: FigureJob, wanted: bool) -> None:
+    """Each slot becomes its figure (none when the figure is None or not wanted), or the heatmap's
+    note when matplotlib is missing; then the note on missing figures, when they are."""
+    available = job.result("available")
+    blocks = []
+    for block in doc.blocks:
+        if not isinstance(block, _Slot):
+            blocks.append(block)
+        elif not available:
+            if block.name == "heatmap":
+                blocks.append(Para([_HEATMAP_NOTE]))
+        elif wanted:
+            figure = job.result(block.name)
+            if figure is not None:
+                blocks.append(figure)
+    doc.blocks = blocks
+    if not available:
+        doc.add(Para([_FIGURES_NOTE]))
+
+
+def _weights_tensor(spec: t.TypedSpec) -> str | None:
+    """The attention weights: the first softmax, if any."""
+    return next((n for n, i in spec.tensors.items() if isinstance(i.expr, t.Softmax)), None)
+
+
+def _weight_table(spec: t.TypedSpec, weights: str) -> np.ndarray:
+    """The weights of the small example (the first matrix of them when there are more axes)."""
+    values = _example_values(spec)[weights]
+    while values.ndim > 2:
+        values = values[0]
+    return values
+
+
+def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, inputs: _Inputs) -> None:
     doc.add(Heading(2, "A small example"))
     sizes = ", ".join(f"{k} = {v}" for k, v in spec.sizes.items())
     if model is None:
@@ -211,24 +296,16 @@ def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, figur
     sym = model.slot[out][first] if spec.tensors[out].shape else model.slot[out]
     doc.add(Display(Math.of_sympy(sympy.Eq(sym, model.local[out][first] if spec.tensors[out].shape
                                            else model.local[out], evaluate=False))))
-    weights = [n for n, i in spec.tensors.items() if isinstance(i.expr, t.Softmax)]
-    if weights:
-        w = weights[0]
+    w = inputs.weights
+    if w is not None:
         entry = (0,) * len(spec.tensors[w].shape)
         doc.add(Para([f"and the first attention weight {w}, a softmax written with exp:"]),
                 Display(Math.of_sympy(sympy.Eq(model.slot[w][entry], model.local[w][entry], evaluate=False))))
-        values = _example_values(spec)[w]
-        while values.ndim > 2:
-            values = values[0]
+        values = inputs.table if inputs.table is not None else _weight_table(spec, w)
         doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {w} are:"]))
         header = [""] + [str(j + 1) for j in range(values.shape[-1])]
         doc.add(Table(header, [[str(i + 1)] + [f"{v:.3f}" for v in r] for i, r in enumerate(values)]))
-        fig = figures.heatmap(spec.name, w, values) if figures else None
-        if fig is not None:
-            doc.add(fig)
-        elif figures is None:
-            doc.add(Para(["(The heatmap of these weights is left out: matplotlib is not installed; "
-                          "`pip install 'symattn[plots]'` adds it.)"]))
+        doc.add(_Slot("heatmap"))
 
 
 def _example_values(spec: t.TypedSpec) -> dict[str, np.ndarray]:
@@ -303,8 +380,7 @@ def _symmetry(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict], symmetr
             doc.add(Items(items))
 
 
-def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> None:
-    cost = spec_cost(spec, derivation)
+def _cost(doc: Document, spec: t.TypedSpec, cost: Cost) -> None:
     doc.add(Heading(2, "Cost"),
             Para(["FLOPs count a multiply-add as 2 and one elementwise operation as 1; memory counts floats. "
                   "Every formula is a polynomial in the dims."]))
@@ -326,25 +402,7 @@ def _cost(doc: Document, spec: t.TypedSpec, derivation: Derivation, figures) -> 
                   "the sequence length, so attention is O(1) in sequential steps; an RNN over the same sequence "
                   "needs O(N) steps one after another. The price is the memory of the N x N weights: ",
                   m(cost.quadratic) if fused else "none here", "."]))
-    fig = figures.cost_curve(spec, cost) if figures else None
-    if fig is not None:
-        doc.add(fig)
-
-
-class _NoFigures:
-    """Stands in for `symattn.docs.figures` when the caller will drop the figures anyway: the same
-    blocks as with matplotlib, less the figures, without importing and drawing them."""
-
-    def __bool__(self) -> bool:
-        return True
-
-    @staticmethod
-    def heatmap(*args) -> None:
-        return None
-
-    @staticmethod
-    def cost_curve(*args) -> None:
-        return None
+    doc.add(_Slot("cost"))
 
 
 def build(spec, force: bool = False, figures: bool = True) -> Document:
@@ -356,15 +414,18 @@ def build(spec, force: bool = False, figures: bool = True) -> Document:
 
 
 def _build(spec, force: bool, figures: bool) -> Document:
-    from . import figures as figure_module
-
     typed = spec.typed
-    if not figure_module.available():
-        drawer = None
-    else:
-        drawer = figure_module if figures else _NoFigures()
     progress.step("deriving")
     derivation = spec.derive()
+    inputs = _inputs(typed, derivation, force)
+    with _figure_job(typed, inputs, figures) as job:
+        doc = _sections(spec, typed, derivation, inputs, force)
+        _place_figures(doc, job, figures)
+    return doc
+
+
+def _sections(spec, typed: t.TypedSpec, derivation: Derivation, inputs: _Inputs, force: bool) -> Document:
+    """The document, with a `_Slot` where each figure (or the note on a missing one) goes."""
     doc = Document(typed.name, f"Derivation of {typed.name}")
     doc.add(Heading(1, doc.title),
             Para([f"Generated by symattn {__version__} from `{typed.filename.split('/')[-1]}`. Every formula "
@@ -383,7 +444,7 @@ def _build(spec, force: bool, figures: bool) -> Document:
     except SizeGuardError:
         model = None
     progress.step("the small example")
-    _example(doc, typed, model, drawer)
+    _example(doc, typed, model, inputs)
     verified = {}
     if model is not None:
         for check in spec.verify_gradients(force=force):
@@ -394,9 +455,7 @@ def _build(spec, force: bool, figures: bool) -> Document:
     progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
     progress.step("cost")
-    _cost(doc, typed, derivation, drawer)
-    if drawer is None:
-        doc.add(Para(["Figures are left out: matplotlib is not installed (`pip install 'symattn[plots]'`)."]))
+    _cost(doc, typed, inputs.cost)
     return doc
 
 

@@ -156,17 +156,17 @@ class ElementModel:
             if name in self.risky:
                 exact.values[name] = self.forward[name]
         self.exact_values = {s: v for n in self.risky for s, v in zip(self.slot[n].flat, self.forward[n].flat)}
-        self.consumers = {n: [c for c, e in self.local.items() if self._reads(e, n)] for n in spec.tensors}
+        # Each definition's symbols once (not once per tensor it might read): the same consumers.
+        reads = {c: set().union(*(free_symbols(e) for e in entries.flat if isinstance(e, sympy.Basic)))
+                 for c, entries in self.local.items()}
+        self.consumers = {n: [c for c in self.local if not reads[c].isdisjoint(self.values_of(n).flat)]
+                          for n in spec.tensors}
         self.live = set(spec.outputs)  # tensors with a path to an output
         for name in reversed(list(spec.tensors)):
             if any(c in self.live for c in self.consumers[name]):
                 self.live.add(name)
         self._truth: dict[str, np.ndarray] = {}
         self._adjoint: dict[str, np.ndarray] = {}
-
-    def _reads(self, entries: np.ndarray, name: str) -> bool:
-        own = set(self.values_of(name).flat)
-        return any(own & free_symbols(e) for e in entries.flat if isinstance(e, sympy.Basic))
 
     def values_of(self, name: str) -> np.ndarray:
         """The symbols standing for a tensor's entries (leaf symbols or slots)."""
