@@ -362,6 +362,9 @@ def _distributed_worker(rank, world, port, how, X, keep, target, result):
         # NumPy copies travel by value: a torch tensor would travel as a shared-memory handle that
         # dies with this process, and the parent may read the queue after it has exited
         result.put(grads)
+    # both ranks past every collective before either tears gloo down: under load a rank that destroyed
+    # its group early made the other abort in teardown ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
