@@ -61,7 +61,7 @@ from .names import CNames
 from .score_forms import SoftmaxParts, masked_condition, scale_check, softmax_parts
 
 __all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD",
-           "masked_condition", "ForwardShape", "FORWARD_SHAPES"]
+           "LIVE_TEST", "masked_condition", "ForwardShape", "FORWARD_SHAPES"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
 TC_DTYPES = ("bf16", "f16")
@@ -419,7 +419,7 @@ _LOOP_HEAD = """\
 """
 
 # With a mask, a tile every warp finds fully masked is neither loaded nor computed: at tile t the warps
-# test tile t + 1 (`_WARP_LIVE`), publish the answers in `live_flags_` and, after a barrier, copy
+# test tile t + 1 (`LIVE_TEST`), publish the answers in `live_flags_` and, after a barrier, copy
 # tile t + 1 only when one of them needs it; a skipped tile also skips its barriers.
 _MASKED_FIRST = Template("""\
     __shared__ int live_flags_[2][SA_TC_THREADS / SA_WARP_SIZE];  // per tile parity: does warp w need it?
@@ -456,14 +456,16 @@ _MASKED_AFTER_LOOP = """\
     __syncthreads();  // Q's copies are complete before O is staged over them (when no tile was computed)
 """
 
-# Whether any (row, key) of this warp's 16 x GROUPS rows x KEYS keys from `key0` escapes the mask, warp-uniform, into
-# `warp_live_`; lane 0 publishes it in `live_flags_[parity]`, and after a barrier `block_live_` is their OR.
-_WARP_LIVE = Template("""\
+# Whether any of a warp's `entries` (row, key) pairs, entry e_ at ($coords), escapes the mask, warp-uniform,
+# into `warp_live_`; lane 0 publishes it in `live_flags_[parity]`, and after a barrier `block_live_` is their
+# OR. The forward tests 16 x GROUPS rows x KEYS keys from `key0`; the backward a key block's
+# 16 keys a warp against SA_TC_ROWS queries (`tensor_core_backward`).
+LIVE_TEST = Template("""\
         {
             bool live_ = false;
 #pragma unroll 4
-            for (int e_ = lane_; e_ < 16 * GROUPS * KEYS; e_ += SA_WARP_SIZE) {
-                const int i_ = q0_ + wrow_ + e_ / KEYS, j_ = ($key0) + e_ % KEYS;
+            for (int e_ = lane_; e_ < $entries; e_ += SA_WARP_SIZE) {
+                const int $coords;
                 live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
             }
             float any_ = live_ ? 1.0f : 0.0f;
@@ -541,7 +543,9 @@ def forward(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str]
     softmax = softmax_parts(core, prefix, names, args_["lead_args"], args_["dim_args"], lead)
     forward.scale, forward.softmax = softmax.scale, softmax
     if mask:  # tiles every warp finds masked are not loaded; a warp skips the rest of its masked tiles
-        test = lambda key0, parity: _WARP_LIVE.substitute(args_, key0=key0, parity=parity)  # noqa: E731
+        test = lambda key0, parity: LIVE_TEST.substitute(  # noqa: E731
+            args_, entries="16 * GROUPS * KEYS", coords=f"i_ = q0_ + wrow_ + e_ / KEYS, j_ = ({key0}) + e_ % KEYS",
+            parity=parity)
         parts = dict(first=_MASKED_FIRST.substitute(first_test=test("0", "0")),
                      loop_head=_MASKED_LOOP_HEAD.substitute(next_test=test("(t_ + 1) * KEYS", "(t_ + 1) & 1")),
                      skip="        if (this_warp_live_)  // warp-uniform: the whole warp computes the tile or skips it",

@@ -52,7 +52,7 @@ from string import Template
 from typing import Sequence
 
 from .score_forms import scale_check
-from .tensor_core import PAD, ROWS, TC_DTYPES, TensorCoreForward
+from .tensor_core import LIVE_TEST, PAD, ROWS, TC_DTYPES, TensorCoreForward
 
 __all__ = ["BACKWARD_HEAD_DIMS", "BACKWARD_PRELUDE", "TensorCoreBackward", "backward", "backward_cols",
            "backward_shared_bytes"]
@@ -313,25 +313,13 @@ _MASKED_FIRST = """\
     __shared__ int live_flags_[2][SA_TC_THREADS / SA_WARP_SIZE];  // per tile parity: does warp w need it?
     bool warp_live_, block_live_;
 """
-_LIVE = Template("""\
-        {
-            bool live_ = false;
-#pragma unroll 4
-            for (int e_ = lane_; e_ < 16 * SA_TC_ROWS; e_ += SA_WARP_SIZE) {
-                const int j_ = blockIdx.x * SA_TC_ROWS + warp_ * 16 + e_ / SA_TC_ROWS, i_ = ($query0) + e_ % SA_TC_ROWS;
-                live_ = live_ || (i_ < n_q_ && j_ < n_k_ && !${prefix}_masked(${lead_args}i_, j_$dim_args));
-            }
-            float any_ = live_ ? 1.0f : 0.0f;
-#pragma unroll
-            for (int m_ = 16; m_ > 0; m_ >>= 1) any_ = fmaxf(any_, sa_shfl_xor(any_, m_));
-            warp_live_ = any_ != 0.0f;
-            if (lane_ == 0) live_flags_[$parity][warp_] = warp_live_ ? 1 : 0;
-            __syncthreads();
-            block_live_ = false;
-#pragma unroll
-            for (int w_ = 0; w_ < SA_TC_THREADS / SA_WARP_SIZE; ++w_)
-                block_live_ = block_live_ || live_flags_[$parity][w_];
-        }""")
+
+
+def _live(args, query0, parity):
+    """`LIVE_TEST` for a warp's 16 keys of this key block against SA_TC_ROWS queries from `query0`."""
+    return LIVE_TEST.substitute(args, entries="16 * SA_TC_ROWS", parity=parity, coords=(
+        f"j_ = blockIdx.x * SA_TC_ROWS + warp_ * 16 + e_ / SA_TC_ROWS, i_ = ({query0}) + e_ % SA_TC_ROWS"))
+
 
 _HOST = Template("""\
 extern "C" $signature {
@@ -425,9 +413,8 @@ def backward(forward: TensorCoreForward) -> TensorCoreBackward:
     if forward.mask is None:
         tests = dict(first_test="    bool warp_live_ = true, block_live_ = true;", next_test="")
     else:
-        tests = dict(first_test=_MASKED_FIRST + _LIVE.substitute(args, query0="0", parity="0"),
-                     next_test="        if (block_live_)\n" + _LIVE.substitute(args, query0="(t_ + 1) * SA_TC_ROWS",
-                                                                              parity="(t_ + 1) & 1"))
+        tests = dict(first_test=_MASKED_FIRST + _live(args, "0", "0"),
+                     next_test="        if (block_live_)\n" + _live(args, "(t_ + 1) * SA_TC_ROWS", "(t_ + 1) & 1"))
     softmax = forward.softmax
     grad = "c_" if softmax.scale else f"{forward.prefix}_score_grad(s_, {args['lead_args']}i_, j_{args['dim_args']})"
     body = _KERNELS.substitute(args, PREFIX=forward.prefix.upper(), output=forward.core.output,
