@@ -32,6 +32,7 @@ from ..ir.functions import FUNCTIONS, table
 from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
+from .lattice import lattice
 
 __all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves", "reduce_lines"]
 
@@ -231,7 +232,7 @@ class _Symbolic(_Backend):
             if key not in _EXTREMES:
                 if len(_EXTREMES) > _EXTREMES_KEPT:
                     _EXTREMES.clear()
-                _EXTREMES[key] = fn(*values)
+                _EXTREMES[key] = lattice(fn, values)
             return _EXTREMES[key]
 
         return reduce_lines(x, axis, line)

@@ -50,6 +50,7 @@ from ..ir.functions import FUNCTIONS
 from .element import symbol_name
 from .evaluate import Evaluator, reduce_lines
 from .exact import settled, zero_test
+from .lattice import lattice
 from .relations import root_atom
 from .signs import nonnegative, positive, zero_events
 
@@ -247,7 +248,7 @@ class _Guarded:
             values = [_wrap(v) for v in values]
             deps = frozenset().union(*(v.deps for v in values))
             if all(v.kind == FINITE for v in values):
-                return Value(FINITE, fn(*(v.expr for v in values)), deps)
+                return Value(FINITE, lattice(fn, [v.expr for v in values]), deps)
             self._problem(f"{kind} of a line with an entry that may be infinite or NaN")
             return Value(UNKNOWN, deps=deps)
 
