@@ -143,9 +143,15 @@ def _holds_for_all_sizes(gather, sides) -> bool:
     return True
 
 
-def _check(gather: Gather, claim: str):
-    (check,) = symattn.load(gather.text() + f"check {claim}\n").typed.checks
-    return check
+def _assert_proved_iff(text: str, claim: str, holds: bool):
+    """The claim, checked on the spec `text`, is proved for all sizes by index equations exactly when it holds."""
+    spec = symattn.load(text + f"check {claim}\n").typed
+    (check,) = spec.checks
+    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
+    if holds:
+        assert proof is not None and proof.method == METHOD
+    else:
+        assert proof is None, f"a false claim proved for all sizes: {proof.steps if proof else ''}"
 
 
 @pytest.mark.parametrize("gather, claim, sides, proved", [pytest.param(*c[1:], id=c[0]) for c in CASES])
@@ -153,13 +159,7 @@ def test_the_matrix_level_proves_exactly_the_true_claims(gather, claim, sides, p
     with np.errstate(invalid="ignore"):
         holds = _holds_for_all_sizes(gather, sides)
     assert holds == proved, "the table's truth disagrees with NumPy"
-    spec = symattn.load(gather.text() + f"check {claim}\n").typed
-    (check,) = spec.checks
-    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
-    if holds:
-        assert proof is not None and proof.method == METHOD
-    else:
-        assert proof is None, f"a false claim proved for all sizes: {proof.steps if proof else ''}"
+    _assert_proved_iff(gather.text(), claim, holds)
 
 
 REFUTED = ["wrong corner", "two reads, one corner", "row read, one entry of the row", "masked corner"]
@@ -244,14 +244,8 @@ def test_exp_of_the_causal_mask(claim, sides, proved):
             for _ in range(4):
                 x = rng.integers(-4, 5, (n, n)).astype(float) / 2
                 holds = holds and _same(*sides(x, n))
-    spec = symattn.load(MASK_SPEC + f"check {claim}\n").typed
-    (check,) = spec.checks
-    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
     assert holds == proved, "the table's truth disagrees with NumPy"
-    if holds:
-        assert proof is not None and proof.method == METHOD
-    else:
-        assert proof is None, "a false claim proved for all sizes"
+    _assert_proved_iff(MASK_SPEC, claim, holds)
 
 
 # --- the rules on hand-built sums, against counting -------------------------------------------
@@ -350,13 +344,7 @@ def test_interleaved_rope_entries(claim, sides, holds):
     rng = np.random.default_rng(11)
     agree = all(_same(*sides(_rope_values(n, h, rng), h)) for n in range(1, 5) for h in range(1, 4) for _ in range(3))
     assert agree == holds, "the table's truth disagrees with NumPy"
-    spec = symattn.load(ROPE + f"\ncheck {claim}\n").typed
-    (check,) = spec.checks
-    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
-    if holds:
-        assert proof is not None and proof.method == METHOD
-    else:
-        assert proof is None, "a false claim proved for all sizes"
+    _assert_proved_iff(ROPE + "\n", claim, holds)
 
 
 SPLIT_SPEC = """attention split
@@ -398,10 +386,4 @@ def test_where_on_an_index_is_split_by_its_value(claim, sides, holds):
     with np.errstate(invalid="ignore"):
         agree = all(_same(*sides(_split_values(n, rng))) for n in range(1, 6) for _ in range(4))
     assert agree == holds, "the table's truth disagrees with NumPy"
-    spec = symattn.load(SPLIT_SPEC + f"check {claim}\n").typed
-    (check,) = spec.checks
-    proof = prove_equal(check.lhs, check.rhs, spec, definitions_for(spec, derive(spec)))
-    if holds:
-        assert proof is not None and proof.method == METHOD
-    else:
-        assert proof is None, "a false claim proved for all sizes"
+    _assert_proved_iff(SPLIT_SPEC, claim, holds)
