@@ -188,12 +188,21 @@ def _logsumexp(x, axis):
 def _exp_shifted_(x, top):
     """exp(x - top) in x's buffer, `top` (a row max or log-sum-exp) broadcast; a row of -inf whose top is
     -inf gives 0. Taken as exp2(x log2e - top log2e), one fused multiply-add (the rounding of top log2e
-    scales a whole row alike), with top log2e in at least float32 and clamped to its lowest finite value:
-    torch's exp is 10-170x slower where it underflows or x is -inf, its exp2 is not."""
-    LOG2E = 1.4426950408889634
-    wide = torch.promote_types(x.dtype, torch.float32)
-    shift = top.to(wide).mul(LOG2E).clamp_min_(torch.finfo(wide).min)
-    return torch.add(shift.neg_(), x, alpha=LOG2E, out=x).exp2_()
+    scales a whole row alike): torch's exp is 10-170x slower where it underflows or x is -inf, its exp2
+    is not."""
+    return _exp2_plus_(x, _log2_shift(top, x.dtype))
+
+
+def _log2_shift(top, dtype):
+    """-top log2e, in at least float32 (no overflow in float16) and at most the lowest finite value's
+    negation (top -inf: x log2e - lowest is still -inf for x = -inf); what `_exp2_plus_` adds."""
+    wide = torch.promote_types(dtype, torch.float32)
+    return top.to(wide).mul(1.4426950408889634).clamp_min_(torch.finfo(wide).min).neg_()
+
+
+def _exp2_plus_(x, shift):
+    """exp2(x log2e + shift) in x's buffer: exp(x - top) for shift = `_log2_shift(top)`."""
+    return torch.add(shift, x, alpha=1.4426950408889634, out=x).exp2_()
 
 
 def _reverse_cumsum(x, dim):
@@ -268,16 +277,18 @@ def _own(values, inputs):
 HELPERS = (  # in the order generated modules list them
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
-    "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
+    "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
+    "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
     "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_key_blocks", "_entries",
 )
 SHARED = ("_key_blocks",)  # plain Python on integers: the NumPy runtime's own source text
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
+         "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
          "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
          "_logsumexp": ("_exp_shifted_",),
-         "_flash_forward": ("_entries", "_groups", "_block", "_strips", "_key_blocks"),
-         "_flash_backward": ("_entries", "_groups", "_block", "_strips")}
+         "_flash_forward": ("_entries", "_groups", "_block", "_strips", "_key_blocks", "_exp_shifted_"),
+         "_flash_backward": ("_entries", "_groups", "_block", "_strips", "_log2_shift", "_exp2_plus_")}
 
 
 def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k):
@@ -287,9 +298,7 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     strips; one score buffer per group, reused. `inside(first, last)` (None: none) gives the keys every
     one of those rows sees at each condition that bounds keys: strips there take `score_inside` (None:
     s itself), which pays no mask, and the others `score` (`_key_blocks`). A fully masked row gives
-    o = 0 and lse = -inf. exp(x - max) is taken as exp2(x log2e - max log2e), the row max in at least
-    float32: torch's exp is 10-170x slower where it underflows or x is -inf, its exp2 is not."""
-    LOG2E = 1.4426950408889634
+    o = 0 and lse = -inf. exp(x - max) comes from `_exp_shifted_` (exp2), the row max in at least float32."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     q = _entries(q * scale if scale != 1 else q, batch, heads)
@@ -301,8 +310,7 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     lse = q.new_full(q.shape[:-1] + (1,), -math.inf)
     rows = torch.arange(n_q, device=q.device)[:, None]
     cols = torch.arange(n_k, device=q.device)[None, :]
-    wide = torch.promote_types(q.dtype, torch.float32)  # the row max times log2e: no overflow in float16
-    finfo = torch.finfo(wide)
+    wide = torch.promote_types(q.dtype, torch.float32)  # the running row max: no overflow in float16
     strip = 16 * block_k
     for g0, g1, buffer in _groups(q, lead, block_q * min(strip, n_k)):
         for i0 in range(0, n_q, block_q):
@@ -316,22 +324,21 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
                 fn = score_inside if whole else score
                 p = s if fn is None else fn(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1],
                                             cols[:, j0:j1]).reshape(s.shape)
-                top = p.amax(dim=-1, keepdim=True).to(wide).mul_(LOG2E)  # the running row max, in log2 units
+                top = p.amax(dim=-1, keepdim=True).to(wide)  # the running row max
                 if m is not None:
                     top = torch.maximum(m, top)
-                shift = top.clamp_min(finfo.min)  # a row masked so far: -inf - lowest = -inf, exp2 gives 0
-                torch.add(shift.neg(), p, alpha=LOG2E, out=p).exp2_()  # exp(p - max) as exp2(p log2e - max)
+                _exp_shifted_(p, top)  # a row masked so far (top -inf) gives 0
                 if m is None:
                     torch.bmm(p, v[g0:g1, j0:j1], out=oi)
                     total = p.sum(dim=-1, keepdim=True)
                 else:
-                    fix = m.sub_(shift).exp2_()
+                    fix = _exp_shifted_(m, top)
                     oi.mul_(fix).baddbmm_(p, v[g0:g1, j0:j1])
                     total.mul_(fix).add_(p.sum(dim=-1, keepdim=True))
                 m = top
             if m is not None:
                 oi.div_(total.clamp_min(torch.finfo(total.dtype).tiny))  # a fully masked row: 0 / tiny = 0
-                torch.add(m, total.log2_(), out=lse[g0:g1, i0:i1]).div_(LOG2E)
+                torch.add(m, total.log_(), out=lse[g0:g1, i0:i1])
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
@@ -344,7 +351,6 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
     dq += dS @ k, dk += dS.T @ q. The weights come from exp2, as in the forward. (lse and delta
     subtracted inside the products, [q, -lse] @ [k, 1].T and [do, -delta] @ [v, 1].T as in the NumPy
     target, measured 5% slower here: torch's products of 65 columns are slower than of 64.)"""
-    LOG2E = 1.4426950408889634
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     n_q, n_k = q.shape[-2], k.shape[-2]
     shift = torch.where(lse == -math.inf, 0.0, lse)  # a fully masked row: exp(-inf - 0) = 0
@@ -354,7 +360,7 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
     q, k, v, do, shift, delta = (_entries(x, batch, heads).reshape((-1,) + x.shape[-2:])
                                  for x in (q, k, v, do, shift, delta))
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)
-    shiftc = shift.to(torch.promote_types(q.dtype, torch.float32)) * -LOG2E  # no overflow in float16
+    shift = _log2_shift(shift, q.dtype)  # once: every key block adds it
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     rows = torch.arange(n_q, device=q.device)[:, None]
     cols = torch.arange(n_k, device=q.device)[None, :]
@@ -379,7 +385,7 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                 view = (-1,) + lead + s.shape[1:]
                 grad = None if score_grad is None else score_grad(s.view(view), i, j)
                 p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape)
-                p = torch.add(shiftc[g0:g1, r0:r1], p, alpha=LOG2E, out=p).exp2_()  # exp(score - lse)
+                p = _exp2_plus_(p, shift[g0:g1, r0:r1])  # exp(score - lse)
                 if dvj is None:
                     dvj = torch.bmm(p.transpose(1, 2), doi)
                 else:
