@@ -217,6 +217,83 @@ def test_random_trees_zero_only_where_sympy_expands_to_zero(factors, base, expon
         assert expands_to_zero(rewritten), rewritten
 
 
+# --- atom mode: function applications as generators, without an atomized copy -----------------
+# Whatever atom mode calls zero must be zero in value (mpmath at random points is the independent
+# judge); the identities element-level entries rely on (the same exp on both sides, exp(2u) against
+# exp(u)**2, exp(u/2)**2 against exp(u)) must be shown; a symbol and exp of it are different generators.
+
+def _pow(base, exponent):
+    return sympy.Pow(base, exponent, evaluate=False)
+
+
+@pytest.mark.parametrize("expr", [
+    _pow(sympy.exp(x + y), 2) - sympy.exp(2 * x + 2 * y),
+    _pow(sympy.exp(x / 2), 2) - sympy.exp(x),
+    sympy.Mul(_pow(sympy.exp(-x), 3), sympy.exp(-x / 3), evaluate=False) - _pow(sympy.exp(-x / 3), 10),
+    sympy.exp(x) * (x + y) / (sympy.exp(x) + sympy.exp(y)) - (x * sympy.exp(x) + y * sympy.exp(x))
+    * _pow(sympy.exp(x) + sympy.exp(y), -1),
+    sympy.tanh(x) ** 2 * (1 + y) - sympy.tanh(x) ** 2 - y * _pow(sympy.tanh(x), 2),
+    _pow(sympy.Max(x, y), 2) * (1 + y) - _pow(sympy.Max(x, y), 2) - y * _pow(sympy.Max(y, x), 2),
+], ids=["square", "half", "negative-fractional", "softmax-entry", "tanh", "max"])
+def test_atom_mode_shows_identities_between_the_same_applications(expr):
+    assert expr != 0, "SymPy simplified the case away; it tests nothing"
+    assert expands_to_zero(expr, atoms=True)
+    assert not expands_to_zero(expr)  # the plain mode leaves functions alone
+
+
+@pytest.mark.parametrize("expr", [
+    sympy.exp(x) - x,                                   # exp(x)'s generator is not x's
+    sympy.exp(x) * x - x**2,
+    sympy.exp(2 * x) - sympy.exp(x),
+    sympy.exp(-x) - sympy.exp(x),                        # the sign goes into the exponent, not lost
+    sympy.Mul(sympy.exp(x), sympy.exp(-x), evaluate=False) - 1,  # zero, but exp(x) exp(-x) needs cancelling: not shown
+    sympy.exp(x + y) - sympy.exp(x) * sympy.exp(y),      # zero, but different applications: not shown
+    sympy.tanh(x) - sympy.tanh(y),
+    sympy.sin(x) ** 2 + sympy.cos(x) ** 2 - 1,           # zero only by a relation: left to the complete test
+    sympy.exp(x / 2) - sympy.exp(x / 3),
+], ids=["symbol", "symbol-product", "double", "sign", "inverse", "split", "arguments", "relation", "roots"])
+def test_atom_mode_never_claims_what_it_cannot_show(expr):
+    assert not expands_to_zero(expr, atoms=True)
+
+
+_APPLICATIONS = [sympy.exp(x), sympy.exp(-x), sympy.exp(2 * x), sympy.exp(x / 2), sympy.exp(x - y),
+                 sympy.exp(y - x), sympy.exp(x + y), sympy.tanh(x), sympy.tanh(y), sympy.Max(x, y), x, y,
+                 e1, sympy.sqrt(e1)]
+
+
+@st.composite
+def _function_trees(draw, depth=3):
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from(_APPLICATIONS + [sympy.Rational(-3, 2), sympy.Integer(2)]))
+    kind = draw(st.integers(0, 4))
+    evaluate = draw(st.booleans())
+    if kind < 2:
+        return sympy.Add(*draw(st.lists(_function_trees(depth - 1), min_size=2, max_size=3)), evaluate=evaluate)
+    if kind < 4:
+        return sympy.Mul(*draw(st.lists(_function_trees(depth - 1), min_size=2, max_size=3)), evaluate=evaluate)
+    return sympy.Pow(draw(_function_trees(depth - 1)), draw(st.sampled_from([2, 3, -1])), evaluate=evaluate)
+
+
+def _values_at_random_points(expr: sympy.Expr) -> list:
+    points = [{x: sympy.Rational(3, 7), y: sympy.Rational(-5, 11), e1: sympy.Rational(7, 5)},
+              {x: sympy.Rational(-13, 17), y: sympy.Rational(2, 3), e1: sympy.Rational(1, 9)}]
+    return [_value(expr, point) for point in points]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(_function_trees(), _function_trees(), st.sampled_from(_APPLICATIONS))
+def test_atom_mode_zero_only_where_the_value_is_zero(a, b, extra):
+    """A product rewritten by SymPy's expansion is zero; what atom mode calls zero is zero at
+    random points; a leftover application (a different generator) is never cancelled."""
+    for expr in (a - b, a * b - sympy.expand(a * b), sympy.expand(a) - a):
+        if expands_to_zero(expr, atoms=True):
+            assert all(abs(v) < 1e-25 for v in _values_at_random_points(expr)), expr
+    rewritten = sympy.Add(sympy.Mul(a, b, evaluate=False), -sympy.expand(a * b), evaluate=False)
+    changed = sympy.Add(rewritten, extra * sympy.Rational(1, 7), evaluate=False)
+    if any(abs(v) > 1e-20 for v in _values_at_random_points(changed)):
+        assert not expands_to_zero(changed, atoms=True), changed
+
+
 # --- the product rule against sympy.diff of the whole term ----------------------------------
 
 @pytest.mark.parametrize("expr", [

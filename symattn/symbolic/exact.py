@@ -5,9 +5,11 @@ rational function of its symbols and function atoms (exp split into positive
 atoms, tanh written through exp, sin and cos expanded by angle addition into
 atoms s, c with s^2 + c^2 = 1, positive roots r with r^k = radicand made by
 `symattn.symbolic.relations.root_atom`, where/relu/abs settled by cases;
-cheapest first: a 40-digit random point that satisfies the relations and shows
-it nonzero, the sparse-polynomial test of `symattn.symbolic.polyzero`,
-expansion, the common denominator, its numerator reduced by the relations).
+cheapest first: a 40-digit random point of expr's own symbols that shows it
+nonzero, the sparse-polynomial test of `symattn.symbolic.polyzero` with each
+function application one generator, then on the atomized expression: a random
+point that satisfies the relations, the sparse-polynomial test, expansion, the
+common denominator, its numerator reduced by the relations).
 `settled(entry)` says whether an entry is a number or free of infinities and
 NaN; `same_entry(a, b)` is exact equality under float64 semantics (the same
 non-finite value, or settled and identically equal), False meaning "not
@@ -349,7 +351,9 @@ def zero_test(expr: sympy.Expr) -> bool:
     """True if `expr` is identically zero as a rational function of its symbols and function atoms.
 
     Cheapest first: a random point that shows it nonzero ends the test; then
-    expansion in a sparse polynomial ring (`symattn.symbolic.polyzero`), then SymPy's
+    expansion in a sparse polynomial ring (`symattn.symbolic.polyzero`), first with each
+    function application as it stands one generator (most entries compared are sums over
+    the same exp subtrees on both sides), then on the atomized expression; then SymPy's
     expansion with denominators kept whole; then the common denominator, whose
     numerator is finally reduced by the relations of the atoms it reads (angle pairs,
     roots: `symattn.symbolic.relations`).
@@ -367,6 +371,14 @@ def zero_test(expr: sympy.Expr) -> bool:
             cases = itertools.product((sympy.true, sympy.false), repeat=len(conditions))
             return all(zero_test(expr.xreplace(dict(zip(conditions, case)))) for case in cases)
     checkpoint()
+    if not expr.is_number:
+        # First without atomizing: a value at a random point of expr's own symbols is its true
+        # value (every relation between atoms holds there), and most identities are between
+        # the same applications on both sides, which the polynomial test takes as generators.
+        if _numerically_nonzero(expr, frozenset(free_symbols(expr))):
+            return False
+        if expands_to_zero(expr, atoms=True):
+            return True
     atomized = _atomize(expr)
     if atomized.is_number:
         return atomized.equals(0) is True

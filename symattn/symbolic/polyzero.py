@@ -12,12 +12,15 @@ expression is defined:
 - each base under a negative integer power (a softmax denominator `1/(a+b)`)
   is an independent generator standing for its inverse;
 - a root of a positive integer (`sqrt(2)`) is a generator r reduced by
-  `r**L = b` at the end, which is true arithmetic.
+  `r**L = b` at the end, which is true arithmetic;
+- with `atoms=True`, a function application is a generator too, and
+  exp(c * u) for rational c is the power c of exp(u)'s generator (exp(u) > 0,
+  so its roots are real), a negative c through an inverse generator.
 
 False means "not shown", never "nonzero": a base and its inverse are not
 cancelled, so a caller falls back to a complete test (as `exact.zero_test`
-does). Anything outside these cases (floats, I, pi, functions, Piecewise) is
-not handled and gives False.
+does). Anything outside these cases (floats, I, pi, Piecewise, and functions
+outside atom mode) is not handled and gives False.
 
 The ring is written out here rather than taken from SymPy's `PolyRing`, whose
 monomials are tuples as long as the number of generators: after unfolding two
@@ -56,8 +59,33 @@ class _Poly:
     den: int = 1
 
 
-def _scan(expr: sympy.Expr) -> tuple[list, dict, list]:
-    """(symbols in first-seen order, {radical base: lcm of exponent denominators}, inverted bases)."""
+@dataclass(frozen=True, slots=True)
+class _ExpOf:
+    """The generator key of exp(u) in atom mode: never equal to a symbol or expression key."""
+
+    argument: sympy.Expr
+    is_Integer = False
+
+
+def _exp_power(node: sympy.Expr) -> tuple[_ExpOf, sympy.Rational]:
+    """exp(c * u) as (exp(u)'s key, c): c the rational content of the argument, u its primitive
+    part with the sign a minus can be taken out of moved into c, so that exp(2u), exp(-u) and
+    exp(u) are powers of one generator."""
+    content, primitive = node.args[0].as_content_primitive()
+    if primitive.could_extract_minus_sign():
+        content, primitive = -content, -primitive
+    return _ExpOf(primitive), sympy.Rational(content)
+
+
+def _is_atom(node: sympy.Expr) -> bool:
+    """A function application, one generator of its own in atom mode (see `expands_to_zero`)."""
+    return isinstance(node, sympy.core.function.Application) and not node.is_Piecewise
+
+
+def _scan(expr: sympy.Expr, atoms: bool = False) -> tuple[list, dict, list]:
+    """(symbols in first-seen order, {radical base: lcm of exponent denominators}, inverted bases).
+    In atom mode a function application is a symbol, and exp(c * u) the power c of the symbol u
+    (`_exp_power`), whose arguments are not read."""
     symbols: list = []
     roots: dict = {}
     inverses: list = []
@@ -68,9 +96,17 @@ def _scan(expr: sympy.Expr) -> tuple[list, dict, list]:
         if node in seen:
             continue
         seen.add(node)
-        if node.is_Symbol:
+        if atoms and isinstance(node, sympy.exp):
+            base, power = _exp_power(node)
+            if base not in seen:
+                seen.add(base)
+                symbols.append(base)
+            roots[base] = math.lcm(roots.get(base, 1), int(power.q))
+            continue
+        if node.is_Symbol or (atoms and _is_atom(node)):
             symbols.append(node)
-        elif node.is_Pow and node.exp.is_Rational and not node.exp.is_Integer:
+            continue
+        if node.is_Pow and node.exp.is_Rational and not node.exp.is_Integer:
             base = node.base
             if not (base.is_Symbol or (base.is_Integer and base.is_positive and node.exp.is_positive)):
                 raise _Unhandled(node)
@@ -115,15 +151,24 @@ def _power(base: _Poly, n: int) -> _Poly:
     return result
 
 
-def expands_to_zero(expr: sympy.Expr) -> bool:
-    """True if `expr` is shown to be identically zero (see the module docstring); False if not shown."""
+def expands_to_zero(expr: sympy.Expr, atoms: bool = False) -> bool:
+    """True if `expr` is shown to be identically zero (see the module docstring); False if not shown.
+
+    With `atoms`, every function application is a generator of its own, so the test needs no
+    atomized copy of the expression (`exact._atomize`): exp(c * u) for rational c is the power c
+    of one generator standing for exp(u) > 0 (a negative or fractional c through the roots'
+    generators), any other application f(u) one generator. Different applications that are
+    equal in value (exp(a + b) and exp(a) exp(b)) are different generators, so such an
+    identity is not shown; what is shown holds for every value of the generators, the true
+    ones among them."""
     expr = sympy.sympify(expr)
     try:
-        symbols, roots, inverses = _scan(expr)
+        symbols, roots, inverses = _scan(expr, atoms)
     except _Unhandled:
         return False
     numbers = [b for b in roots if b.is_Integer]
-    negative_roots = [s for s in symbols if s in roots]  # x**(-p/q) needs the inverse of x**(1/L)
+    # x**(-p/q) needs the inverse of x**(1/L); so does exp(-c u)
+    negative_roots = [s for s in symbols if s in roots]
     names = iter(range(len(symbols) + len(numbers) + len(inverses) + len(negative_roots)))
     of_symbol = {s: next(names) for s in symbols}
     of_number = {b: next(names) for b in numbers}
@@ -132,8 +177,12 @@ def expands_to_zero(expr: sympy.Expr) -> bool:
 
     def exponents(node) -> tuple[int, int] | None:
         """(generator, exponent) of a node that maps to one power of one generator, else None."""
-        if node.is_Symbol:
+        if node.is_Symbol or (atoms and _is_atom(node) and not isinstance(node, sympy.exp)):
             return of_symbol[node], roots.get(node, 1)
+        if atoms and isinstance(node, sympy.exp):  # exp(u)**(p/q) = (exp(u)**(1/L))**(p*L/q)
+            base, power = _exp_power(node)
+            p, step = int(power.p), roots[base] // int(power.q)
+            return (of_symbol[base], step * p) if p > 0 else (of_inverse_root[base], step * -p)
         if node.is_Pow and node.exp.is_Integer and node.exp.is_negative:
             return of_inverse[node.base], -int(node.exp)
         if node.is_Pow and node.exp.is_Rational and not node.exp.is_Integer:
