@@ -524,4 +524,10 @@ def _factor_diff(factor: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
         # which is 0 here, left out: building log(base) of a softmax denominator costs SymPy
         # many assumption queries. The result is the very expression sympy.diff returns.
         return factor * (entry_diff(factor.base, sym) * factor.exp / factor.base)
+    if isinstance(factor, sympy.exp):
+        # exp(u)' = exp(u) u' (Function._eval_derivative's product): u, a score, is a sum of
+        # products that entry_diff takes term by term where sympy.diff asks assumptions of each
+        return factor * entry_diff(factor.args[0], sym)
+    if factor.is_Add:
+        return entry_diff(factor, sym)
     return sympy.diff(factor, sym)
