@@ -38,6 +38,7 @@ monomial to integer coefficient over one positive integer denominator
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -67,11 +68,13 @@ class _ExpOf:
     is_Integer = False
 
 
+@functools.lru_cache(maxsize=16384)
 def _exp_power(node: sympy.Expr) -> tuple[_ExpOf, sympy.Rational]:
-    """exp(c * u) as (exp(u)'s key, c): c the rational content of the argument, u its primitive
-    part with the sign a minus can be taken out of moved into c, so that exp(2u), exp(-u) and
-    exp(u) are powers of one generator."""
-    content, primitive = node.args[0].as_content_primitive()
+    """exp(c * u) as (exp(u)'s key, c): c the rational content of the argument's top level (the
+    gcd of a sum's coefficients, a product's coefficient), u the rest with the sign a minus can
+    be taken out of moved into c, so that exp(2u), exp(-u) and exp(u) are powers of one generator."""
+    argument = node.args[0]
+    content, primitive = argument.primitive() if argument.is_Add else argument.as_coeff_Mul(rational=True)
     if primitive.could_extract_minus_sign():
         content, primitive = -content, -primitive
     return _ExpOf(primitive), sympy.Rational(content)
