@@ -1,5 +1,5 @@
 """`python -m symattn` is the `symattn` command."""
 
-from .cli import main
+from .cli import run
 
-raise SystemExit(main())
+run()
