@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 from typing import Callable, Iterable, Mapping
 
@@ -36,7 +37,7 @@ from sympy.functions.elementary.piecewise import ExprCondPair
 from ..budget import checkpoint
 from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
-from .relations import angle_atoms, atom_values, reduces_to_zero, relations
+from .relations import angle_atoms, angle_of, atom_values, reduces_to_zero, relations, root_of
 
 __all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value",
            "free_symbols", "holds"]
@@ -75,13 +76,37 @@ def _subtrees(expr: sympy.Basic, descend=None):
                 stack.append(arg)
 
 
-def free_symbols(expr: sympy.Basic) -> set:
-    """`expr.free_symbols`, the same set, in one walk over distinct subtrees."""
-    out: set = set()
+_NON_FINITE = (sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
+_UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    """What the exact comparison asks of an entry, found in one walk: its free symbols, whether
+    it holds an infinity, NaN or I (`settled`), and whether it has cases (Piecewise or sign)."""
+
+    symbols: frozenset
+    unsettling: bool
+    cases: bool
+
+
+@functools.lru_cache(maxsize=8192)
+def _facts(expr: sympy.Basic) -> _Facts:
+    """An entry's `_Facts`, kept: an entry meets `same_entry`, the stage test of the element
+    model's unfolding and `settled` each, with the same question."""
+    symbols: set = set()
+    unsettling = cases = False
     for node in _subtrees(expr, descend=lambda node: not _own_free_symbols(type(node))):
         if _own_free_symbols(type(node)):
-            out |= node.free_symbols
-    return out
+            symbols |= node.free_symbols
+        unsettling = unsettling or node in _UNSETTLING or isinstance(node, sympy.AccumBounds)
+        cases = cases or isinstance(node, (sympy.Piecewise, sympy.sign))
+    return _Facts(frozenset(symbols), unsettling, cases)
+
+
+def free_symbols(expr: sympy.Basic) -> frozenset:
+    """`expr.free_symbols`, the same set, in one walk over distinct subtrees (kept per expression)."""
+    return _facts(expr).symbols
 
 
 def holds(expr: sympy.Basic, *types: type) -> bool:
@@ -285,6 +310,7 @@ class _Point:
     symbols: frozenset
     subs: dict | None  # None: no point satisfies the relations (a radicand was not positive)
     memo: dict
+    largest: dict = dataclasses.field(default_factory=dict)  # node -> largest finite |value| in its subtrees
 
 
 # The latest point: the entries of one gradient, compared at one stage of unfolding, mostly read
@@ -297,6 +323,7 @@ def _point(symbols: frozenset) -> _Point:
     if _LATEST and _LATEST[0].symbols == symbols:
         if len(_LATEST[0].memo) > _ATOM_CACHE:  # values are recomputed alike; only memory is saved
             _LATEST[0].memo.clear()
+            _LATEST[0].largest.clear()
         return _LATEST[0]
     rng = np.random.default_rng(len(symbols))
 
@@ -315,14 +342,40 @@ def _point(symbols: frozenset) -> _Point:
     return _LATEST[0]
 
 
-def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset) -> bool:
+# The point of expressions as they stand (not atomized), over plain symbols only: each symbol's
+# value is fixed by its name, whatever the other symbols, so one point, and its values of every
+# subtree, serves every entry of every comparison (the entries of a gradient read different
+# gradient symbols, and a point per set of symbols recomputed the shared softmax subtrees).
+_STABLE = _Point(frozenset(), {}, {})
+
+
+def _stable_point(symbols: frozenset) -> _Point | None:
+    """The shared point with values for `symbols`; None when one of them is an atom bound by a
+    relation (a root or an angle), whose value must come from the others' (`_point`)."""
+    if any(root_of(sym) is not None or angle_of(sym) is not None for sym in symbols):
+        return None
+    subs = _STABLE.subs
+    for sym in symbols:
+        if sym not in subs:
+            # a value from the name (as _point's ranges): the same in every process and call order
+            digest = int.from_bytes(hashlib.blake2b(sym.name.encode(), digest_size=8).digest(), "little")
+            subs[sym] = (mpmath.mpf(50 + digest % 100) / 100 if sym.is_positive
+                         else mpmath.mpf(digest % 200 - 100) / 97)
+    if len(_STABLE.memo) > _ATOM_CACHE:
+        _STABLE.memo.clear()
+        _STABLE.largest.clear()
+    return _STABLE
+
+
+def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset, stable: bool = False) -> bool:
     """True if `expr` is clearly nonzero at a random point (so it is not identically zero).
 
     The point (drawn from a generator seeded by the number of `symbols`, expr's free symbols)
     satisfies the atoms' relations (sin^2 + cos^2 = 1, r^k = radicand), so an expression that
-    is zero only through them is not mistaken for a nonzero one."""
+    is zero only through them is not mistaken for a nonzero one. With `stable`, the point is
+    `_stable_point`'s where it applies (symbols free of relations): any point shows a nonzero."""
     with mpmath.workdps(40):
-        point = _point(symbols)
+        point = (stable and _stable_point(symbols)) or _point(symbols)
         if point.subs is None:
             return False
         memo = point.memo
@@ -338,10 +391,26 @@ def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset) -> bool:
         # At 40 digits a true zero leaves at most ~1e-35 of the largest value it was computed
         # from: a term, or a sum inside a product that is zero only by a relation (s^2 + c^2 - 1).
         # (The largest over expr's own subtrees: the memo also holds other entries' values.)
-        values = [memo[node] for node in _subtrees(expr)]
-        scale = max([abs(v) for v in terms] + [abs(v) for v in values
-                                                if isinstance(v, mpmath.mpf) and mpmath.isfinite(v)])
+        scale = max([abs(v) for v in terms] + [_largest(expr, memo, point.largest)])
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
+
+
+def _largest(expr: sympy.Expr, memo: dict, largest: dict):
+    """The largest finite |value| over expr's subtrees (values from `memo`, every subtree of expr
+    evaluated), each subtree's kept in `largest`: entries share most of their subtrees."""
+    stack = [(expr, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node in largest:
+            continue
+        if ready or not node.args:
+            value = memo[node]
+            own = abs(value) if isinstance(value, mpmath.mpf) and mpmath.isfinite(value) else mpmath.mpf(0)
+            largest[node] = max([own] + [largest[arg] for arg in node.args])
+        else:
+            stack.append((node, True))
+            stack.extend((arg, False) for arg in node.args if arg not in largest)
+    return largest[expr]
 
 
 _MAX_CONDITIONS = 4
@@ -361,7 +430,16 @@ def zero_test(expr: sympy.Expr) -> bool:
     if expr == 0:
         return True
     expr = sympy.sympify(expr)
-    if holds(expr, sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
+    facts = _facts(expr)
+    return _zero_test(expr, facts.symbols, facts.cases)
+
+
+def _zero_test(expr: sympy.Expr, symbols: frozenset, cases: bool) -> bool:
+    """`zero_test`, given expr's free symbols (a superset does: only the random point drawn
+    depends on them) and whether it may hold Piecewise or sign (False: it holds neither)."""
+    if expr == 0:
+        return True
+    if cases and holds(expr, sympy.Piecewise, sympy.sign):  # where / relu / abs: zero if zero in every branch
         if holds(expr, sympy.sign):
             expr = expr.rewrite(sympy.Piecewise)
         # Split into cases: every truth assignment of the k conditions picks one branch of each
@@ -375,7 +453,7 @@ def zero_test(expr: sympy.Expr) -> bool:
         # First without atomizing: a value at a random point of expr's own symbols is its true
         # value (every relation between atoms holds there), and most identities are between
         # the same applications on both sides, which the polynomial test takes as generators.
-        if _numerically_nonzero(expr, frozenset(free_symbols(expr))):
+        if _numerically_nonzero(expr, symbols, stable=True):
             return False
         if expands_to_zero(expr, atoms=True):
             return True
@@ -400,9 +478,6 @@ def zero_test(expr: sympy.Expr) -> bool:
     return reduces_to_zero(numer, rels)
 
 
-_NON_FINITE = (sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
-
-
 def settled(entry) -> bool:
     """Whether an entry is a non-finite number or an expression free of infinities and NaN.
 
@@ -413,16 +488,7 @@ def settled(entry) -> bool:
     entry = sympy.sympify(entry)
     if entry.is_number:
         return True
-    return not _holds_non_finite(entry)
-
-
-_UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
-
-
-def _holds_non_finite(entry: sympy.Expr) -> bool:
-    """entry.has(oo, -oo, nan, zoo, I, AccumBounds) in one walk over shared subtrees
-    (`has` walks the whole tree once per pattern)."""
-    return any(node in _UNSETTLING or isinstance(node, sympy.AccumBounds) for node in _subtrees(entry))
+    return not _facts(entry).unsettling
 
 
 def _non_finite_number(entry: sympy.Expr) -> bool:
@@ -440,7 +506,8 @@ def same_entry(a, b) -> bool:
         def key(x):
             return x if x in (sympy.oo, -sympy.oo) else sympy.nan if _non_finite_number(x) else None
         return key(a) is not None and key(a) == key(b)
-    return zero_test(a - b)
+    fa, fb = _facts(a), _facts(b)
+    return _zero_test(a - b, fa.symbols | fb.symbols, fa.cases or fb.cases)
 
 
 _EXTREMES = (sympy.Max, sympy.Min)

@@ -33,7 +33,7 @@ import mpmath
 import sympy
 from sympy.polys.polyerrors import BasePolynomialError
 
-__all__ = ["radicals_as_roots", "Root", "Angle", "Relation", "root_atom", "angle_atoms", "root_of", "relations", "reduces_to_zero",
+__all__ = ["radicals_as_roots", "Root", "Angle", "Relation", "root_atom", "angle_atoms", "angle_of", "root_of", "relations", "reduces_to_zero",
            "atom_values"]
 
 
@@ -102,6 +102,11 @@ def radicals_as_roots(expr: sympy.Expr) -> sympy.Expr:
 def root_of(symbol) -> Root | None:
     """The root a symbol stands for, or None."""
     return _ROOT_OF.get(symbol)
+
+
+def angle_of(symbol) -> Angle | None:
+    """The angle pair a symbol is the sine or cosine of, or None."""
+    return _ANGLE_OF.get(symbol)
 
 
 def angle_atoms(angle: sympy.Expr) -> tuple[sympy.Dummy, sympy.Dummy]:
