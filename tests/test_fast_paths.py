@@ -21,6 +21,7 @@ from symattn.symbolic.exact import entry_diff as _diff, settled, shared_xreplace
 from symattn.symbolic.polyzero import expands_to_zero
 
 x, y, z = sympy.symbols("x y z", real=True)
+K = sympy.Symbol("K", integer=True)
 e1, e2, e3 = sympy.symbols("e1 e2 e3", positive=True)
 
 
@@ -351,6 +352,7 @@ def test_shared_xreplace_reuses_only_an_extreme_of_the_same_kind_and_arguments()
 @pytest.mark.parametrize("expr", [
     x * sympy.oo, -sympy.oo * x + y, sympy.exp(x - sympy.oo) + y, x + sympy.I * y,
     sympy.AccumBounds(-1, 1) * x, sympy.zoo * x, x + y, sympy.exp(x) / (1 + y), sympy.oo, sympy.nan,
+    sympy.Sum(sympy.oo * x * K, (K, 1, 3)), y + sympy.Sum(x * K, (K, 1, 3)),   # under a node binding variables
 ])
 def test_settled_matches_has(expr):
     expected = bool(expr.is_number) or not (expr.has(sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)

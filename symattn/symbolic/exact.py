@@ -95,10 +95,12 @@ def _facts(expr: sympy.Basic) -> _Facts:
     """An entry's `_Facts`, kept: an entry meets `same_entry`, the stage test of the element
     model's unfolding and `settled` each, with the same question."""
     symbols: set = set()
-    unsettling = cases = False
     for node in _subtrees(expr, descend=lambda node: not _own_free_symbols(type(node))):
         if _own_free_symbols(type(node)):
             symbols |= node.free_symbols
+    # every subtree, those under a node binding variables (a Sum's body) included
+    unsettling = cases = False
+    for node in _subtrees(expr):
         unsettling = unsettling or node in _UNSETTLING or isinstance(node, sympy.AccumBounds)
         cases = cases or isinstance(node, (sympy.Piecewise, sympy.sign))
     return _Facts(frozenset(symbols), unsettling, cases)
