@@ -344,10 +344,8 @@ def _point(symbols: frozenset) -> _Point:
     return _LATEST[0]
 
 
-# The point of expressions as they stand (not atomized), over plain symbols only: each symbol's
-# value is fixed by its name, whatever the other symbols, so one point, and its values of every
-# subtree, serves every entry of every comparison (the entries of a gradient read different
-# gradient symbols, and a point per set of symbols recomputed the shared softmax subtrees).
+# The point of expressions as they stand (plain symbols only): each symbol's value fixed by its
+# name, so one point and its values of shared subtrees serve every entry of every comparison.
 _STABLE = _Point(frozenset(), {}, {})
 
 
