@@ -257,6 +257,17 @@ def test_atom_mode_never_claims_what_it_cannot_show(expr):
     assert not expands_to_zero(expr, atoms=True)
 
 
+def test_an_unevaluated_power_of_e_is_not_taken_for_exp():
+    """SymPy's isinstance(Pow(E, u, evaluate=False), exp) is True, but its args are (E, u): read
+    as exp(args[0]) it would be exp(E), a constant (found by an adversarial review)."""
+    power = sympy.Pow(sympy.E, x, evaluate=False)
+    f = sympy.Function("f")
+    assert not expands_to_zero(power - sympy.exp(sympy.E), atoms=True)
+    assert not zero_test(f(x) * (power - sympy.exp(sympy.E)))
+    for expr in (power, y * (power + 1)):
+        assert _value(_diff(expr, x) - sympy.diff(expr, x), {x: sympy.Rational(1, 3), y: 2}) == 0
+
+
 _APPLICATIONS = [sympy.exp(x), sympy.exp(-x), sympy.exp(2 * x), sympy.exp(x / 2), sympy.exp(x - y),
                  sympy.exp(y - x), sympy.exp(x + y), sympy.tanh(x), sympy.tanh(y), sympy.Max(x, y), x, y,
                  e1, sympy.sqrt(e1)]

@@ -161,7 +161,7 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
         if isinstance(node, (sympy.sin, sympy.cos)):
             sine, cosine = _angle_sum(walk(node.args[0]))
             return sine if isinstance(node, sympy.sin) else cosine
-        if isinstance(node, sympy.exp):
+        if node.func is sympy.exp:
             result = sympy.Integer(1)
             for term in sympy.Add.make_args(sympy.expand(walk(node.args[0]))):
                 coeff, rest = term.as_coeff_Mul()
@@ -591,7 +591,7 @@ def _factor_diff(factor: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
         # which is 0 here, left out: building log(base) of a softmax denominator costs SymPy
         # many assumption queries. The result is the very expression sympy.diff returns.
         return factor * (entry_diff(factor.base, sym) * factor.exp / factor.base)
-    if isinstance(factor, sympy.exp):
+    if factor.func is sympy.exp:
         # exp(u)' = exp(u) u' (Function._eval_derivative's product): u, a score, is a sum of
         # products that entry_diff takes term by term where sympy.diff asks assumptions of each
         return factor * entry_diff(factor.args[0], sym)
