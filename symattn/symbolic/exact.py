@@ -321,6 +321,11 @@ class _Point:
 _LATEST: list[_Point] = []
 
 
+def _value_of(sym, n: int):
+    """A point's value for `sym` from a random integer n: in [0.5, 1.5) if positive, else [-1.03, 1.03)."""
+    return mpmath.mpf(50 + n % 100) / 100 if sym.is_positive else mpmath.mpf(n % 200 - 100) / 97
+
+
 def _point(symbols: frozenset) -> _Point:
     if _LATEST and _LATEST[0].symbols == symbols:
         if len(_LATEST[0].memo) > _ATOM_CACHE:  # values are recomputed alike; only memory is saved
@@ -330,9 +335,7 @@ def _point(symbols: frozenset) -> _Point:
     rng = np.random.default_rng(len(symbols))
 
     def draw(sym):
-        if sym.is_positive:
-            return mpmath.mpf(int(rng.integers(50, 150))) / 100
-        return mpmath.mpf(int(rng.integers(-100, 100))) / 97
+        return _value_of(sym, int(rng.integers(0, 100 if sym.is_positive else 200)))
 
     def value(node, at):
         try:
@@ -357,10 +360,9 @@ def _stable_point(symbols: frozenset) -> _Point | None:
     subs = _STABLE.subs
     for sym in symbols:
         if sym not in subs:
-            # a value from the name (as _point's ranges): the same in every process and call order
-            digest = int.from_bytes(hashlib.blake2b(sym.name.encode(), digest_size=8).digest(), "little")
-            subs[sym] = (mpmath.mpf(50 + digest % 100) / 100 if sym.is_positive
-                         else mpmath.mpf(digest % 200 - 100) / 97)
+            # from the name: the same value in every process and call order
+            subs[sym] = _value_of(sym, int.from_bytes(hashlib.blake2b(sym.name.encode(), digest_size=8).digest(),
+                                                      "little"))
     if len(_STABLE.memo) > _ATOM_CACHE:
         _STABLE.memo.clear()
         _STABLE.largest.clear()
@@ -390,7 +392,6 @@ def _numerically_nonzero(expr: sympy.Expr, symbols: frozenset, stable: bool = Fa
             return False
         # At 40 digits a true zero leaves at most ~1e-35 of the largest value it was computed
         # from: a term, or a sum inside a product that is zero only by a relation (s^2 + c^2 - 1).
-        # (The largest over expr's own subtrees: the memo also holds other entries' values.)
         scale = max([abs(v) for v in terms] + [_largest(expr, memo, point.largest)])
         return abs(total) > mpmath.mpf("1e-25") * max(scale, mpmath.mpf("1e-30"))
 
@@ -450,9 +451,8 @@ def _zero_test(expr: sympy.Expr, symbols: frozenset, cases: bool) -> bool:
             return all(zero_test(expr.xreplace(dict(zip(conditions, case)))) for case in cases)
     checkpoint()
     if not expr.is_number:
-        # First without atomizing: a value at a random point of expr's own symbols is its true
-        # value (every relation between atoms holds there), and most identities are between
-        # the same applications on both sides, which the polynomial test takes as generators.
+        # First as it stands: its value at a point of its own symbols is its true value, and most
+        # identities are between the same applications, which the polynomial test takes as generators.
         if _numerically_nonzero(expr, symbols, stable=True):
             return False
         if expands_to_zero(expr, atoms=True):

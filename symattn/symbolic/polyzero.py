@@ -180,12 +180,12 @@ def expands_to_zero(expr: sympy.Expr, atoms: bool = False) -> bool:
 
     def exponents(node) -> tuple[int, int] | None:
         """(generator, exponent) of a node that maps to one power of one generator, else None."""
-        if node.is_Symbol or (atoms and _is_atom(node) and node.func is not sympy.exp):
-            return of_symbol[node], roots.get(node, 1)
         if atoms and node.func is sympy.exp:  # exp(u)**(p/q) = (exp(u)**(1/L))**(p*L/q)
             base, power = _exp_power(node)
             p, step = int(power.p), roots[base] // int(power.q)
             return (of_symbol[base], step * p) if p > 0 else (of_inverse_root[base], step * -p)
+        if node.is_Symbol or (atoms and _is_atom(node)):
+            return of_symbol[node], roots.get(node, 1)
         if node.is_Pow and node.exp.is_Integer and node.exp.is_negative:
             return of_inverse[node.base], -int(node.exp)
         if node.is_Pow and node.exp.is_Rational and not node.exp.is_Integer:
