@@ -17,7 +17,7 @@ import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from symattn.symbolic.exact import entry_diff as _diff, settled, shared_xreplace, zero_test
+from symattn.symbolic.exact import entry_diff as _diff, free_symbols, settled, shared_xreplace, zero_test
 from symattn.symbolic.polyzero import expands_to_zero
 
 x, y, z = sympy.symbols("x y z", real=True)
@@ -364,8 +364,10 @@ def test_shared_xreplace_reuses_only_an_extreme_of_the_same_kind_and_arguments()
     x * sympy.oo, -sympy.oo * x + y, sympy.exp(x - sympy.oo) + y, x + sympy.I * y,
     sympy.AccumBounds(-1, 1) * x, sympy.zoo * x, x + y, sympy.exp(x) / (1 + y), sympy.oo, sympy.nan,
     sympy.Sum(sympy.oo * x * K, (K, 1, 3)), y + sympy.Sum(x * K, (K, 1, 3)),   # under a node binding variables
+    K * y + sympy.Sum(x * K, (K, 1, 3)),                                       # K both bound and free
 ])
-def test_settled_matches_has(expr):
+def test_settled_and_free_symbols_match_sympy(expr):
     expected = bool(expr.is_number) or not (expr.has(sympy.oo, -sympy.oo, sympy.nan, sympy.zoo)
                                             or expr.has(sympy.I) or expr.has(sympy.AccumBounds))
     assert settled(expr) == expected
+    assert free_symbols(expr) == expr.free_symbols

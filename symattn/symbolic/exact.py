@@ -82,8 +82,7 @@ _UNSETTLING = frozenset((*_NON_FINITE, sympy.I))
 
 @dataclasses.dataclass(frozen=True)
 class _Facts:
-    """What the exact comparison asks of an entry, found in one walk: its free symbols, whether
-    it holds an infinity, NaN or I (`settled`), and whether it has cases (Piecewise or sign)."""
+    """An entry's free symbols, whether it holds oo, NaN or I (`settled`), whether it has Piecewise or sign."""
 
     symbols: frozenset
     unsettling: bool
@@ -92,17 +91,18 @@ class _Facts:
 
 @functools.lru_cache(maxsize=8192)
 def _facts(expr: sympy.Basic) -> _Facts:
-    """An entry's `_Facts`, kept: an entry meets `same_entry`, the stage test of the element
-    model's unfolding and `settled` each, with the same question."""
+    """An entry's `_Facts` from one walk, kept: `same_entry`, `settled` and the unfolding stages ask alike."""
     symbols: set = set()
-    for node in _subtrees(expr, descend=lambda node: not _own_free_symbols(type(node))):
-        if _own_free_symbols(type(node)):
-            symbols |= node.free_symbols
-    # every subtree, those under a node binding variables (a Sum's body) included
-    unsettling = cases = False
-    for node in _subtrees(expr):
+    unsettling = cases = binds = False
+    for node in _subtrees(expr):  # every subtree, a Sum's body included
+        if node.is_Symbol:
+            symbols.add(node)
+        elif _own_free_symbols(type(node)):  # a node binding variables: its symbols are its own
+            binds = True
         unsettling = unsettling or node in _UNSETTLING or isinstance(node, sympy.AccumBounds)
         cases = cases or isinstance(node, (sympy.Piecewise, sympy.sign))
+    if binds:  # a bound variable (a Sum's index) is not free: SymPy's own walk for such entries
+        symbols = expr.free_symbols
     return _Facts(frozenset(symbols), unsettling, cases)
 
 
