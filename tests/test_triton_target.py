@@ -334,3 +334,27 @@ def test_spec_torch_triton_backend_matches_eager(name):
     assert set(dp_f) == set(dp_e)
     for n in dp_e:
         _compare(dp_f[n], dp_e[n].double(), 5e-5)
+
+
+def test_an_output_read_again():
+    """O and R = O * O both outputs: what flows back into the core is grad_O + 2 * grad_R * O (plain NumPy
+    here: the textbook softmax backward in float64)."""
+    import numpy as np
+
+    text = ("attention read_again\ndim N = 8, d = 4\ninput Q[N, d], K[N, d], V[N, d]\n"
+            "O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nR = O * O\noutput O, R\n")
+    rng = np.random.default_rng(3)
+    q, k, v, go, gr = (rng.standard_normal((2, 23, 4)) for _ in range(5))
+    p = np.exp(q @ k.swapaxes(-1, -2) / 2 - (q @ k.swapaxes(-1, -2) / 2).max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    o = p @ v
+    do = go + 2 * gr * o
+    dp = do @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) / 2
+    want = (o, o * o, ds @ k, ds.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ do)
+    module = load_module(emit_triton(symattn.load(text).typed).text, interpret=not torch.cuda.is_available())
+    outs, grads = module.forward_backward(**{n: torch.tensor(x, dtype=torch.float32) for n, x in zip(
+        ("Q", "K", "V", "grad_O", "grad_R"), (q, k, v, go, gr))})
+    for got, expected in zip((outs["O"], outs["R"], grads["Q"], grads["K"], grads["V"]), want):
+        got = got.detach().cpu().double().numpy()
+        assert np.abs(got - expected).max() / np.abs(expected).max() < 2e-5

@@ -60,7 +60,7 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
     for core in cores:
         q, k, v, o = (tensor(n) for n in (core.q, core.k, core.v, core.output))
         forward[core.output] = FusedAttention(core.output, q, k, v, o.shape)
-        grads[core.output] = FusedAttentionGrad(core.output, q, k, v, o, t.Grad(core.output, o.shape))
+        grads[core.output] = FusedAttentionGrad(core.output, q, k, v, o, _whole(derivation, core.output, o.shape))
     absorbed = frozenset(n for core in cores for n in core.chain)
     gradients: dict[str, t.Node | None] = {}
     for name, gradient in derivation.gradients.items():
@@ -79,3 +79,11 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
     dims = list(named.dims)
     titles = {c.output: f"{c.output} = softmax({to_spec(c.score, dims)}, axis=-1) @ {c.v}" for c in cores}
     return FusedPlan(named, derivation, {c.output: c for c in cores}, forward, gradients, absorbed, titles)
+
+
+
+def _whole(derivation: Derivation, name: str, shape: tuple) -> t.Node:
+    """What flows back into a core from its output: grad(output) as a whole (`Derivation.whole`), which for an
+    output that other tensors read too is more than the program's grad(output), its upstream gradient."""
+    whole = derivation.whole(name) if name in derivation.spec.outputs else None
+    return t.Grad(name, shape) if whole is None else whole

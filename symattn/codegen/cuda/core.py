@@ -30,7 +30,7 @@ from ...symbolic.derive import UNARY_RULES
 from ...front.syntax import NOWHERE
 from ...ir.shapes import same_dim
 
-__all__ = ["AttentionCore", "find_cores", "score_grad", "score_derivative", "substitute"]
+__all__ = ["AttentionCore", "find_cores", "score_grad", "score_derivative", "substitute", "accumulators", "summed_product"]
 
 _ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Scalar, t.DimValue, t.Constant)
 
@@ -319,3 +319,33 @@ def _forward(node: t.Node, wrt: t.Node) -> t.Node | None:
         zero = b.scalar(0)
         return b.where(node.cond, da or zero, db or zero)
     return None
+
+
+def summed_product(n: t.Node) -> bool:
+    """sum(A @ B) over leading axes only (the heads of grad(X) in multi-head attention)."""
+    if not isinstance(n, t.SumTo) or not isinstance(n.x, t.MatMul):
+        return False
+    lead = len(n.x.shape) - len(n.shape)
+    return n.axes == tuple(range(lead)) and lead <= len(n.x.shape) - 2 and lead > 0
+
+
+def accumulators(expr: t.Node) -> list[t.Node]:
+    """Matrix products of the root's own shape reachable through elementwise operations only,
+    each a MatMul or a SumTo of one over its leading axes (then the kernel loops over those too)."""
+    found: list[t.Node] = []
+
+    def walk(n: t.Node) -> None:
+        if tuple(n.shape) != tuple(expr.shape):
+            return
+        if isinstance(n, t.MatMul) or summed_product(n):
+            if n not in found:
+                found.append(n)
+        elif isinstance(n, (t.Unary, t.Binary)):
+            for c in n.children:
+                walk(c)
+        elif isinstance(n, t.Where):
+            walk(n.a)
+            walk(n.b)
+
+    walk(expr)
+    return found

@@ -46,7 +46,7 @@ from ...ir.printing import to_spec
 from ..program import build_program
 from ..program_ir import Program, Stmt
 from . import flash, tensor_core
-from .core import AttentionCore, find_cores, substitute
+from .core import AttentionCore, accumulators, find_cores, substitute
 from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
                       reduce_kernel, scan_kernel, softmax_kernel)
 from .names import CNames, c_identifier
@@ -244,14 +244,14 @@ class _Planner:
         if isinstance(expr, t.Scan):
             self._prepare(expr.x)
             return self._scan(out, expr, comment)
-        accumulators = _accumulators(expr)
-        if accumulators:
-            self._prepare(expr, skip=accumulators)
-            for node in accumulators:
+        products = accumulators(expr)
+        if products:
+            self._prepare(expr, skip=products)
+            for node in products:
                 m = node.x if isinstance(node, t.SumTo) else node
                 self._prepare(m.a)
                 self._prepare(m.b)
-            return self._matmul(out, expr, accumulators, comment)
+            return self._matmul(out, expr, products, comment)
         self._prepare(expr)
         return self._map(out, expr, comment)
 
@@ -389,6 +389,10 @@ class _Planner:
         self.done_backward.add(core.output)
         out = self.tensor_buffer(core.output)
         d_out = self.lookup(t.Grad(core.output, ()))
+        whole = self.derivation.whole(core.output) if core.output in self.spec.outputs else None
+        if whole is not None and not isinstance(whole, t.Grad):  # an output that other tensors read too
+            d_out = self._workspace(f"grad_{out.name}_whole", whole.shape, f"grad({core.output}), all of it (backward)")
+            self.compute(d_out, gather_forms(whole, solve=True), [f"grad({core.output}) = {_grad_text(whole, self.order)}"])
         delta = self._workspace(f"{out.name}_delta", (*core.lead, core.n_q),
                                 f"rowsum(grad({core.output}) * {core.output}) (backward)")
         grads = [self.buffers[("stored", core.output, role)] for role in "qkv"]
@@ -440,7 +444,8 @@ class _Planner:
     def live(self, grads: dict[str, t.Node | None]) -> set[str]:
         """The tensors the forward must compute: what the outputs and the backward read."""
         need = set(self.spec.outputs)
-        for expr in grads.values():
+        wholes = [self.derivation.whole(c.output) for c in self.cores.values() if c.output in self.spec.outputs]
+        for expr in [*grads.values(), *wholes]:  # (what flows back into a core from an output others read)
             if expr is None:
                 continue
             need.update(t.tensors_read(expr))
@@ -525,36 +530,6 @@ def _coords(prefix: str, shape) -> list[str]:
 def _no_statements(printer: CPrinter) -> None:
     if printer.statements:
         raise CudaCodegenError("internal: an index sum outside index notation")
-
-
-def _summed_product(n: t.Node) -> bool:
-    """sum(A @ B) over leading axes only (the heads of grad(X) in multi-head attention)."""
-    if not isinstance(n, t.SumTo) or not isinstance(n.x, t.MatMul):
-        return False
-    lead = len(n.x.shape) - len(n.shape)
-    return n.axes == tuple(range(lead)) and lead <= len(n.x.shape) - 2 and lead > 0
-
-
-def _accumulators(expr: t.Node) -> list[t.Node]:
-    """Matrix products of the root's own shape reachable through elementwise operations only,
-    each a MatMul or a SumTo of one over its leading axes (then the kernel loops over those too)."""
-    found: list[t.Node] = []
-
-    def walk(n: t.Node) -> None:
-        if tuple(n.shape) != tuple(expr.shape):
-            return
-        if isinstance(n, t.MatMul) or _summed_product(n):
-            if n not in found:
-                found.append(n)
-        elif isinstance(n, (t.Unary, t.Binary)):
-            for c in n.children:
-                walk(c)
-        elif isinstance(n, t.Where):
-            walk(n.a)
-            walk(n.b)
-
-    walk(expr)
-    return found
 
 
 def plan(spec: t.TypedSpec, fused: bool = True) -> KernelPlan:
