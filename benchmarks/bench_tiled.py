@@ -1,7 +1,7 @@
 """The generated NumPy module's tiled attention against torch SDPA on the CPU, side by side (issue 14).
 
     python benchmarks/bench_tiled.py [--batch 1] [--heads 4] [--sizes 4096] [--dim 64] [--threads 1 2]
-                                     [--repeat 5] [--block-q 256] [--block-k 512] [--plain]
+                                     [--repeat 5] [--block-q 256] [--block-k 512] [--plain] [--products]
 
 The spec is the attention core `O = softmax(Q @ K.T / sqrt(d) + mask) @ V`
 with Q, K, V inputs of shape [B, H, N, d] (batch axes B, H in front of the
@@ -16,7 +16,9 @@ plain pass (TILED_ABOVE set above the size). Before timing, every result is
 compared with a float64 SDPA at the same inputs. Times: median of `--repeat`
 runs after one warm-up. Peak memory: what NumPy allocates during one
 forward_backward above what was allocated before (tracemalloc); torch's
-allocator is not traced. Goal: generated <= 1.2x SDPA at N = 4096, d = 64.
+allocator is not traced. With `--products`, also the six block products of the generated one pass
+alone at its shapes (serial; BLAS on `threads` threads): the part of the generated time that is BLAS.
+Goal: generated <= 1.2x SDPA at N = 4096, d = 64.
 """
 
 from __future__ import annotations
@@ -79,6 +81,23 @@ def _child(args) -> None:
                 out.backward(torch.from_numpy(g).to(dtype))
                 return out.detach(), tq.grad, tk.grad, tv.grad
 
+            def products():
+                """The six block products of the generated one pass alone, at its shapes (no softmax, no
+                masks): what BLAS takes of it, against SDPA's whole pass."""
+                v1 = np.concatenate([v, np.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+                do1 = np.concatenate([g, np.ones(g.shape[:-1] + (1,), g.dtype)], axis=-1)
+                for b in np.ndindex(*shape[:-2]):
+                    for i0 in range(0, n, args.block_q):
+                        i1 = min(i0 + args.block_q, n)
+                        hi = i1 if causal else n
+                        qi, gi, kb, v1b = q[b][i0:i1], g[b][i0:i1], k[b][:hi], v1[b][:hi]
+                        s = qi @ kb.T
+                        s @ v1b
+                        ds = do1[b][i0:i1] @ v1b.T
+                        s.T @ gi
+                        ds @ kb
+                        ds.T @ qi
+
             reference = [x.numpy() for x in sdpa(torch.float64)]
             runs = {"generated": generated, "sdpa": sdpa}
             if args.plain:
@@ -90,8 +109,10 @@ def _child(args) -> None:
                 errors[name] = max(float(np.max(np.abs(a - r)) / np.max(np.abs(r))) for a, r in zip(got, reference))
                 if errors[name] > 1e-3:
                     raise SystemExit(f"{name} is wrong at N={n}, causal={causal}: relative error {errors[name]:.2e}")
+            if args.products:  # (after the checks: it computes nothing to check)
+                runs["products"] = products
             memory = {}
-            for name in [x for x in runs if x != "sdpa"]:
+            for name in [x for x in runs if x not in ("sdpa", "products")]:
                 tracemalloc.start()
                 base = tracemalloc.get_traced_memory()[0]
                 runs[name]()
@@ -125,6 +146,8 @@ def main() -> None:
     parser.add_argument("--block-q", type=int, default=256)
     parser.add_argument("--block-k", type=int, default=512)
     parser.add_argument("--plain", action="store_true", help="also time the module's plain (untiled) pass")
+    parser.add_argument("--products", action="store_true",
+                        help="also time the one pass's six block products alone (BLAS, serial)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -140,8 +163,10 @@ def main() -> None:
     print()
     print("| mask | N | threads | generated ms | SDPA ms | generated / SDPA | by CPU time |"
           + (" plain ms | plain / SDPA |" if args.plain else "")
+          + (" products ms | products / SDPA |" if args.products else "")
           + " generated peak MiB | inputs MiB |" + (" plain peak MiB |" if args.plain else "") + " load |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if args.plain else "")
+          + (" ---: | ---: |" if args.products else "")
           + " ---: | ---: |" + (" ---: |" if args.plain else "") + " ---: |")
     for threads in args.threads:
         env = dict(os.environ)
@@ -150,7 +175,8 @@ def main() -> None:
         command = [sys.executable, __file__, "--child", "--threads", str(threads), "--batch", str(args.batch),
                    "--heads", str(args.heads), "--dim", str(args.dim), "--repeat", str(args.repeat),
                    "--block-q", str(args.block_q), "--block-k", str(args.block_k), "--sizes",
-                   *map(str, args.sizes)] + (["--plain"] if args.plain else [])
+                   *map(str, args.sizes)] + (["--plain"] if args.plain else []) + (
+                   ["--products"] if args.products else [])
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode:
             raise SystemExit(result.stderr)
@@ -161,6 +187,8 @@ def main() -> None:
                      f"{row['cpu']['generated'] / row['cpu']['sdpa']:.2f}x"]
             if args.plain:
                 cells += [f"{ms['plain']:.0f}", f"{ms['plain'] / ms['sdpa']:.2f}x"]
+            if args.products:
+                cells += [f"{ms['products']:.0f}", f"{ms['products'] / ms['sdpa']:.2f}x"]
             cells += [f"{row['mib']['generated']:.1f}", f"{row['inputs_mib']:.1f}"]
             if args.plain:
                 cells += [f"{row['mib']['plain']:.1f}"]

@@ -39,12 +39,12 @@ from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Definition, FusedAttentionGrad, Namer, Program, SoftmaxGrad,
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, FusedAttention, FusedAttentionGrad, Namer, Program, SoftmaxGrad,
                          Stmt, Var, rebuild, spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "build_program",
-           "REWRITES", "spec_text"]
+           "OnePass", "one_pass", "REWRITES", "spec_text"]
 
 
 # --- the builder ------------------------------------------------------------------------
@@ -355,3 +355,79 @@ def build_program(spec: t.TypedSpec, derivation: Derivation | None = None,
     if derivation is None:
         derivation = derive(spec)
     return _Builder(spec, derivation, reserved, fused).build()
+
+
+# --- one pass per attention core --------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OnePass:
+    """A fused program reordered for a pass that has the outputs' gradients from the start: the statements of
+    `program` (a copy: its own statements, liveness and names) in an order where each core of `cores`
+    has its `FusedAttentionGrad` right after its `FusedAttention`, so that a printer can compute both in
+    one pass over the scores (`_flash_forward_backward`)."""
+
+    program: Program
+    cores: frozenset[str]
+
+
+def one_pass(program: Program) -> OnePass | None:
+    """`program` (built with a fused plan) reordered so that each core whose output's gradient does not depend
+    on the core's output (no path from it into grad(output)'s statements: the output is a spec output,
+    or only linear maps follow it) runs forward and backward at once; None when no core can.
+
+    Each such core in turn: every statement its backward reads, through any chain, except its own forward
+    (with each core already paired kept whole with its partner), then the core's forward and backward,
+    then the rest, each part in the order it had; that order reads nothing before it is computed, since
+    the first part holds everything it reads. The statements are copies, their liveness recomputed
+    for the new order, and the names a `Namer` copy, so that printing the copy leaves `program` as it was."""
+    stmts = program.stmts
+    producer = {s.var: k for k, s in enumerate(stmts)}
+    reads = [{producer[r] for r in s.reads if r in producer} for s in stmts]
+    readers: list[set[int]] = [set() for _ in stmts]
+    for k, rs in enumerate(reads):
+        for r in rs:
+            readers[r].add(k)
+
+    def closure(start: set[int], edges: list[set[int]]) -> set[int]:
+        seen, stack = set(), list(start)
+        while stack:
+            k = stack.pop()
+            if k not in seen:
+                seen.add(k)
+                stack.extend(edges[k])
+        return seen
+
+    forward = {s.node.core: k for k, s in enumerate(stmts) if isinstance(s.node, FusedAttention)}
+    backward = {s.node.core: k for k, s in enumerate(stmts) if isinstance(s.node, FusedAttentionGrad)}
+    order, pairs = list(range(len(stmts))), {}
+    for core, f in sorted(forward.items(), key=lambda item: item[1]):
+        g = backward.get(core)
+        if g is None:
+            continue
+        node = stmts[g].node  # what it reads but its own output o: q, k, v and do
+        used = {n.name for child in (node.q, node.k, node.v, node.do) for n in walk_labelled(child) if isinstance(n, Var)}
+        before = closure({producer[v] for v in used if v in producer}, reads) | closure(reads[f], reads)
+        grown = True
+        while grown:  # a pair already made moves whole
+            grown = False
+            for pf, pg in pairs.values():
+                if (pf in before) != (pg in before):
+                    before |= closure({pf, pg}, reads)
+                    grown = True
+        if before & closure({f, g}, readers):  # do reads the core's output
+            continue
+        order = [k for k in order if k in before] + [f, g] + [k for k in order if k not in before and k not in (f, g)]
+        pairs[core] = (f, g)
+    if not pairs:
+        return None
+    info = {var: dataclasses.replace(s) for var, s in program.info.items()}
+    new = [info[stmts[k].var] for k in order]  # (each statement is its variable's, `_Builder.stmt`)
+    for stmt in new:
+        if stmt.section != "argument":
+            stmt.last_use = -1
+    names = Namer(())
+    names.used = set(program.names.used)
+    copy = dataclasses.replace(program, stmts=new, info=info, names=names)
+    _liveness(copy)
+    return OnePass(copy, frozenset(pairs))

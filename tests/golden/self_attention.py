@@ -22,7 +22,10 @@ Attention whose scores have more than TILED_ABOVE entries (batch x heads x queri
 x keys) is computed tiled, as FlashAttention does: blocks of BLOCK_Q queries x BLOCK_K
 keys through BLAS, an online softmax, the weights recomputed from the saved row
 log-sum-exp in the backward pass, fully masked blocks skipped; memory O(N * block)
-instead of O(N^2). Smaller attention is computed plainly. The blocks of a pass
+instead of O(N^2). Given the upstream gradients, a core whose output's gradient
+does not depend on that output runs forward and backward in one pass instead: each
+block of BLOCK_Q queries against all the keys it sees, its weights computed once.
+Smaller attention is computed plainly. The blocks of a pass
 run on THREADS threads at once (None: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or
 the CPU count) where threadpoolctl is installed to hold BLAS to one thread
 meanwhile, one after another otherwise; the results do not depend on it beyond
@@ -111,7 +114,9 @@ def _forward_backward(X, W_q, W_k, W_v, grad_O=None):
 
 def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
     """_forward_backward with every attention core tiled (FlashAttention: blocks of BLOCK_Q queries x
-    BLOCK_K keys through BLAS, online softmax; the weights recomputed in the backward pass)."""
+    BLOCK_K keys through BLAS, online softmax; the weights recomputed in the backward pass, or, for
+    a core whose output's gradient is known before the core runs, forward and backward in one pass
+    over each block of queries)."""
     dtype, (X, W_q, W_k, W_v) = _as_float(X, W_q, W_k, W_v)
     N, d = _bind("X", X, "[N, d]", (None, None))
     _, d_k = _bind("W_q", W_q, "[d, d_k]", (d, None))
@@ -119,7 +124,21 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
     _bind("W_v", W_v, "[d, d_k]", (d, d_k))
     _batch_axes(("X", X, 2), ("W_q", W_q, 2), ("W_k", W_k, 2), ("W_v", W_v, 2))
 
-    # forward pass
+    if grad_O is None:
+        # forward pass
+        Q = X @ W_q
+        K = X @ W_k
+        V = X @ W_v
+        # O = softmax(Q @ K.T / sqrt(d_k), axis=-1) @ V
+        def O_score(s, i, j):
+            """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]), given
+            s = Q @ K.T / sqrt(d_k) there (it may work in the buffer of s)."""
+            return s
+        O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
+        return {"O": O}, None
+
+    # forward and backward pass (O: both at once, one pass over the scores): L = sum(O * grad(O)); dT is grad(T) = dL/dT
+    dO = _upstream("grad_O", grad_O, "[N, d_k]", (N, d_k), dtype)
     Q = X @ W_q
     K = X @ W_k
     V = X @ W_v
@@ -128,14 +147,7 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
         """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]), given
         s = Q @ K.T / sqrt(d_k) there (it may work in the buffer of s)."""
         return s
-    O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
-    outputs = {"O": O}
-    if grad_O is None:
-        return outputs, None
-
-    # backward pass: L = sum(O * grad(O)); dT is grad(T) = dL/dT
-    dO = _upstream("grad_O", grad_O, "[N, d_k]", (N, d_k), dtype)
-    dQ_via_O, dK_via_O, dV_via_O = _flash_backward(Q, K, V, O, O_lse, dO, O_score, None, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
+    O, O_lse, dQ_via_O, dK_via_O, dV_via_O = _flash_forward_backward(Q, K, V, dO, O_score, None, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
     # grad(V) = P.T @ grad(O)
     dV = dV_via_O
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
@@ -149,6 +161,7 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
     dX = dQ @ W_q.swapaxes(-1, -2)
     dX += dK @ W_k.swapaxes(-1, -2)
     dX += dV @ W_v.swapaxes(-1, -2)
+    outputs = {"O": O}
     gradients = {
         "X": _sum_to(dX, X.shape),
         "W_q": _sum_to(dW_q, W_q.shape),
@@ -310,79 +323,103 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
     return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
 
 
-def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_inside, scale, heads,
-                    block_q, block_k, threads):
-    """(dq, dk, dv) for o = softmax(score(scale * q @ k.T), axis=-1) @ v, given do = grad(o), tiled (FlashAttention-2).
+def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_inside, scale, heads,
+                            block_q, block_k, threads):
+    """(o, lse, dq, dk, dv): `_flash_forward` and `_flash_backward` in one pass, for a gradient do of o that is
+    known before o is (its output's gradient does not depend on o).
 
-    delta = rowsum(do * o) (= rowsum(dP * P)); per block the weights are
-    recomputed from the saved lse, P = exp(score - lse), then dv += P.T @ do,
-    dS = P * (do @ v.T - delta) * score'(s), dq += dS @ k and dk += dS.T @ q,
-    over the blocks the forward visited (`keys`, `inside` and `score_inside` as
-    there). `score_grad(s, i, j)` is d score / d s (evaluated before `score`,
-    which may overwrite s); None means 1 (the score is s plus terms of the
-    indices), and then lse is subtracted inside the product: [q, -lse] @ [k, 1].T.
-    delta always is: [do, -delta] @ [v, 1].T. The (entry, query block) units
-    run on `threads` threads as in `_flash_forward`: each writes its own rows
-    of dq; dk and dv of an entry whose units several runs share are summed in
-    place by the first of them and in an array of its own by each other one,
-    added in the order of the runs afterwards.
+    Per query block, the scores of every key it may see come from one product and stay (block_q rows x
+    those keys: O(N * block) memory, no online softmax): E = exp(s - m) with m the row max, l = rowsum(E)
+    (a column of ones appended to v), o = E @ v / l and delta = rowsum(do * o); then, with P = E / l and
+    the 1 / l put on the small factors, dv += E.T @ (do / l), dS = E * (do @ v.T - delta) * score'(s),
+    dq = dS @ k / l and dk += dS.T @ (q / l). Six products where the two passes take seven, and one exp of
+    each score instead of two. `score`, `score_grad`, `keys`, `inside` and `score_inside` as in
+    `_flash_backward` (`_key_blocks` cuts each row block's keys where the mask is to be paid); the units,
+    their threads and the order of the dk and dv sums as there. A fully masked row gives o = 0,
+    lse = -inf and dq = 0.
     """
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
     dtype = np.result_type(q, k, v, do)
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    shift = np.where(lse == -np.inf, 0, lse)  # a fully masked row: exp(-inf - 0) = 0
-    delta = np.einsum("...j,...j->...", do, o)[..., None]
+    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     q = q * scale if scale != 1 else q
-    q1, k1 = (_append(q, -shift), _append(k, 1)) if score_grad is None else (q, k)
-    q, q1, k, k1, do, do1, v1, shift = (_entries(x, batch, heads) for x in (
-        q, q1, k, k1, do, _append(do, -delta), _append(v, 1), shift))
-    dq, dk = np.zeros(q.shape, dtype), np.zeros(k.shape, dtype)
-    dv = np.zeros(k.shape[:-1] + (v1.shape[-1] - 1,), dtype)
+    q, k, do, v1 = (_entries(x, batch, heads) for x in (q, k, do, _append(v, 1)))
+    o, dq = np.zeros(q.shape[:-1] + (d_v,), dtype), np.zeros(q.shape, dtype)
+    lse = np.full(q.shape[:-1] + (1,), -np.inf, dtype)
+    dk, dv = np.zeros(k.shape, dtype), np.zeros(k.shape[:-1] + (d_v,), dtype)
     units = _units(q.shape[0], n_q, n_k, keys, block_q)
     runs = _runs(units, threads)
-    first_run = {}  # entry -> the first run with units of it, which sums its dk and dv in place
-    for r, (first, last) in enumerate(runs):
-        for b in range(units[first][0], units[last - 1][0] + 1):
-            first_run.setdefault(b, r)
+    first_run = _first_runs(units, runs)
 
     def work(r, first, last):
         parts = {}  # entry -> (dk, dv) of this run, for an entry an earlier run has units of too
         for b, i0, i1, lo, hi in units[first:last]:
-            if first_run[b] != r and b not in parts:
-                parts[b] = np.zeros(dk.shape[1:], dtype), np.zeros(dv.shape[1:], dtype)
-            dkb, dvb = parts[b] if b in parts else (dk[b], dv[b])
-            kt, v1t = k1[b].swapaxes(-1, -2), v1[b].swapaxes(-1, -2)
+            if hi <= lo:  # no key visible: o = 0, lse = -inf, dq = 0
+                continue
+            dkb, dvb = _sums_of(parts, b, first_run[b] == r, dk, dv)
             i = np.arange(i0, i1)[:, None]
-            qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
+            qi, doi, kb, v1b = q[b, ..., i0:i1, :], do[b, ..., i0:i1, :], k[b, ..., lo:hi, :], v1[b, ..., lo:hi, :]
+            s = qi @ kb.swapaxes(-1, -2)
+            grads = []  # (first, end, d score / d s) of the key blocks, before `score` overwrites s
             for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
-                j = np.arange(j0, j1)[None, :]
-                p = q1i @ kt[..., j0:j1]
-                fn = score_inside if whole else score
-                if score_grad is None:
-                    if fn is not None:
-                        p = fn(p, i, j)  # score(s) - lse: s has lse subtracted already
-                else:
-                    grad = score_grad(p, i, j)
-                    if fn is not None:
-                        p = fn(p, i, j)
-                    p -= shift[b, ..., i0:i1, :]
-                np.exp(p, out=p)
-                dvb[..., j0:j1, :] += p.swapaxes(-1, -2) @ doi
-                ds = do1i @ v1t[..., j0:j1]  # do @ v.T - delta
-                ds *= p
+                j, part = np.arange(j0, j1)[None, :], s[..., j0 - lo:j1 - lo]
                 if score_grad is not None:
-                    ds *= grad
-                dqi += ds @ k[b, ..., j0:j1, :]
-                dkb[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
+                    grads.append((j0 - lo, j1 - lo, score_grad(part, i, j)))
+                fn = score_inside if whole else score
+                got = part if fn is None else fn(part, i, j)
+                if got is not part:
+                    part[...] = got
+            top = s.max(axis=-1, keepdims=True)
+            shift = np.where(top == -np.inf, 0, top)  # a fully masked row: exp(-inf - 0) = 0
+            s -= shift
+            np.exp(s, out=s)
+            acc = s @ v1b  # [E @ v, l]
+            total = acc[..., d_v:]
+            total = np.where(total == 0, 1, total)  # a fully masked row: 0 / 1
+            oi = acc[..., :d_v] / total
+            o[b, ..., i0:i1, :] = oi
+            with np.errstate(divide="ignore"):
+                lse[b, ..., i0:i1, :] = top + np.log(acc[..., d_v:])
+            delta = np.einsum("...j,...j->...", doi, oi)[..., None]
+            ds = _append(doi, -delta) @ v1b.swapaxes(-1, -2)  # do @ v.T - delta
+            ds *= s
+            for j0, j1, grad in grads:
+                ds[..., j0:j1] *= grad
+            dvb[..., lo:hi, :] += s.swapaxes(-1, -2) @ (doi / total)
+            dq[b, ..., i0:i1, :] = ds @ kb / total
+            dkb[..., lo:hi, :] += ds.swapaxes(-1, -2) @ (qi / total)
         return parts
 
-    for parts in _run(work, runs):  # in the order of the runs: the sums do not depend on timing
+    _add_parts(_run(work, runs), dk, dv)
+    if scale != 1:
+        dq *= scale
+    return tuple(x.reshape(batch + x.shape[-2:]) for x in (o, lse, dq, dk, dv))
+
+
+def _first_runs(units, runs):
+    """entry -> the first run with units of it: that run sums the entry's dk and dv in place, each later one
+    in arrays of its own (`_sums_of`), added in the order of the runs afterwards (`_add_parts`)."""
+    first_run = {}
+    for r, (first, last) in enumerate(runs):
+        for b in range(units[first][0], units[last - 1][0] + 1):
+            first_run.setdefault(b, r)
+    return first_run
+
+
+def _sums_of(parts, b, first, dk, dv):
+    """Where a run adds entry b's dk and dv: dk[b] and dv[b] for the entry's `first` run, else zeros of this
+    run's own, kept in `parts` (entry -> (dk, dv))."""
+    if not first and b not in parts:
+        parts[b] = np.zeros(dk.shape[1:], dk.dtype), np.zeros(dv.shape[1:], dv.dtype)
+    return parts[b] if b in parts else (dk[b], dv[b])
+
+
+def _add_parts(results, dk, dv):
+    """Each run's own sums (`_sums_of`) added into dk and dv, in the order of the runs: the sums do not depend
+    on timing."""
+    for parts in results:
         for b, (dkb, dvb) in parts.items():
             dk[b] += dkb
             dv[b] += dvb
-    if scale != 1:
-        dq *= scale
-    return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
 
 
 def _units(entries, n_q, n_k, keys, block_q):

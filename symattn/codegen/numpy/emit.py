@@ -36,7 +36,7 @@ from ...ir.shapes import format_dim, format_shape
 # should not pay for them.
 if TYPE_CHECKING:
     from .printer import NumPyPrinter
-    from ..program import Program, Stmt
+    from ..program import OnePass, Program, Stmt
 
 __all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines"]
 
@@ -126,60 +126,92 @@ def _tiled_pass(spec: t.TypedSpec, signature: str):
     """(lines, printer, cores) of `_forward_backward_tiled`, or None when the spec has no core to tile."""
     from .printer import RESERVED, NumPyPrinter
     from ..fused import fused_plan
-    from ..program import CodegenError, build_program
+    from ..program import CodegenError, build_program, one_pass
 
     plan = fused_plan(spec)
     if plan is None:
         return None
     program = build_program(plan.spec, plan.derivation, reserved=RESERVED, fused=plan)
+    paired = one_pass(program)  # before anything is printed: its copy of the names is the program's own
     printer = NumPyPrinter(program)
     try:
-        body = _body(plan.spec, program, printer, None)
+        body = _body(plan.spec, program, printer, None, paired)
     except CodegenError:  # a score with no block form: the plain pass only
         return None
     lines = [f"def _forward_backward_tiled({signature}):",
              '    """_forward_backward with every attention core tiled (FlashAttention: blocks of BLOCK_Q queries x',
-             '    BLOCK_K keys through BLAS, online softmax; the weights recomputed in the backward pass)."""']
+             '    BLOCK_K keys through BLAS, online softmax; the weights recomputed in the backward pass, or, for',
+             "    a core whose output's gradient is known before the core runs, forward and backward in one pass",
+             '    over each block of queries)."""']
     lines += [("    " + line) if line else "" for line in body]
     return lines, printer, list(plan.cores.values())
 
 
-def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: list[str] | None) -> list[str]:
-    """The statements of one pass: bind the sizes, the forward pass, the backward pass, the results."""
+def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: list[str] | None,
+          paired: OnePass | None = None) -> list[str]:
+    """The statements of one pass: bind the sizes, the forward pass, the backward pass, the results. With
+    `paired` (`symattn.codegen.program.one_pass`), the forward pass alone is the branch for no upstream
+    gradient, and with one, `paired`'s order is printed: forward and backward together."""
     leaves = [program.tensor_vars[n] for n in spec.given]
     keywords = [program.upstream[o] for o in spec.outputs]
-    order = list(spec.dims)
     body: list[str] = []
     body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream"})
     body += bind_dims(spec, program, printer, batch="batch" if dispatch else None)
     body += dispatch or []
     body.append("")
-    body.append("# forward pass")
-    named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
-
-    def consumed() -> str | None:
-        return printer.consumed if printer.consumed in named else None
-
-    def release(k: int) -> list[str]:  # an [N, N] buffer nothing reads any more is freed at once
-        dead = printer.released(k)
-        return [f"del {', '.join(dead)}"] if dead else []
-
-    for k, stmt in enumerate(program.forward):
-        body += comment_lines(stmt, printer.statement(k, stmt), consumed()) + release(k)
+    forward = ["# forward pass"] + _statements(program, printer, enumerate(program.forward))
     outputs = ", ".join(f'"{o}": {program.tensor_vars[o]}' for o in spec.outputs)
+    loss = " + ".join(f"sum({o} * grad({o}))" for o in spec.outputs) + "; dT is grad(T) = dL/dT"
+    if paired is not None:
+        body.append(f"if {keywords[0]} is None:")
+        body += [("    " + line) if line else "" for line in forward + [f"return {{{outputs}}}, None"]]
+        cores = ", ".join(sorted(paired.cores))
+        body += ["", f"# forward and backward pass ({cores}: both at once, one pass over the scores): L = {loss}"]
+        body += _upstream_lines(spec, program, printer)
+        together = type(printer)(paired.program)
+        together.one_pass = paired.cores
+        body += _statements(paired.program, together, enumerate(paired.program.stmts))
+        printer.helpers |= together.helpers
+        body.append(f"outputs = {{{outputs}}}")
+        return body + _gradients(spec, program, printer)
+    body += forward
     body.append(f"outputs = {{{outputs}}}")
     body.append(f"if {keywords[0]} is None:")
     body.append("    return outputs, None")
     body.append("")
-    body.append("# backward pass: L = " + " + ".join(f"sum({o} * grad({o}))" for o in spec.outputs)
-                + "; dT is grad(T) = dL/dT")
+    body.append(f"# backward pass: L = {loss}")
+    body += _upstream_lines(spec, program, printer)
+    body += _statements(program, printer, enumerate(program.backward, start=program.forward_count))
+    return body + _gradients(spec, program, printer)
+
+
+def _statements(program: Program, printer: NumPyPrinter, numbered) -> list[str]:
+    """The code of the (index, statement) pairs `numbered`, each with its comment, and a `del` for each
+    [N, N] buffer nothing reads after it."""
+    named = set(program.tensor_vars.values()) | set(program.grad_vars.values())
+    lines = []
+    for k, stmt in numbered:
+        code = printer.statement(k, stmt)
+        lines += comment_lines(stmt, code, printer.consumed if printer.consumed in named else None)
+        dead = printer.released(k)
+        lines += [f"del {', '.join(dead)}"] if dead else []
+    return lines
+
+
+def _upstream_lines(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
+    """Each output's upstream gradient, checked and in the forward pass's dtype."""
+    order = list(spec.dims)
+    lines = []
     for out in spec.outputs:
         shape = spec.tensors[out].shape
-        body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
-                    f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
-    for k, stmt in enumerate(program.backward, start=program.forward_count):
-        body += comment_lines(stmt, printer.statement(k, stmt), consumed()) + release(k)
+        lines.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
+                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
+    return lines
+
+
+def _gradients(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
+    """The dictionary of gradients, returned with the outputs."""
     grads = []
     for leaf in spec.differentiable:
         var = program.leaf_grads[leaf]
@@ -189,11 +221,7 @@ def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: 
         else:
             printer.helpers.add("_sum_to")
             grads.append(f'"{leaf}": _sum_to({var}, {leaf_var}.shape)')
-    body.append("gradients = {")
-    body += [f"    {g}," for g in grads]
-    body.append("}")
-    body.append("return outputs, gradients")
-    return body
+    return ["gradients = {"] + [f"    {g}," for g in grads] + ["}", "return outputs, gradients"]
 
 
 def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:
@@ -324,7 +352,10 @@ def _header(spec: t.TypedSpec, program: Program, tiled: bool = False) -> list[st
             "x keys) is computed tiled, as FlashAttention does: blocks of BLOCK_Q queries x BLOCK_K",
             "keys through BLAS, an online softmax, the weights recomputed from the saved row",
             "log-sum-exp in the backward pass, fully masked blocks skipped; memory O(N * block)",
-            "instead of O(N^2). Smaller attention is computed plainly. The blocks of a pass",
+            "instead of O(N^2). Given the upstream gradients, a core whose output's gradient",
+            "does not depend on that output runs forward and backward in one pass instead: each",
+            "block of BLOCK_Q queries against all the keys it sees, its weights computed once.",
+            "Smaller attention is computed plainly. The blocks of a pass",
             "run on THREADS threads at once (None: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or",
             "the CPU count) where threadpoolctl is installed to hold BLAS to one thread",
             "meanwhile, one after another otherwise; the results do not depend on it beyond",

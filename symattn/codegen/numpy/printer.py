@@ -44,6 +44,7 @@ class NumPyPrinter(IndexNotationPrinter):
         self.fused: dict[str, tuple[str, ...]] = {}  # fused core or gradient variable -> the names it binds
         self.closures: dict[str, list[str]] = {}     # fused core -> the lines that define its score closures
         self.defined: set[str] = set()               # cores whose closures the function printed so far defines
+        self.one_pass: frozenset[str] = frozenset()  # cores whose backward follows their forward (`one_pass`)
 
     # --- dims and scalars -----------------------------------------------------------------
 
@@ -425,12 +426,19 @@ class NumPyPrinter(IndexNotationPrinter):
         self.defined.add(node.core)
         heads = len(core.lead)
         if isinstance(node, FusedAttention):
+            if node.core in self.one_pass:  # computed with its backward, the next statement
+                return lines
             self.helpers.add("_flash_forward")
             q, k, v = (self.doprint(x).text for x in node.children)
             return lines + [f"{var}, {lse} = _flash_forward({q}, {k}, {v}, {score}, {keys}, {scale}, {heads}, "
                             f"{self.flash_settings})"]
         grads = tuple(names.numbered(f"d{getattr(core, role)}_via_{node.core}") for role in ("q", "k", "v"))
         self.fused[var] = grads
+        if node.core in self.one_pass:
+            self.helpers.add("_flash_forward_backward")
+            q, k, v, o, do = (self.doprint(x).text for x in node.children)
+            return lines + [f"{o}, {lse}, {', '.join(grads)} = _flash_forward_backward({q}, {k}, {v}, {do}, {score}, "
+                            f"{grad}, {keys}, {scale}, {heads}, {self.flash_settings})"]
         self.helpers.add("_flash_backward")
         q, k, v, o, do = (self.doprint(x).text for x in node.children)
         return lines + [f"{', '.join(grads)} = _flash_backward({q}, {k}, {v}, {o}, {lse}, {do}, {score}, {grad}, "

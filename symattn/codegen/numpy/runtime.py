@@ -302,17 +302,12 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
     dv = np.zeros(k.shape[:-1] + (v1.shape[-1] - 1,), dtype)
     units = _units(q.shape[0], n_q, n_k, keys, block_q)
     runs = _runs(units, threads)
-    first_run = {}  # entry -> the first run with units of it, which sums its dk and dv in place
-    for r, (first, last) in enumerate(runs):
-        for b in range(units[first][0], units[last - 1][0] + 1):
-            first_run.setdefault(b, r)
+    first_run = _first_runs(units, runs)
 
     def work(r, first, last):
         parts = {}  # entry -> (dk, dv) of this run, for an entry an earlier run has units of too
         for b, i0, i1, lo, hi in units[first:last]:
-            if first_run[b] != r and b not in parts:
-                parts[b] = np.zeros(dk.shape[1:], dtype), np.zeros(dv.shape[1:], dtype)
-            dkb, dvb = parts[b] if b in parts else (dk[b], dv[b])
+            dkb, dvb = _sums_of(parts, b, first_run[b] == r, dk, dv)
             kt, v1t = k1[b].swapaxes(-1, -2), v1[b].swapaxes(-1, -2)
             i = np.arange(i0, i1)[:, None]
             qi, q1i, doi, do1i, dqi = (x[b, ..., i0:i1, :] for x in (q, q1, do, do1, dq))
@@ -338,13 +333,109 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                 dkb[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qi
         return parts
 
-    for parts in _run(work, runs):  # in the order of the runs: the sums do not depend on timing
-        for b, (dkb, dvb) in parts.items():
-            dk[b] += dkb
-            dv[b] += dvb
+    _add_parts(_run(work, runs), dk, dv)
     if scale != 1:
         dq *= scale
     return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
+
+
+def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_inside, scale, heads,
+                            block_q, block_k, threads):
+    """(o, lse, dq, dk, dv): `_flash_forward` and `_flash_backward` in one pass, for a gradient do of o that is
+    known before o is (its output's gradient does not depend on o).
+
+    Per query block, the scores of every key it may see come from one product and stay (block_q rows x
+    those keys: O(N * block) memory, no online softmax): E = exp(s - m) with m the row max, l = rowsum(E)
+    (a column of ones appended to v), o = E @ v / l and delta = rowsum(do * o); then, with P = E / l and
+    the 1 / l put on the small factors, dv += E.T @ (do / l), dS = E * (do @ v.T - delta) * score'(s),
+    dq = dS @ k / l and dk += dS.T @ (q / l). Six products where the two passes take seven, and one exp of
+    each score instead of two. `score`, `score_grad`, `keys`, `inside` and `score_inside` as in
+    `_flash_backward` (`_key_blocks` cuts each row block's keys where the mask is to be paid); the units,
+    their threads and the order of the dk and dv sums as there. A fully masked row gives o = 0,
+    lse = -inf and dq = 0.
+    """
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
+    dtype = np.result_type(q, k, v, do)
+    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    q = q * scale if scale != 1 else q
+    q, k, do, v1 = (_entries(x, batch, heads) for x in (q, k, do, _append(v, 1)))
+    o, dq = np.zeros(q.shape[:-1] + (d_v,), dtype), np.zeros(q.shape, dtype)
+    lse = np.full(q.shape[:-1] + (1,), -np.inf, dtype)
+    dk, dv = np.zeros(k.shape, dtype), np.zeros(k.shape[:-1] + (d_v,), dtype)
+    units = _units(q.shape[0], n_q, n_k, keys, block_q)
+    runs = _runs(units, threads)
+    first_run = _first_runs(units, runs)
+
+    def work(r, first, last):
+        parts = {}  # entry -> (dk, dv) of this run, for an entry an earlier run has units of too
+        for b, i0, i1, lo, hi in units[first:last]:
+            if hi <= lo:  # no key visible: o = 0, lse = -inf, dq = 0
+                continue
+            dkb, dvb = _sums_of(parts, b, first_run[b] == r, dk, dv)
+            i = np.arange(i0, i1)[:, None]
+            qi, doi, kb, v1b = q[b, ..., i0:i1, :], do[b, ..., i0:i1, :], k[b, ..., lo:hi, :], v1[b, ..., lo:hi, :]
+            s = qi @ kb.swapaxes(-1, -2)
+            grads = []  # (first, end, d score / d s) of the key blocks, before `score` overwrites s
+            for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
+                j, part = np.arange(j0, j1)[None, :], s[..., j0 - lo:j1 - lo]
+                if score_grad is not None:
+                    grads.append((j0 - lo, j1 - lo, score_grad(part, i, j)))
+                fn = score_inside if whole else score
+                got = part if fn is None else fn(part, i, j)
+                if got is not part:
+                    part[...] = got
+            top = s.max(axis=-1, keepdims=True)
+            shift = np.where(top == -np.inf, 0, top)  # a fully masked row: exp(-inf - 0) = 0
+            s -= shift
+            np.exp(s, out=s)
+            acc = s @ v1b  # [E @ v, l]
+            total = acc[..., d_v:]
+            total = np.where(total == 0, 1, total)  # a fully masked row: 0 / 1
+            oi = acc[..., :d_v] / total
+            o[b, ..., i0:i1, :] = oi
+            with np.errstate(divide="ignore"):
+                lse[b, ..., i0:i1, :] = top + np.log(acc[..., d_v:])
+            delta = np.einsum("...j,...j->...", doi, oi)[..., None]
+            ds = _append(doi, -delta) @ v1b.swapaxes(-1, -2)  # do @ v.T - delta
+            ds *= s
+            for j0, j1, grad in grads:
+                ds[..., j0:j1] *= grad
+            dvb[..., lo:hi, :] += s.swapaxes(-1, -2) @ (doi / total)
+            dq[b, ..., i0:i1, :] = ds @ kb / total
+            dkb[..., lo:hi, :] += ds.swapaxes(-1, -2) @ (qi / total)
+        return parts
+
+    _add_parts(_run(work, runs), dk, dv)
+    if scale != 1:
+        dq *= scale
+    return tuple(x.reshape(batch + x.shape[-2:]) for x in (o, lse, dq, dk, dv))
+
+
+def _first_runs(units, runs):
+    """entry -> the first run with units of it: that run sums the entry's dk and dv in place, each later one
+    in arrays of its own (`_sums_of`), added in the order of the runs afterwards (`_add_parts`)."""
+    first_run = {}
+    for r, (first, last) in enumerate(runs):
+        for b in range(units[first][0], units[last - 1][0] + 1):
+            first_run.setdefault(b, r)
+    return first_run
+
+
+def _sums_of(parts, b, first, dk, dv):
+    """Where a run adds entry b's dk and dv: dk[b] and dv[b] for the entry's `first` run, else zeros of this
+    run's own, kept in `parts` (entry -> (dk, dv))."""
+    if not first and b not in parts:
+        parts[b] = np.zeros(dk.shape[1:], dk.dtype), np.zeros(dv.shape[1:], dv.dtype)
+    return parts[b] if b in parts else (dk[b], dv[b])
+
+
+def _add_parts(results, dk, dv):
+    """Each run's own sums (`_sums_of`) added into dk and dv, in the order of the runs: the sums do not depend
+    on timing."""
+    for parts in results:
+        for b, (dkb, dvb) in parts.items():
+            dk[b] += dkb
+            dv[b] += dvb
 
 
 def _units(entries, n_q, n_k, keys, block_q):
@@ -445,11 +536,14 @@ HELPERS = (  # in the order generated modules list them
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
-    "_flash_forward", "_flash_backward", "_units", "_runs", "_threads", "_run", "_one_blas_thread", "_key_blocks",
+    "_flash_forward", "_flash_backward", "_flash_forward_backward", "_first_runs", "_sums_of", "_add_parts",
+    "_units", "_runs", "_threads", "_run", "_one_blas_thread", "_key_blocks",
     "_append", "_entries",
 )
 _TILED = ("_units", "_runs", "_run", "_key_blocks", "_append", "_entries")
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_flash_forward": _TILED, "_flash_backward": _TILED,
+_SUMS = ("_first_runs", "_sums_of", "_add_parts")
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_flash_forward": _TILED,
+         "_flash_backward": _TILED + _SUMS, "_flash_forward_backward": _TILED + _SUMS,
          "_runs": ("_threads",), "_run": ("_one_blas_thread",)}  # helper -> the helpers it calls
 
 

@@ -1,0 +1,134 @@
+"""One pass per attention core (the NumPy tiled pass) when the upstream gradients are given.
+
+With the upstream gradients in hand, the tiled pass computes a core's forward
+and backward at once (`_flash_forward_backward`) when what flows back into the
+core does not depend on the core's output; `symattn.codegen.program.one_pass`
+reorders the program for it. These tests check that order (nothing read before
+it is computed, the program itself left as it was), which cores it pairs (an
+output read again, a nonlinearity after the core and a chain of two cores keep
+the two passes), and the gradients against central finite differences of the
+module's plain forward. `test_tiled.py` compares the tiled pass, now one pass
+for its cores, with a float64 attention written there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symattn
+from symattn.codegen.numpy.emit import load_module
+from symattn.codegen.program import Var, build_program, one_pass
+from symattn.codegen.fused import fused_plan
+from symattn.codegen.program_ir import walk_labelled
+
+from conftest import EXAMPLES
+from test_tiled import tiled
+
+HEAD = """
+attention {name}
+dim N = 8, d = 4
+input Q[N, d], K[N, d], V[N, d]
+"""
+
+SPECS = {  # name -> (the rest of the spec, cores in one pass, cores in two)
+    "plain": ("O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\noutput O", 1, 0),
+    # both outputs: grad(O) as a whole reads O, so O's core cannot run before it
+    "read_again": ("O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nR = O * O\noutput O, R", 0, 1),
+    "squashed": ("O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nR = tanh(O)\noutput R", 0, 1),
+    "projected": ("param W[d, d]\nO = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nR = O @ W\noutput R", 1, 0),
+    "pair": ("O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V + softmax(K @ Q.T / sqrt(d), axis=-1) @ V\noutput O",
+             2, 0),
+    # the second core reads the first one's output: the first one's gradient needs the second's backward
+    "chain": ("A = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nB = softmax(A @ K.T / sqrt(d), axis=-1) @ A\noutput B",
+              1, 1),
+}
+
+
+def spec(name):
+    return symattn.load(HEAD.format(name=name) + SPECS[name][0])
+
+
+def _arrays(name, n=23, seed=0):
+    """The spec's leaves at N = n, d = 4, the inputs with a batch axis of 2."""
+    rng = np.random.default_rng(seed)
+    typed = spec(name).typed
+    sizes = {"N": n, "d": 4}
+    given = {}
+    for leaf in typed.given:
+        shape = tuple(sizes[str(dim)] for dim in typed.tensors[leaf].shape)
+        given[leaf] = rng.standard_normal(((2,) if typed.tensors[leaf].kind == "input" else ()) + shape)
+    return typed, given, rng
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_which_cores_run_in_one_pass(name):
+    source = spec(name).emit("numpy")
+    _, together, apart = SPECS[name]
+    assert source.count("= _flash_forward_backward(") == together
+    assert source.count("= _flash_backward(") == apart
+
+
+def _check_order(program):
+    """Every variable a statement reads is an argument or computed by an earlier statement; liveness is the
+    last statement that reads it."""
+    done = {v for v, s in program.info.items() if s.section == "argument"}
+    last = {}
+    for k, stmt in enumerate(program.stmts):
+        for var in stmt.reads:
+            assert var in done, f"{stmt.var} reads {var} before it is computed"
+            last[var] = k
+        done.add(stmt.var)
+    for var, k in last.items():
+        assert program.info[var].last_use in (k, 1 << 30)
+
+
+@pytest.mark.parametrize("source", [*SPECS, *(p.stem for p in EXAMPLES)])
+def test_the_one_pass_order_reads_nothing_before_it_is_computed(source):
+    if source in SPECS:
+        text = HEAD.format(name=source) + SPECS[source][0]
+    else:
+        text = next(p for p in EXAMPLES if p.stem == source).read_text(encoding="utf-8")
+    plan = fused_plan(symattn.load(text).typed)
+    if plan is None:
+        pytest.skip(f"{source} has no attention core")
+    program = build_program(plan.spec, plan.derivation, fused=plan)
+    before = [(s.var, s.last_use) for s in program.stmts]
+    paired = one_pass(program)
+    assert [(s.var, s.last_use) for s in program.stmts] == before  # the program itself is left as it was
+    if paired is None:
+        return
+    _check_order(paired.program)
+    stmts = paired.program.stmts
+    for k, stmt in enumerate(stmts):
+        node = stmt.node
+        if type(node).__name__ == "FusedAttentionGrad" and node.core in paired.cores:
+            assert type(stmts[k - 1].node).__name__ == "FusedAttention" and stmts[k - 1].node.core == node.core
+            forward_var = stmts[k - 1].var
+            reads_do = {n.name for n in walk_labelled(node.do) if isinstance(n, Var)}
+            assert forward_var not in reads_do
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_tiled_gradients_against_finite_differences(name):
+    typed, given, rng = _arrays(name, n=11)
+    mod = load_module(spec(name).emit("numpy"))
+    outs = mod.forward(**given)
+    upstream = {f"grad_{o}": rng.standard_normal(outs[o].shape) for o in typed.outputs}
+    _, grads = tiled(mod, 4, 3).forward_backward(**given, **upstream)
+    mod.TILED_ABOVE = 1 << 62  # the loss from the plain forward: a pass of its own
+
+    def loss(args):
+        got = mod.forward(**args)
+        return sum(np.sum(got[o] * upstream[f"grad_{o}"]) for o in typed.outputs)
+
+    h = 1e-6
+    for leaf in typed.differentiable:
+        for _ in range(4):
+            at = tuple(int(rng.integers(0, s)) for s in given[leaf].shape)
+            plus = {n: a.copy() for n, a in given.items()}
+            minus = {n: a.copy() for n, a in given.items()}
+            plus[leaf][at] += h
+            minus[leaf][at] -= h
+            numeric = (loss(plus) - loss(minus)) / (2 * h)
+            assert abs(grads[leaf][at] - numeric) < 1e-6 * max(1.0, abs(numeric)), (leaf, at)
