@@ -475,7 +475,7 @@ def test_cli_emit_and_verify(tmp_path):
     assert target.read_text() == _spec("self_attention").emit("numpy")
     done = run_cli("verify", "derivations/causal.attn", "--target", "numpy")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "max rel error" in done.stdout and "20 of 20 tensors within tolerance" in done.stdout
+    assert "max rel error" in done.stdout and "25 of 25 tensors within tolerance" in done.stdout  # 5 of the tiled pass
 
 
 def test_cli_exit_codes_for_bad_input(tmp_path, capsys):
@@ -515,6 +515,38 @@ def test_verify_exits_1_when_generated_code_is_wrong(monkeypatch, capsys):
     monkeypatch.setattr(codegen, "load_module", broken)
     assert main(["verify", str(SPECS["self_attention"])]) == 1
     assert "FAIL forward" in capsys.readouterr().out
+
+
+
+def test_verify_checks_the_tiled_pass_too():
+    """A spec with an attention core: verify also forces the tiled pass on (the pass large attention takes),
+    against the same reference; a spec without one has no such rows."""
+    from symattn.check.numpy import verify_numpy
+
+    rows = verify_numpy(symattn.load(SPECS["causal"]).typed).rows
+    tiled = [r for r in rows if "tiled pass" in r.config]
+    assert tiled and all(r.ok for r in tiled)
+    assert {r.tensor for r in tiled if r.phase == "backward"} == set(symattn.load(SPECS["causal"]).typed.differentiable)
+    assert not [r for r in verify_numpy(symattn.load(SPECS["additive"]).typed).rows if "tiled pass" in r.config]
+
+
+def test_verify_catches_a_wrong_tiled_pass():
+    """grad(K) off by a little in the one pass over each query block: only the tiled rows fail."""
+    from symattn.check.numpy import verify_numpy
+    from symattn.codegen.numpy.emit import load_module, numpy_source
+
+    spec = symattn.load(SPECS["causal"]).typed
+    module = load_module(numpy_source(spec), "tiled_wrong")
+    right = module._flash_forward_backward
+
+    def wrong(*args):
+        o, lse, dq, dk, dv = right(*args)
+        return o, lse, dq, dk * (1 + 1e-4), dv
+
+    module._flash_forward_backward = wrong
+    rows = verify_numpy(spec, module=module).rows
+    failed = {(r.config, r.tensor) for r in rows if not r.ok}
+    assert failed and all("tiled pass" in config for config, _ in failed)
 
 
 # --- torch, an independent gradient reference ------------------------------------------------

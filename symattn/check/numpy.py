@@ -17,6 +17,7 @@ error; a row fails past its tolerance. Nothing here trusts the code under test.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -234,6 +235,8 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
     rng = np.random.default_rng(seed)
     keywords = size_keywords(spec)  # dims no input's shape has: passed to the module by name
     configs = _configs(spec, choice.sizes)
+    # the pass that large attention takes, checked too: at the larger sizes (the first ones where none are)
+    tiled = (1 if len(configs) == 4 else 0) if hasattr(module, "_forward_backward_tiled") else None
     for number, (title, sizes, batch_of) in enumerate(configs):
         progress.step(title, number, len(configs))
         dims = {name: sizes[name] for name in keywords}
@@ -242,13 +245,40 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
             one = random_leaves(spec, rng, batch_of(name), sizes)[name]
             leaves[name] = one
         reference = reference_forward(spec, leaves, sizes)
-        outputs = module.forward(**leaves, **dims)
-        for o in spec.outputs:
-            report.rows.append(Row(title, "forward", o, relative_error(outputs[o], reference[o]), FORWARD_TOLERANCE))
         upstream = {o: rng.standard_normal(np.shape(reference[o])) for o in spec.outputs}
-        generated = module.backward(**leaves, **{f"grad_{o}": upstream[o] for o in spec.outputs}, **dims)
         expected = finite_difference_gradients(spec, leaves, upstream, sizes)
-        for name in spec.differentiable:
-            report.rows.append(Row(title, "backward", name, relative_error(generated[name], expected[name]),
-                                   BACKWARD_TOLERANCE))
+        passes = [(title, None)]
+        if number == tiled:
+            passes.append((f"the same, tiled pass forced on: blocks of {TILED_BLOCKS[0]} queries x "
+                           f"{TILED_BLOCKS[1]} keys, on 2 threads", (0, *TILED_BLOCKS, 2)))
+        for shown, constants in passes:
+            with _constants(module, constants):
+                outputs = module.forward(**leaves, **dims)
+                generated = module.backward(**leaves, **{f"grad_{o}": upstream[o] for o in spec.outputs}, **dims)
+            for o in spec.outputs:
+                report.rows.append(Row(shown, "forward", o, relative_error(outputs[o], reference[o]),
+                                       FORWARD_TOLERANCE))
+            for name in spec.differentiable:
+                report.rows.append(Row(shown, "backward", name, relative_error(generated[name], expected[name]),
+                                       BACKWARD_TOLERANCE))
     return report
+
+
+TILED_BLOCKS = (3, 5)  # query rows x keys per block when verify forces the tiled pass: no size is a multiple
+_TILED_CONSTANTS = ("TILED_ABOVE", "BLOCK_Q", "BLOCK_K", "THREADS")
+
+
+@contextlib.contextmanager
+def _constants(module, values):
+    """The module's tiled-pass constants set to `values` (None: as they are) while the block runs."""
+    if values is None:
+        yield
+        return
+    saved = [getattr(module, name) for name in _TILED_CONSTANTS]
+    for name, value in zip(_TILED_CONSTANTS, values):
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in zip(_TILED_CONSTANTS, saved):
+            setattr(module, name, value)
