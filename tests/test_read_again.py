@@ -11,6 +11,8 @@ backward in float64 with that whole gradient (the Triton target in
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -76,6 +78,109 @@ def test_an_output_read_again_torch():
     ((got["O"] * torch.from_numpy(go)).sum() + (got["R"] * torch.from_numpy(gr)).sum()).backward()
     for n, expected in zip("QKV", want[2:]):
         np.testing.assert_allclose(tensors[n].grad.numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+# An output that another core reads: its core's backward gets grad_O plus that core's fused part, never
+# an [N, N] softmax of the derivation's own path.
+READ_BY_A_CORE = {
+    "value": HEAD.format(name="value") + """A = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
+B = softmax(Q @ K.T / sqrt(d), axis=-1) @ A
+output A, B
+""",
+    "self": HEAD.format(name="self") + """O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
+R = softmax(O @ O.T / sqrt(d), axis=-1) @ O
+output O, R
+""",
+}
+
+
+def _plain_numpy(name, q, k, v, g1, g2):
+    """The two cores and their gradients by the textbook backward, in float64."""
+    def attend(a, b, c):
+        s = a @ b.swapaxes(-1, -2) / 2
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return p / p.sum(axis=-1, keepdims=True)
+
+    def back(p, a, b, c, do):  # (da, db, dc) of softmax(a @ b.T / 2) @ c
+        dp = do @ c.swapaxes(-1, -2)
+        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) / 2
+        return ds @ b, ds.swapaxes(-1, -2) @ a, p.swapaxes(-1, -2) @ do
+
+    p1 = attend(q, k, v)
+    first = p1 @ v
+    if name == "value":
+        p2 = attend(q, k, first)
+        second = p2 @ first
+        dq2, dk2, dfirst = back(p2, q, k, first, g2)
+        dq, dk, dv = back(p1, q, k, v, g1 + dfirst)
+        return (first, second), (dq + dq2, dk + dk2, dv)
+    p2 = attend(first, first, first)
+    second = p2 @ first
+    dfirst = sum(back(p2, first, first, first, g2))
+    return (first, second), back(p1, q, k, v, g1 + dfirst)
+
+
+@pytest.mark.parametrize("name", READ_BY_A_CORE)
+def test_an_output_read_by_another_core(name):
+    q, k, v, g1 = inputs(n=23, batch=(2,))
+    g2 = np.random.default_rng(7).standard_normal(g1.shape)
+    (first, second), want = _plain_numpy(name, q, k, v, g1, g2)
+    source = symattn.load(READ_BY_A_CORE[name]).emit("numpy")
+    outs = list(READ_BY_A_CORE[name].split("output ")[1].strip().split(", "))
+    for blocks in ((4, 4), (5, 7)):
+        outputs, grads = tiled(load_module(source), *blocks).forward_backward(
+            Q=q, K=k, V=v, **{f"grad_{outs[0]}": g1, f"grad_{outs[1]}": g2})
+        np.testing.assert_allclose(outputs[outs[0]], first, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(outputs[outs[1]], second, rtol=1e-10, atol=1e-12)
+        for got, expected in zip((grads["Q"], grads["K"], grads["V"]), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-11)
+    tiled_pass = source[source.index("def _forward_backward_tiled"):]
+    assert "_softmax" not in tiled_pass.split("\ndef _as_float")[0]  # both cores stay fused
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_output_read_by_another_core_keeps_memory_linear(threads):
+    """The chain with both outputs takes about what it takes with the second output alone, and grows
+    about 4 times from N = 1024 to 4096 (one [N, N] array grows 16 times)."""
+    peaks = {}
+    for outputs in ("A, B", "B"):
+        module = load_module(symattn.load(READ_BY_A_CORE["value"].replace("output A, B", f"output {outputs}"))
+                             .emit("numpy"))
+        module.TILED_ABOVE, module.THREADS = 0, threads
+        for n in (1024, 4096):
+            q, k, v, g = inputs(n=n, d=16, batch=(), dtype=np.float32)
+            upstream = {f"grad_{o}": g for o in outputs.split(", ")}
+            module.forward_backward(Q=q, K=k, V=v, **upstream)
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            module.forward_backward(Q=q, K=k, V=v, **upstream)
+            peaks[outputs, n] = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
+    assert peaks["A, B", 4096] < 1.5 * peaks["B", 4096] + (1 << 20), peaks
+    assert peaks["A, B", 4096] < 8 * peaks["A, B", 1024], peaks
+
+
+def test_an_output_read_by_another_core_cuda_plan_stores_no_attention_matrix():
+    from symattn.codegen.cuda import emit_cuda
+
+    for text in READ_BY_A_CORE.values():
+        plan = emit_cuda(symattn.load(text).typed).plan
+        assert len(plan.cores) == 2
+        square = [b.name for b in plan.workspace if len(b.shape) >= 2 and str(b.shape[-1]) == str(b.shape[-2]) == "N"]
+        assert not square, square
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", READ_BY_A_CORE)
+def test_an_output_read_by_another_core_cuda(name):
+    """The fp32 kernels and the tensor-core ones (for "self", one tensor is q, k and v of the second core:
+    the check's inputs give the three roles one array)."""
+    from symattn.check.cuda import find_cxx, verify_cuda
+
+    if find_cxx() is None:
+        pytest.skip("no C++ compiler: the CUDA kernels cannot run on the CPU")
+    report = verify_cuda(symattn.load(READ_BY_A_CORE[name]).typed, tsan=False, gate=False, head_dims=False)
+    assert report.ok, "\n".join(report.lines())
 
 
 @pytest.mark.slow

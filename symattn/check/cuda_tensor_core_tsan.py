@@ -23,7 +23,8 @@ from typing import Mapping
 import numpy as np
 
 from ..codegen.cuda import CudaCode
-from .cuda_tensor_core import TensorCoreCase, case_shapes, decode, head_dim_sizes, round_to, score_case
+from .cuda_tensor_core import (TensorCoreCase, case_inputs, case_shapes, decode, head_dim_sizes, round_to,
+                               score_case)
 
 __all__ = ["TSAN_DTYPE", "TSAN_HEAD_DIM", "tsan_driver", "tsan_tensor_cores"]
 
@@ -90,9 +91,8 @@ def tsan_tensor_cores(executable: Path, code: CudaCode, sizes: Mapping[str, int]
             case.skipped = chosen
             continue
         shapes = case_shapes(core, chosen, batch)
-        bits, values = {}, {}
-        for role, shape in (("q", shapes["q"]), ("k", shapes["k"]), ("v", shapes["v"]), ("do", shapes["o"])):
-            bits[role], values[role] = round_to(rng.standard_normal(shape), dtype)
+        bits, values = case_inputs(core, shapes, dtype, rng)
+        bits["do"], values["do"] = round_to(rng.standard_normal(shapes["o"]), dtype)
         counts = [int(np.prod(shapes[r])) for r in ("q", "k", "v", "o")] + [int(np.prod(shapes["o"][:-1]))]
         dims = [chosen[d] for d in spec.dims] + [batch]
         with tempfile.TemporaryDirectory() as tmp:

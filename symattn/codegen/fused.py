@@ -57,33 +57,35 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
     core_of = {owner: core for core in cores for owner in (*core.chain, core.output)}
     forward: dict[str, t.Node] = {}
     grads: dict[str, FusedAttentionGrad] = {}
-    for core in cores:
-        q, k, v, o = (tensor(n) for n in (core.q, core.k, core.v, core.output))
-        forward[core.output] = FusedAttention(core.output, q, k, v, o.shape)
-        grads[core.output] = FusedAttentionGrad(core.output, q, k, v, o, _whole(derivation, core.output, o.shape))
-    absorbed = frozenset(n for core in cores for n in core.chain)
-    gradients: dict[str, t.Node | None] = {}
-    for name, gradient in derivation.gradients.items():
-        if name in absorbed or not any(owner in core_of for owner, _ in gradient.paths):
-            continue
+
+    def whole(name: str) -> t.Node | None:
+        """grad(name), every path through a core its `FusedPart` (the cores that read name: built already)."""
+        paths = derivation.gradients[name].paths
         total = None
-        for owner, part in gradient.paths:
+        for owner, part in paths:
             if owner not in core_of:
                 total = b.add(total, part)
         for core in cores:
-            if any(core_of.get(owner) is core for owner, _ in gradient.paths):
+            if any(core_of.get(owner) is core for owner, _ in paths):
                 for index, role in enumerate((core.q, core.k, core.v)):
                     if role == name:
                         total = b.add(total, FusedPart(grads[core.output], index, tensors[name].shape))
-        gradients[name] = total
+        return total
+
+    order = list(tensors)
+    for core in sorted(cores, key=lambda c: order.index(c.output), reverse=True):  # its readers come after it
+        q, k, v, o = (tensor(n) for n in (core.q, core.k, core.v, core.output))
+        forward[core.output] = FusedAttention(core.output, q, k, v, o.shape)
+        # what flows back into it: an output that other tensors read too has more than its upstream gradient,
+        # which is all that the program's grad(output) is; any other tensor's grad(output) is whole already
+        paths = derivation.gradients[core.output].paths if core.output in derivation.gradients else ()
+        read = core.output in named.outputs and any(owner != "upstream" for owner, _ in paths)
+        grads[core.output] = FusedAttentionGrad(core.output, q, k, v, o, whole(core.output) if read else
+                                                t.Grad(core.output, o.shape))
+    absorbed = frozenset(n for core in cores for n in core.chain)
+    gradients = {name: whole(name) for name, gradient in derivation.gradients.items()
+                 if name not in absorbed and any(owner in core_of for owner, _ in gradient.paths)}
     dims = list(named.dims)
     titles = {c.output: f"{c.output} = softmax({to_spec(c.score, dims)}, axis=-1) @ {c.v}" for c in cores}
     return FusedPlan(named, derivation, {c.output: c for c in cores}, forward, gradients, absorbed, titles)
 
-
-
-def _whole(derivation: Derivation, name: str, shape: tuple) -> t.Node:
-    """What flows back into a core from its output: grad(output) as a whole (`Derivation.whole`), which for an
-    output that other tensors read too is more than the program's grad(output), its upstream gradient."""
-    whole = derivation.whole(name) if name in derivation.spec.outputs else None
-    return t.Grad(name, shape) if whole is None else whole

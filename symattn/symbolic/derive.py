@@ -172,18 +172,6 @@ class Derivation(Mapping):
         (`symattn.symbolic.gradient_text`)."""
         return gradient_texts(self.spec, {name: g.expr for name, g in self.gradients.items()})
 
-    def whole(self, name: str) -> t.Node | None:
-        """dL/dT as a whole, every path summed: for an output that other tensors read too, its upstream
-        gradient `grad(T)` plus what those readers pass back (its `expr` is the upstream gradient alone, and
-        each reader's gradient reads the upstream one); for any other tensor, its `expr`."""
-        gradient = self.gradients[name]
-        if name not in self.spec.outputs or all(owner == "upstream" for owner, _ in gradient.paths):
-            return gradient.expr
-        total = None
-        for _, part in gradient.paths:
-            total = b.add(total, part)
-        return total
-
     def formula(self, name: str) -> str:
         """`grad(T) = ...` in spec syntax, after the check-only definitions it names, if any
         (`dX_1[l:N, m:d] = ...` for an index-notation part); `# grad(O): ...` for an output."""

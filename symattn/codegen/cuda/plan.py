@@ -389,10 +389,10 @@ class _Planner:
         self.done_backward.add(core.output)
         out = self.tensor_buffer(core.output)
         d_out = self.lookup(t.Grad(core.output, ()))
-        whole = self.derivation.whole(core.output) if core.output in self.spec.outputs else None
-        if whole is not None and not isinstance(whole, t.Grad):  # an output that other tensors read too
+        if self.read_again(core):
+            whole = self.whole(core.output)
             d_out = self._workspace(f"grad_{out.name}_whole", whole.shape, f"grad({core.output}), all of it (backward)")
-            self.compute(d_out, gather_forms(whole, solve=True), [f"grad({core.output}) = {_grad_text(whole, self.order)}"])
+            self.compute(d_out, whole, [f"grad({core.output}) = {_grad_text(whole, self.order)}"])
         delta = self._workspace(f"{out.name}_delta", (*core.lead, core.n_q),
                                 f"rowsum(grad({core.output}) * {core.output}) (backward)")
         grads = [self.buffers[("stored", core.output, role)] for role in "qkv"]
@@ -429,22 +429,33 @@ class _Planner:
                 expr = self.derived.get(name, gradient.expr)  # a scatter in its gather form, one entry a thread
                 exprs[name] = None if expr is None else gather_forms(expr, solve=True)
                 continue
-            total = None
-            for owner, part in gradient.paths:
-                if owner not in self.core_of:  # a scatter is computed in its gather form, one entry a thread
-                    total = b.add(total, gather_forms(part, solve=True))
-            for core in self.cores.values():
-                if any(owner in self.core_of and self.core_of[owner] is core for owner, _ in gradient.paths):
-                    for role in "qkv":
-                        if getattr(core, role) == name:
-                            total = b.add(total, Stored(core.output, role, spec.tensors[name].shape))
-            exprs[name] = total
+            exprs[name] = self.whole(name)
         return exprs
+
+    def whole(self, name: str) -> t.Node | None:
+        """grad(name), every path summed, those through a fused core as what its kernel stores (`Stored`)."""
+        paths = self.derivation.gradients[name].paths
+        total = None
+        for owner, part in paths:
+            if owner not in self.core_of:  # a scatter is computed in its gather form, one entry a thread
+                total = b.add(total, gather_forms(part, solve=True))
+        for core in self.cores.values():
+            if any(owner in self.core_of and self.core_of[owner] is core for owner, _ in paths):
+                for role in "qkv":
+                    if getattr(core, role) == name:
+                        total = b.add(total, Stored(core.output, role, self.spec.tensors[name].shape))
+        return total
+
+    def read_again(self, core: AttentionCore) -> bool:
+        """Whether the core's output is an output that other tensors read too: then what flows back into the
+        core is more than its upstream gradient (`whole`)."""
+        paths = self.derivation.gradients[core.output].paths if core.output in self.derivation.gradients else ()
+        return core.output in self.spec.outputs and any(owner != "upstream" for owner, _ in paths)
 
     def live(self, grads: dict[str, t.Node | None]) -> set[str]:
         """The tensors the forward must compute: what the outputs and the backward read."""
         need = set(self.spec.outputs)
-        wholes = [self.derivation.whole(c.output) for c in self.cores.values() if c.output in self.spec.outputs]
+        wholes = [self.whole(c.output) for c in self.cores.values() if self.read_again(c)]
         for expr in [*grads.values(), *wholes]:  # (what flows back into a core from an output others read)
             if expr is None:
                 continue
