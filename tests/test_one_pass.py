@@ -39,6 +39,11 @@ SPECS = {  # name -> (the rest of the spec, cores in one pass, cores in two)
     "projected": ("param W[d, d]\nO = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nR = O @ W\noutput R", 1, 0),
     "pair": ("O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V + softmax(K @ Q.T / sqrt(d), axis=-1) @ V\noutput O",
              2, 0),
+    # d score / d s is s itself: the closure returns the block the score then overwrites
+    "squared_score": ("O = softmax((Q @ K.T / 2) * (Q @ K.T / 2) / 2, axis=-1) @ V\noutput O", 1, 0),
+    # keys bounded from below only (min(N) alone was a TypeError)
+    "anti_causal": ("M[i:N, j:N] = where(j > i, 0, -inf)\nO = softmax(Q @ K.T / sqrt(d) + M, axis=-1) @ V\noutput O",
+                    1, 0),
     # the second core reads the first one's output: the first one's gradient needs the second's backward
     "chain": ("A = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nB = softmax(A @ K.T / sqrt(d), axis=-1) @ A\noutput B",
               1, 1),
@@ -132,3 +137,33 @@ def test_tiled_gradients_against_finite_differences(name):
             minus[leaf][at] -= h
             numeric = (loss(plus) - loss(minus)) / (2 * h)
             assert abs(grads[leaf][at] - numeric) < 1e-6 * max(1.0, abs(numeric)), (leaf, at)
+
+
+def test_an_upstream_gradient_with_more_batch_axes():
+    """grad_O of shape [3, 2, N, d] for inputs [2, N, d]: the outputs keep the inputs' batch axes (the plain
+    pass's shapes), the gradients are summed back to them."""
+    q, k, v = (np.random.default_rng(s).standard_normal((2, 7, 4)) for s in range(3))
+    go = np.random.default_rng(3).standard_normal((3, 2, 7, 4))
+    mod = load_module(spec("plain").emit("numpy"))
+    want = mod.forward_backward(Q=q, K=k, V=v, grad_O=go)
+    got = tiled(mod, 3, 2).forward_backward(Q=q, K=k, V=v, grad_O=go)
+    for have, expected in [(got[0]["O"], want[0]["O"])] + [(got[1][n], want[1][n]) for n in "QKV"]:
+        assert have.shape == expected.shape
+        np.testing.assert_allclose(have, expected, rtol=1e-10, atol=1e-12)
+    assert got[0]["O"].shape == (2, 7, 4)
+
+
+def test_a_score_whose_derivative_is_its_argument_torch():
+    """d score / d s = s (the closure returns the block itself): the torch module's tiled backward keeps it
+    apart from the block the score overwrites, as the NumPy one pass does; against the plain NumPy pass."""
+    torch = pytest.importorskip("torch", reason="the torch target needs torch")
+    from symattn.codegen.torch import load_torch_module
+
+    typed, given, rng = _arrays("squared_score", n=13)
+    upstream = {"grad_O": rng.standard_normal((2, 13, 4))}
+    want = load_module(spec("squared_score").emit("numpy")).forward_backward(**given, **upstream)[1]
+    module = load_torch_module(spec("squared_score").emit("torch"), "squared_score")
+    module.BLOCK_Q, module.BLOCK_K = 4, 3
+    got = module.forward_backward(**{n: torch.from_numpy(x) for n, x in {**given, **upstream}.items()})[1]
+    for name in typed.differentiable:
+        np.testing.assert_allclose(got[name].numpy(), want[name], rtol=1e-10, atol=1e-12)

@@ -44,6 +44,8 @@ VARIANTS = {
     "softcap_strict_causal": ("M[i:N, j:N] = where(j < i, 0, -inf)", "30 * tanh(Q @ K.T / sqrt(d) / 30) + M",
                               lambda i, j: j < i, 30.0),
     "causal_constant": ("", "Q @ K.T / sqrt(d) + causal_mask(N)", lambda i, j: j <= i, None),
+    # keys bounded from below only; the last row sees no key
+    "anti_causal": ("M[i:N, j:N] = where(j > i, 0, -inf)", "Q @ K.T / sqrt(d) + M", lambda i, j: j > i, None),
 }
 
 

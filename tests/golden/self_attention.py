@@ -338,7 +338,8 @@ def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_
     their threads and the order of the dk and dv sums as there. A fully masked row gives o = 0,
     lse = -inf and dq = 0.
     """
-    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
+    forward = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    batch = np.broadcast_shapes(forward, do.shape[:-2])
     dtype = np.result_type(q, k, v, do)
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     q = q * scale if scale != 1 else q
@@ -363,7 +364,8 @@ def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_
             for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
                 j, part = np.arange(j0, j1)[None, :], s[..., j0 - lo:j1 - lo]
                 if score_grad is not None:
-                    grads.append((j0 - lo, j1 - lo, score_grad(part, i, j)))
+                    grad = score_grad(part, i, j)  # (it may be `part` itself, which the score overwrites)
+                    grads.append((j0 - lo, j1 - lo, grad.copy() if np.may_share_memory(grad, s) else grad))
                 fn = score_inside if whole else score
                 got = part if fn is None else fn(part, i, j)
                 if got is not part:
@@ -392,7 +394,11 @@ def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_
     _add_parts(_run(work, runs), dk, dv)
     if scale != 1:
         dq *= scale
-    return tuple(x.reshape(batch + x.shape[-2:]) for x in (o, lse, dq, dk, dv))
+    # o and lse have the batch axes of q, k and v: where do's add to them, every entry along those is the same
+    ahead = len(batch) - len(forward)
+    along = (0,) * ahead + tuple(slice(None) if f == a else slice(0, 1) for f, a in zip(forward, batch[ahead:]))
+    o, lse = (x.reshape(batch + x.shape[-2:])[along] for x in (o, lse))
+    return (o, lse) + tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
 
 
 def _first_runs(units, runs):

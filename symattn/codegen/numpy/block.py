@@ -355,21 +355,21 @@ def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str], i
     keys = "None"
     if bounds.key_lo or bounds.key_hi:
         keys = f"{name}_keys"
-        lo = ", ".join(["0"] + [_bound(x, outer, "first") for x in bounds.key_lo])
-        hi = ", ".join([outer.dim(core.n_k).text] + [_bound(x, outer, "first") for x in bounds.key_hi])
+        lo = _extreme("max", "0", [_bound(x, outer, "first") for x in bounds.key_lo])
+        hi = _extreme("min", outer.dim(core.n_k).text, [_bound(x, outer, "first") for x in bounds.key_hi])
         lines += [f"def {keys}(first, last):",
                   '    """The keys that query rows first..last may see: every other entry of theirs is masked."""',
-                  f"    return {'max(' + lo + ')' if bounds.key_lo else '0'}, min({hi})"]
+                  f"    return {lo}, {hi}"]
     if not inside or not bounds.key_conditions:
         return CoreFunctions(lines, f"{name}_score", grad, keys, scale)
     seen = BlockPrinter(core, outer, product=product, known=frozenset(bounds.key_conditions)).block(core.score)
     if seen.text == score.text:
         return CoreFunctions(lines, f"{name}_score", grad, keys, scale)
-    lo = ", ".join(["0"] + [_bound(x, outer, "first") for x in bounds.key_in_lo])
-    hi = ", ".join([outer.dim(core.n_k).text] + [_bound(x, outer, "first") for x in bounds.key_in_hi])
+    lo = _extreme("max", "0", [_bound(x, outer, "first") for x in bounds.key_in_lo])
+    hi = _extreme("min", outer.dim(core.n_k).text, [_bound(x, outer, "first") for x in bounds.key_in_hi])
     lines += [f"def {name}_inside(first, last):",
               '    """The keys that every query row first..last sees at each condition of the mask that bounds keys."""',
-              f"    return {'max(' + lo + ')' if bounds.key_in_lo else '0'}, min({hi})"]
+              f"    return {lo}, {hi}"]
     score_inside = "None"
     if seen.text != "s":
         score_inside = f"{name}_score_inside"
@@ -377,3 +377,10 @@ def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str], i
                   f'    """{name}_score on a block of the keys {name}_inside gives (those conditions hold there)."""',
                   f"    return {seen.text}"]
     return CoreFunctions(lines, f"{name}_score", grad, keys, scale, f"{name}_inside", score_inside)
+
+
+
+def _extreme(fn: str, first: str, bounds: list[str]) -> str:
+    """`max(0, ...)` or `min(N, ...)`: one end of a range of keys, `first` where the mask gives no bound
+    (`min(N)` alone would be a TypeError)."""
+    return f"{fn}({', '.join([first] + bounds)})" if bounds else first

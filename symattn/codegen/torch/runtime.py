@@ -384,6 +384,8 @@ def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_
                 s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
                 view = (-1,) + lead + s.shape[1:]
                 grad = None if score_grad is None else score_grad(s.view(view), i, j)
+                if grad is not None and grad.data_ptr() == s.data_ptr():  # s itself, which the score overwrites
+                    grad = grad.clone()
                 p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape)
                 p = _exp2_plus_(p, shift[g0:g1, r0:r1])  # exp(score - lse)
                 if dvj is None:
