@@ -58,6 +58,9 @@ def main() -> None:
                         help="the tiled attention's query block (default: the module's)")
     parser.add_argument("--block-k", type=int, default=None, help="its key block")
     parser.add_argument("--causal", action="store_true", help="causal_mask(N) in the scores, is_causal in SDPA")
+    parser.add_argument("--products", action="store_true",
+                        help="also time FlashAttention's seven products alone at the module's blocks (no mask; N a "
+                             "multiple of both)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     spec = CORE.format(mask=" + causal_mask(N)" if args.causal else "")
@@ -71,11 +74,33 @@ def main() -> None:
     def sdpa(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
 
+    def products(q, k, v, g):
+        """The seven products of the module's tiled forward and backward alone (torch.bmm over batch and
+        heads into buffers made once; no softmax, no mask): queries in blocks of BLOCK_Q against all keys,
+        then keys in blocks of BLOCK_K against all queries, as the module's strips go at N <= 16 blocks."""
+        q, k, v, g = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, g))
+        (b, n, d), bq, bk = q.shape, module.BLOCK_Q, module.BLOCK_K
+        s, o = q.new_empty(b, bq, n), q.new_empty(b, bq, d)
+        st, ds, dv, dq, dk = q.new_empty(b, n, bk), q.new_empty(b, n, bk), q.new_empty(b, bk, d), \
+            q.new_empty(b, n, d), q.new_empty(b, bk, d)
+        for i0 in range(0, n, bq):
+            torch.bmm(q[:, i0:i0 + bq], k.transpose(1, 2), out=s)
+            torch.bmm(s, v, out=o)
+        for j0 in range(0, n, bk):
+            kj, vj = k[:, j0:j0 + bk], v[:, j0:j0 + bk]
+            torch.bmm(q, kj.transpose(1, 2), out=st)
+            torch.bmm(st.transpose(1, 2), g, out=dv)
+            torch.bmm(g, vj.transpose(1, 2), out=ds)
+            dq.baddbmm_(ds, kj)
+            torch.bmm(ds.transpose(1, 2), q, out=dk)
+
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}")
     print(f"blocks {module.BLOCK_Q} x {module.BLOCK_K}" if hasattr(module, "BLOCK_Q") else "not tiled",
           "(causal)" if args.causal else "")
-    print("| B, H | N | d | dtype | generated ms | SDPA ms | generated / SDPA | by CPU time | load |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| B, H | N | d | dtype | generated ms | SDPA ms | generated / SDPA | by CPU time |"
+          + (" products ms | products / SDPA |" if args.products else "") + " load |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if args.products else "")
+          + " ---: |")
     for n in args.sizes:
         for name in args.dtypes:
             dtype = getattr(torch, name)
@@ -103,8 +128,17 @@ def main() -> None:
                         cpu[label].append(time.process_time() - start_cpu)
             a, b = statistics.median(times["generated"]) * 1e3, statistics.median(times["SDPA"]) * 1e3
             by_cpu = statistics.median(cpu["generated"]) / statistics.median(cpu["SDPA"])
+            extra = ""
+            if args.products:
+                alone = []
+                for _ in range(args.repeat + 1):
+                    start = time.perf_counter()
+                    products(q, k, v, g)
+                    alone.append(time.perf_counter() - start)
+                c = statistics.median(alone[1:]) * 1e3
+                extra = f" {c:.1f} | {c / b:.2f}x |"
             print(f"| {args.batch}, {args.heads} | {n} | {args.dim} | {name} | {a:.1f} | {b:.1f} | {a / b:.2f}x "
-                  f"| {by_cpu:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
+                  f"| {by_cpu:.2f}x |{extra} {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
