@@ -358,3 +358,14 @@ def test_an_output_read_again():
     for got, expected in zip((outs["O"], outs["R"], grads["Q"], grads["K"], grads["V"]), want):
         got = got.detach().cpu().double().numpy()
         assert np.abs(got - expected).max() / np.abs(expected).max() < 2e-5
+
+
+def test_verify_a_core_whose_operands_are_one_tensor():
+    """R = softmax(O @ O.T / sqrt(d)) @ O: the core's check compares the sum of the three role gradients with
+    the finite differences of O (it compared each role with the whole, and failed)."""
+    text = ("attention self_read\ndim N = 8, d = 4\ninput Q[N, d], K[N, d], V[N, d]\n"
+            "O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nR = softmax(O @ O.T / sqrt(d), axis=-1) @ O\n"
+            "output O, R\n")
+    report = verify_triton(symattn.load(text).typed)
+    assert report.ok, "\n".join(report.lines())
+    assert [r.what for r in report.rows].count("grad(O) through R") == 1
