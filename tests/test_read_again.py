@@ -191,3 +191,30 @@ def test_an_output_read_again_cuda():
         pytest.skip("no C++ compiler: the CUDA kernels cannot run on the CPU")
     report = verify_cuda(symattn.load(READ_AGAIN).typed, tsan=False, gate=False, tensor_cores=False, head_dims=False)
     assert report.ok, "\n".join(report.lines())
+
+
+def test_tensor_core_sizes_keep_the_spec_valid():
+    """The tensor-core check sets a core's head dim (d = 32, 64, 128) and moves the other dims so that the
+    sizes stay valid: with h = 3 heads of split_heads(O, h), d = 32 would not divide (the host function
+    returned SYMATTN_BAD_SIZE and the TSan driver an internal error)."""
+    import sympy
+
+    from symattn.check.cuda_tensor_core import head_dim_sizes
+    from symattn.codegen.cuda import emit_cuda
+    from symattn.ir.sizes import valid_sizes
+
+    text = HEAD.format(name="split_read").replace("dim N = 8, d = 4", "dim N = 8, d = 4, h = 2") + """\
+O = softmax(Q @ K.T / sqrt(d), axis=-1) @ V
+S = split_heads(O, h)
+Kh = split_heads(K, h)
+R = softmax(S @ Kh.T / sqrt(d), axis=-1) @ S
+output O, R
+"""
+    spec = symattn.load(text).typed
+    for forward in emit_cuda(spec).plan.tensor_cores:
+        for head_dim in (32, 64, 128):
+            sizes = head_dim_sizes(spec, forward.core, {"N": 67, "d": 15, "h": 3}, head_dim)
+            assert isinstance(sizes, dict), sizes
+            assert valid_sizes(spec, sizes)
+            subs = {sympy.Symbol(n, positive=True, integer=True): v for n, v in sizes.items()}
+            assert sympy.sympify(forward.core.d_qk).subs(subs) == head_dim

@@ -42,6 +42,7 @@ import numpy as np
 import sympy
 
 from ..ir import typed as t
+from ..ir.sizes import repair, valid_sizes
 from ..codegen.cuda import CudaCode
 from ..codegen.cuda.core import score_grad
 from ..codegen.cuda.tensor_core import TC_DTYPES, TC_HEAD_DIMS, TensorCoreForward, shared_bytes
@@ -158,6 +159,11 @@ def head_dim_sizes(spec: t.TypedSpec, core, sizes: Mapping[str, int], head_dim: 
         return f"no whole {symbol} gives head dim {head_dim}"
     out = dict(sizes)
     out[str(symbol)] = int(solutions[0])
+    if not valid_sizes(spec, out):  # (d = 32 with h = 3 heads of split_heads: the other dims move)
+        out = repair(spec, out, movable=[n for n in spec.dims if n != str(symbol)])
+        if out is None or sympy.sympify(d_qk).subs({sympy.Symbol(n, positive=True, integer=True): v
+                                                   for n, v in out.items()}) != head_dim:
+            return f"no valid sizes give head dim {head_dim}"
     subs = {sympy.Symbol(n, positive=True, integer=True): v for n, v in out.items()}
     d_v = sympy.sympify(core.d_v).subs(subs)
     if not d_v.is_integer or int(d_v) % 8 or int(d_v) > 256:
