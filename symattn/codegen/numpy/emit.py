@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .printer import NumPyPrinter
     from ..program import OnePass, Program, Stmt
 
-__all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines"]
+__all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines", "one_batch_check"]
 
 
 def size_keywords(spec: t.TypedSpec) -> list[str]:
@@ -210,8 +210,21 @@ def _upstream_lines(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) 
     return lines
 
 
+def one_batch_check(spec: t.TypedSpec, program: Program, printer) -> list[str]:
+    """With several outputs, the check that they and their upstream gradients share their batch axes
+    (`_one_batch`); nothing for one output, whose paths all carry its gradient's batch axes."""
+    if len(spec.outputs) < 2:
+        return []
+    printer.helpers.add("_one_batch")
+    ranks = {o: len(spec.tensors[o].shape) for o in spec.outputs}
+    pairs = [f'("{o}", {program.tensor_vars[o]}, {ranks[o]}), ("grad_{o}", {program.grad_vars[o]}, {ranks[o]})'
+             for o in spec.outputs]
+    return [f"_one_batch([{', '.join(pairs)}])"]
+
+
 def _gradients(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
-    """The dictionary of gradients, returned with the outputs."""
+    """The dictionary of gradients, returned with the outputs (after `one_batch_check`)."""
+    check = one_batch_check(spec, program, printer)
     grads = []
     for leaf in spec.differentiable:
         var = program.leaf_grads[leaf]
@@ -221,7 +234,7 @@ def _gradients(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> li
         else:
             printer.helpers.add("_sum_to")
             grads.append(f'"{leaf}": _sum_to({var}, {leaf_var}.shape)')
-    return ["gradients = {"] + [f"    {g}," for g in grads] + ["}", "return outputs, gradients"]
+    return check + ["gradients = {"] + [f"    {g}," for g in grads] + ["}", "return outputs, gradients"]
 
 
 def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[str]:

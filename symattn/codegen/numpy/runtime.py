@@ -83,6 +83,23 @@ def _upstream(name, array, shape, expected, dtype):
     return array.astype(dtype, copy=False)
 
 
+def _one_batch(arrays):
+    """(name, array, rank) of each output and its upstream gradient: ValueError unless all have the same batch
+    axes (leading axes of size 1 aside). With several outputs, a gradient path from one of them carries its
+    batch axes; paths with different ones, added and then summed over the batch at each leaf, would count
+    the smaller ones once per batch entry (a weight penalty beside batched attention: 3x at batch 3)."""
+    shapes = {}
+    for name, array, rank in arrays:
+        lead = tuple(np.shape(array)[:np.ndim(array) - rank])
+        while lead and lead[0] == 1:
+            lead = lead[1:]
+        shapes[name] = lead
+    if len(set(shapes.values())) > 1:
+        shown = ", ".join(f"{name} {list(lead)}" for name, lead in shapes.items())
+        raise ValueError(f"the outputs and their upstream gradients have different batch axes ({shown}): the "
+                         f"gradients of outputs with different batch axes are not supported; give them all the "
+                         f"same batch axes")
+
 def _sum_to(grad, shape):
     """`grad` summed over the batch axes that broadcasting added, so that it has exactly `shape`."""
     if grad.shape == shape:
@@ -539,7 +556,7 @@ def _entries(x, batch, heads):
 
 
 HELPERS = (  # in the order generated modules list them
-    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
+    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid",
     "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from ...version import __version__
 from ...ir import typed as t
 from ...ir.shapes import format_shape
-from ..numpy.emit import bind_dims, comment_lines, load_module, size_keywords
+from ..numpy.emit import bind_dims, comment_lines, load_module, one_batch_check, size_keywords
 from ..program_ir import FusedAttention, Var
 
 if TYPE_CHECKING:
@@ -261,6 +261,7 @@ def _backward_body(program: Program, printer: TorchPrinter, plans, layout: _Layo
         body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
                     f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
         defined.add(program.grad_vars[out])
+    body += one_batch_check(spec, program, printer)
     for k, stmt in enumerate(program.backward, start=program.forward_count):
         printer.consumed = None
         body += comment_lines(stmt, printer.statement(k, stmt), _consumed(program, printer))

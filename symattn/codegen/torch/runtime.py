@@ -100,6 +100,21 @@ def _upstream(name, array, shape, expected, dtype):
     return array.to(dtype)
 
 
+def _one_batch(arrays):
+    """(name, tensor, rank) of each output and its upstream gradient: ValueError unless all have the same batch
+    axes (leading axes of size 1 aside), as in the NumPy target."""
+    shapes = {}
+    for name, array, rank in arrays:
+        lead = tuple(array.shape[:array.dim() - rank])
+        while lead and lead[0] == 1:
+            lead = lead[1:]
+        shapes[name] = lead
+    if len(set(shapes.values())) > 1:
+        shown = ", ".join(f"{name} {list(lead)}" for name, lead in shapes.items())
+        raise ValueError(f"the outputs and their upstream gradients have different batch axes ({shown}): the "
+                         f"gradients of outputs with different batch axes are not supported; give them all the "
+                         f"same batch axes")
+
 def _sum_to(grad, shape):
     """`grad` summed over the batch axes that broadcasting added, so that it has exactly `shape`."""
     shape = tuple(shape)
@@ -275,7 +290,7 @@ def _own(values, inputs):
 
 
 HELPERS = (  # in the order generated modules list them
-    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_sum_to",
+    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
