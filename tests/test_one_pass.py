@@ -44,6 +44,8 @@ SPECS = {  # name -> (the rest of the spec, cores in one pass, cores in two)
     # keys bounded from below only (min(N) alone was a TypeError)
     "anti_causal": ("M[i:N, j:N] = where(j > i, 0, -inf)\nO = softmax(Q @ K.T / sqrt(d) + M, axis=-1) @ V\noutput O",
                     1, 0),
+    # an output that is no core's, read by a core (its paths' sum held that core unfused)
+    "linear_read": ("param W[d, d]\nO = Q @ W\nR = softmax(O @ K.T / sqrt(d), axis=-1) @ V\noutput O, R", 1, 0),
     # the second core reads the first one's output: the first one's gradient needs the second's backward
     "chain": ("A = softmax(Q @ K.T / sqrt(d), axis=-1) @ V\nB = softmax(A @ K.T / sqrt(d), axis=-1) @ A\noutput B",
               1, 1),

@@ -92,6 +92,13 @@ R = softmax(O @ O.T / sqrt(d), axis=-1) @ O
 output O, R
 """,
 }
+# and an output that is no core's, read by a core: its paths' sum, written out in grad(Q) and grad(W), held
+# the reading core unfused
+LINEAR = HEAD.format(name="linear") + """param W[d, d]
+O = Q @ W
+R = softmax(O @ K.T / sqrt(d), axis=-1) @ V
+output O, R
+"""
 
 
 def _plain_numpy(name, q, k, v, g1, g2):
@@ -143,35 +150,38 @@ def test_an_output_read_by_another_core_keeps_memory_linear(threads):
     """The chain with both outputs takes about what it takes with the second output alone, and grows
     about 4 times from N = 1024 to 4096 (one [N, N] array grows 16 times)."""
     peaks = {}
-    for outputs in ("A, B", "B"):
-        module = load_module(symattn.load(READ_BY_A_CORE["value"].replace("output A, B", f"output {outputs}"))
-                             .emit("numpy"))
+    cases = [("A, B", READ_BY_A_CORE["value"]), ("B", READ_BY_A_CORE["value"].replace("output A, B", "output B")),
+             ("O, R", LINEAR)]
+    for outputs, text in cases:
+        module = load_module(symattn.load(text).emit("numpy"))
         module.TILED_ABOVE, module.THREADS = 0, threads
         for n in (1024, 4096):
             q, k, v, g = inputs(n=n, d=16, batch=(), dtype=np.float32)
+            leaves = dict(Q=q, K=k, V=v, **({"W": np.eye(16, dtype=np.float32)} if "param W" in text else {}))
             upstream = {f"grad_{o}": g for o in outputs.split(", ")}
-            module.forward_backward(Q=q, K=k, V=v, **upstream)
+            module.forward_backward(**leaves, **upstream)
             tracemalloc.start()
             base = tracemalloc.get_traced_memory()[0]
-            module.forward_backward(Q=q, K=k, V=v, **upstream)
+            module.forward_backward(**leaves, **upstream)
             peaks[outputs, n] = tracemalloc.get_traced_memory()[1] - base
             tracemalloc.stop()
     assert peaks["A, B", 4096] < 1.5 * peaks["B", 4096] + (1 << 20), peaks
     assert peaks["A, B", 4096] < 8 * peaks["A, B", 1024], peaks
+    assert peaks["O, R", 4096] < 8 * peaks["O, R", 1024], peaks
 
 
 def test_an_output_read_by_another_core_cuda_plan_stores_no_attention_matrix():
     from symattn.codegen.cuda import emit_cuda
 
-    for text in READ_BY_A_CORE.values():
+    for text in [*READ_BY_A_CORE.values(), LINEAR]:
         plan = emit_cuda(symattn.load(text).typed).plan
-        assert len(plan.cores) == 2
+        assert len(plan.cores) == (1 if text == LINEAR else 2)
         square = [b.name for b in plan.workspace if len(b.shape) >= 2 and str(b.shape[-1]) == str(b.shape[-2]) == "N"]
         assert not square, square
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", READ_BY_A_CORE)
+@pytest.mark.parametrize("name", [*READ_BY_A_CORE, "linear"])
 def test_an_output_read_by_another_core_cuda(name):
     """The fp32 kernels and the tensor-core ones (for "self", one tensor is q, k and v of the second core:
     the check's inputs give the three roles one array)."""
@@ -179,7 +189,8 @@ def test_an_output_read_by_another_core_cuda(name):
 
     if find_cxx() is None:
         pytest.skip("no C++ compiler: the CUDA kernels cannot run on the CPU")
-    report = verify_cuda(symattn.load(READ_BY_A_CORE[name]).typed, tsan=False, gate=False, head_dims=False)
+    text = LINEAR if name == "linear" else READ_BY_A_CORE[name]
+    report = verify_cuda(symattn.load(text).typed, tsan=False, gate=False, head_dims=False)
     assert report.ok, "\n".join(report.lines())
 
 

@@ -26,7 +26,7 @@ from ..ir import build as b
 from ..ir import typed as t
 from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation, derive
-from .cuda.core import AttentionCore, find_cores
+from .cuda.core import AttentionCore, find_cores, substitute
 from .program_ir import FusedAttention, FusedAttentionGrad, FusedPart
 
 __all__ = ["FusedPlan", "fused_plan"]
@@ -58,13 +58,18 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
     forward: dict[str, t.Node] = {}
     grads: dict[str, FusedAttentionGrad] = {}
 
+    # An output that other tensors read: the derivation writes the sum of its paths out inside each of its
+    # readers' own gradients; where a path comes through a core, that sum holds the core unfused (an
+    # [N, N] softmax), so it is replaced by `whole`, its paths through cores their FusedParts.
+    wholes: dict[t.Node, t.Node] = {}
+
     def whole(name: str) -> t.Node | None:
-        """grad(name), every path through a core its `FusedPart` (the cores that read name: built already)."""
+        """grad(name), every path through a core its `FusedPart` (what reads name comes later: built already)."""
         paths = derivation.gradients[name].paths
         total = None
         for owner, part in paths:
             if owner not in core_of:
-                total = b.add(total, part)
+                total = b.add(total, substitute(part, wholes) if wholes else part)
         for core in cores:
             if any(core_of.get(owner) is core for owner, _ in paths):
                 for index, role in enumerate((core.q, core.k, core.v)):
@@ -72,19 +77,30 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
                         total = b.add(total, FusedPart(grads[core.output], index, tensors[name].shape))
         return total
 
-    order = list(tensors)
-    for core in sorted(cores, key=lambda c: order.index(c.output), reverse=True):  # its readers come after it
-        q, k, v, o = (tensor(n) for n in (core.q, core.k, core.v, core.output))
-        forward[core.output] = FusedAttention(core.output, q, k, v, o.shape)
-        # what flows back into it: an output that other tensors read too has more than its upstream gradient,
-        # which is all that the program's grad(output) is; any other tensor's grad(output) is whole already
-        paths = derivation.gradients[core.output].paths if core.output in derivation.gradients else ()
-        read = core.output in named.outputs and any(owner != "upstream" for owner, _ in paths)
-        grads[core.output] = FusedAttentionGrad(core.output, q, k, v, o, whole(core.output) if read else
-                                                t.Grad(core.output, o.shape))
+    for name in reversed(list(tensors)):  # what reads a tensor comes after it
+        paths = derivation.gradients[name].paths if name in derivation.gradients else ()
+        read = name in named.outputs and any(owner != "upstream" for owner, _ in paths)
+        core = next((c for c in cores if c.output == name), None)
+        if core is not None:
+            q, k, v, o = (tensor(n) for n in (core.q, core.k, core.v, core.output))
+            forward[name] = FusedAttention(name, q, k, v, o.shape)
+            # what flows back into it: for an output read again, more than its upstream gradient, which is all
+            # that the program's grad(output) is; any other tensor's grad(output) is whole already
+            grads[name] = FusedAttentionGrad(name, q, k, v, o, whole(name) if read else t.Grad(name, o.shape))
+        if read and any(owner in core_of for owner, _ in paths):
+            written = None
+            for _, part in paths:  # as the derivation sums them (`derive`)
+                written = b.add(written, part)
+            wholes[written] = whole(name)
     absorbed = frozenset(n for core in cores for n in core.chain)
-    gradients = {name: whole(name) for name, gradient in derivation.gradients.items()
-                 if name not in absorbed and any(owner in core_of for owner, _ in gradient.paths)}
+    gradients = {}
+    for name, gradient in derivation.gradients.items():
+        if name in absorbed:
+            continue
+        if any(owner in core_of for owner, _ in gradient.paths):
+            gradients[name] = whole(name)
+        elif wholes and gradient.expr is not None and substitute(gradient.expr, wholes) is not gradient.expr:
+            gradients[name] = substitute(gradient.expr, wholes)
     dims = list(named.dims)
     titles = {c.output: f"{c.output} = softmax({to_spec(c.score, dims)}, axis=-1) @ {c.v}" for c in cores}
     return FusedPlan(named, derivation, {c.output: c for c in cores}, forward, gradients, absorbed, titles)

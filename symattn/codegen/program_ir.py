@@ -123,6 +123,10 @@ def unrewrite(node: t.Node) -> t.Node:
     if isinstance(node, SoftmaxGrad):
         inner = t.Binary("sub", unrewrite(node.g), unrewrite(node.original or node.rowdot), node.shape)
         return t.Binary("mul", unrewrite(node.p), inner, node.shape)
+    if isinstance(node, FusedPart):  # shown as the variable the NumPy printer gives it: dQ_via_O
+        operand = getattr(node.x, ("q", "k", "v")[node.index])
+        named = operand.name if isinstance(operand, t.Tensor) else "qkv"[node.index].upper()
+        return t.Tensor(f"d{named}_via_{node.x.core}", node.shape)
     return rebuild(node, unrewrite)
 
 

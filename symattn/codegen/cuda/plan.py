@@ -129,6 +129,7 @@ class _Planner:
         self.phase = "forward"
         self.stage = ""
         self.derivation = program.derivation
+        self.wholes: dict[t.Node, t.Node] = {}  # an output read again: its paths' sum -> the fused one
         self.definitions: dict[str, Stmt] = {}  # tensor -> the statement that computes it
         self.derived: dict[str, t.Node] = {}    # tensor -> its gradient, as derived
         for stmt in program.stmts:
@@ -226,8 +227,8 @@ class _Planner:
 
     def _temp(self, node: t.Node) -> Buffer:
         if node not in self.temps:
-            buffer = self._workspace(f"{self.stage}_part", node.shape, to_spec(node, self.order))
-            self.compute(buffer, node, [f"{buffer.name} = {to_spec(node, self.order)}"])
+            buffer = self._workspace(f"{self.stage}_part", node.shape, _grad_text(node, self.order))
+            self.compute(buffer, node, [f"{buffer.name} = {_grad_text(node, self.order)}"])
             self.temps[node] = buffer
         return self.temps[node]
 
@@ -353,7 +354,7 @@ class _Planner:
                 m = node
             a_lead = align(m.a.shape[:-2], m_lead_shape, m_lead)
             b_lead = align(m.b.shape[:-2], m_lead_shape, m_lead)
-            terms.append(MatmulTerm(f"acc{k}_", to_spec(node, self.order), dim_c(m.a.shape[-1], self.names),
+            terms.append(MatmulTerm(f"acc{k}_", _grad_text(node, self.order), dim_c(m.a.shape[-1], self.names),
                                     printer.entry(m.a, (*a_lead, "row_", "k_")),
                                     printer.entry(m.b, (*b_lead, "k_", "col_")), outer))
         value = printer.entry(expr, (*lead, "row_", "col_"))
@@ -389,7 +390,7 @@ class _Planner:
         self.done_backward.add(core.output)
         out = self.tensor_buffer(core.output)
         d_out = self.lookup(t.Grad(core.output, ()))
-        if self.read_again(core):
+        if self.read_again_name(core.output):
             whole = self.whole(core.output)
             d_out = self._workspace(f"grad_{out.name}_whole", whole.shape, f"grad({core.output}), all of it (backward)")
             self.compute(d_out, whole, [f"grad({core.output}) = {_grad_text(whole, self.order)}"])
@@ -418,6 +419,13 @@ class _Planner:
             if info.expr is not None and any(r in depends for r in t.tensors_read(info.expr)):
                 depends.add(name)
         absorbed = {n for core in self.cores.values() for n in core.chain}
+        for name in self.derivation.gradients:  # (later tensors first: an output's readers come before it)
+            paths = self.derivation.gradients[name].paths
+            if self.read_again_through_core(name):  # its sum, written out in its readers' gradients: fused
+                written = None
+                for _, part in paths:
+                    written = b.add(written, part)
+                self.wholes[written] = self.whole(name)
         exprs: dict[str, t.Node | None] = {}
         for name, gradient in self.derivation.gradients.items():
             if name not in depends or name in absorbed or name in spec.outputs:
@@ -427,6 +435,7 @@ class _Planner:
                 # that no leaf's gradient reads (M of `where(X @ W > 0, 0, -inf)`: the comparison passes
                 # nothing on to X); for those the derivation's expression stands in.
                 expr = self.derived.get(name, gradient.expr)  # a scatter in its gather form, one entry a thread
+                expr = substitute(expr, self.wholes) if expr is not None and self.wholes else expr
                 exprs[name] = None if expr is None else gather_forms(expr, solve=True)
                 continue
             exprs[name] = self.whole(name)
@@ -438,6 +447,7 @@ class _Planner:
         total = None
         for owner, part in paths:
             if owner not in self.core_of:  # a scatter is computed in its gather form, one entry a thread
+                part = substitute(part, self.wholes) if self.wholes else part
                 total = b.add(total, gather_forms(part, solve=True))
         for core in self.cores.values():
             if any(owner in self.core_of and self.core_of[owner] is core for owner, _ in paths):
@@ -446,16 +456,20 @@ class _Planner:
                         total = b.add(total, Stored(core.output, role, self.spec.tensors[name].shape))
         return total
 
-    def read_again(self, core: AttentionCore) -> bool:
-        """Whether the core's output is an output that other tensors read too: then what flows back into the
-        core is more than its upstream gradient (`whole`)."""
-        paths = self.derivation.gradients[core.output].paths if core.output in self.derivation.gradients else ()
-        return core.output in self.spec.outputs and any(owner != "upstream" for owner, _ in paths)
+    def read_again_through_core(self, name: str) -> bool:  # (an output whose readers include a fused core)
+        paths = self.derivation.gradients[name].paths
+        return self.read_again_name(name) and any(owner in self.core_of for owner, _ in paths)
+
+    def read_again_name(self, name: str) -> bool:
+        """Whether `name` is an output that other tensors read too: then what flows back into its definition
+        is more than its upstream gradient (`whole`)."""
+        paths = self.derivation.gradients[name].paths if name in self.derivation.gradients else ()
+        return name in self.spec.outputs and any(owner != "upstream" for owner, _ in paths)
 
     def live(self, grads: dict[str, t.Node | None]) -> set[str]:
         """The tensors the forward must compute: what the outputs and the backward read."""
         need = set(self.spec.outputs)
-        wholes = [self.whole(c.output) for c in self.cores.values() if self.read_again(c)]
+        wholes = [self.whole(c.output) for c in self.cores.values() if self.read_again_name(c.output)]
         for expr in [*grads.values(), *wholes]:  # (what flows back into a core from an output others read)
             if expr is None:
                 continue
