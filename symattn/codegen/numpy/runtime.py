@@ -89,8 +89,8 @@ def _one_batch(arrays):
     batch axes; paths with different ones, added and then summed over the batch at each leaf, would count
     the smaller ones once per batch entry (a weight penalty beside batched attention: 3x at batch 3)."""
     shapes = {}
-    for name, array, rank in arrays:
-        lead = tuple(np.shape(array)[:np.ndim(array) - rank])
+    for name, array, rank in arrays:  # (plain Python on shapes: the torch target's helper too)
+        lead = tuple(array.shape[:len(array.shape) - rank])
         while lead and lead[0] == 1:
             lead = lead[1:]
         shapes[name] = lead

@@ -100,21 +100,6 @@ def _upstream(name, array, shape, expected, dtype):
     return array.to(dtype)
 
 
-def _one_batch(arrays):
-    """(name, tensor, rank) of each output and its upstream gradient: ValueError unless all have the same batch
-    axes (leading axes of size 1 aside), as in the NumPy target."""
-    shapes = {}
-    for name, array, rank in arrays:
-        lead = tuple(array.shape[:array.dim() - rank])
-        while lead and lead[0] == 1:
-            lead = lead[1:]
-        shapes[name] = lead
-    if len(set(shapes.values())) > 1:
-        shown = ", ".join(f"{name} {list(lead)}" for name, lead in shapes.items())
-        raise ValueError(f"the outputs and their upstream gradients have different batch axes ({shown}): the "
-                         f"gradients of outputs with different batch axes are not supported; give them all the "
-                         f"same batch axes")
-
 def _sum_to(grad, shape):
     """`grad` summed over the batch axes that broadcasting added, so that it has exactly `shape`."""
     shape = tuple(shape)
@@ -297,7 +282,7 @@ HELPERS = (  # in the order generated modules list them
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
     "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_key_blocks", "_entries",
 )
-SHARED = ("_key_blocks",)  # plain Python on integers: the NumPy runtime's own source text
+SHARED = ("_key_blocks", "_one_batch")  # plain Python on integers: the NumPy runtime's own source text
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
          "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
          "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
