@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import build as b
 from ..ir import typed as t
 from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation, derive
-from .cuda.core import AttentionCore, find_cores, substitute
+from .cuda.core import AttentionCore, find_cores, read_again, substitute, whole_gradient, written_sum
 from .program_ir import FusedAttention, FusedAttentionGrad, FusedPart
 
 __all__ = ["FusedPlan", "fused_plan"]
@@ -65,21 +64,11 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
 
     def whole(name: str) -> t.Node | None:
         """grad(name), every path through a core its `FusedPart` (what reads name comes later: built already)."""
-        paths = derivation.gradients[name].paths
-        total = None
-        for owner, part in paths:
-            if owner not in core_of:
-                total = b.add(total, substitute(part, wholes) if wholes else part)
-        for core in cores:
-            if any(core_of.get(owner) is core for owner, _ in paths):
-                for index, role in enumerate((core.q, core.k, core.v)):
-                    if role == name:
-                        total = b.add(total, FusedPart(grads[core.output], index, tensors[name].shape))
-        return total
+        return whole_gradient(name, derivation.gradients[name].paths, core_of, cores, lambda core, index: FusedPart(
+            grads[core.output], index, tensors[name].shape), wholes)
 
     for name in reversed(list(tensors)):  # what reads a tensor comes after it
-        paths = derivation.gradients[name].paths if name in derivation.gradients else ()
-        read = name in named.outputs and any(owner != "upstream" for owner, _ in paths)
+        read = read_again(derivation, name)
         core = next((c for c in cores if c.output == name), None)
         if core is not None:
             q, k, v, o = (tensor(n) for n in (core.q, core.k, core.v, core.output))
@@ -87,11 +76,8 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
             # what flows back into it: for an output read again, more than its upstream gradient, which is all
             # that the program's grad(output) is; any other tensor's grad(output) is whole already
             grads[name] = FusedAttentionGrad(name, q, k, v, o, whole(name) if read else t.Grad(name, o.shape))
-        if read and any(owner in core_of for owner, _ in paths):
-            written = None
-            for _, part in paths:  # as the derivation sums them (`derive`)
-                written = b.add(written, part)
-            wholes[written] = whole(name)
+        if read and any(owner in core_of for owner, _ in derivation.gradients[name].paths):
+            wholes[written_sum(derivation.gradients[name].paths)] = whole(name)
     absorbed = frozenset(n for core in cores for n in core.chain)
     gradients = {}
     for name, gradient in derivation.gradients.items():
@@ -99,9 +85,10 @@ def fused_plan(spec: t.TypedSpec) -> FusedPlan | None:
             continue
         if any(owner in core_of for owner, _ in gradient.paths):
             gradients[name] = whole(name)
-        elif wholes and gradient.expr is not None and substitute(gradient.expr, wholes) is not gradient.expr:
-            gradients[name] = substitute(gradient.expr, wholes)
+        elif wholes and gradient.expr is not None:
+            fused = substitute(gradient.expr, wholes)
+            if fused is not gradient.expr:
+                gradients[name] = fused
     dims = list(named.dims)
     titles = {c.output: f"{c.output} = softmax({to_spec(c.score, dims)}, axis=-1) @ {c.v}" for c in cores}
     return FusedPlan(named, derivation, {c.output: c for c in cores}, forward, gradients, absorbed, titles)
-

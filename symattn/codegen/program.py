@@ -39,8 +39,8 @@ from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Definition, FusedAttention, FusedAttentionGrad, Namer, Program, SoftmaxGrad,
-                         Stmt, Var, rebuild, spec_text, walk_labelled)
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, FusedAttention, FusedAttentionGrad, Namer,
+                         Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "build_program",
@@ -406,7 +406,8 @@ def one_pass(program: Program) -> OnePass | None:
         if g is None:
             continue
         node = stmts[g].node  # what it reads but its own output o: q, k, v and do
-        used = {n.name for child in (node.q, node.k, node.v, node.do) for n in walk_labelled(child) if isinstance(n, Var)}
+        used = {n.name for child in (node.q, node.k, node.v, node.do) for n in walk_labelled(child)
+                if isinstance(n, Var)}
         before = closure({producer[v] for v in used if v in producer}, reads) | closure(reads[f], reads)
         grown = True
         while grown:  # a pair already made moves whole

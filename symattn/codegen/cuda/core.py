@@ -30,7 +30,8 @@ from ...symbolic.derive import UNARY_RULES
 from ...front.syntax import NOWHERE
 from ...ir.shapes import same_dim
 
-__all__ = ["AttentionCore", "find_cores", "score_grad", "score_derivative", "substitute", "accumulators", "summed_product"]
+__all__ = ["AttentionCore", "find_cores", "score_grad", "score_derivative", "substitute", "accumulators",
+           "summed_product", "read_again", "written_sum", "whole_gradient"]
 
 _ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Scalar, t.DimValue, t.Constant)
 
@@ -349,3 +350,40 @@ def accumulators(expr: t.Node) -> list[t.Node]:
 
     walk(expr)
     return found
+
+
+# --- gradients through fused cores (the fused plan and the CUDA planner) -----------------------------------
+
+
+def read_again(derivation, name: str) -> bool:
+    """Whether `name` is an output that other tensors read too: then what flows back into its definition is
+    more than its upstream gradient, which is all that grad(name) is for an output (`whole_gradient`)."""
+    gradient = derivation.gradients.get(name)
+    return (name in derivation.spec.outputs and gradient is not None
+            and any(owner != "upstream" for owner, _ in gradient.paths))
+
+
+def written_sum(paths) -> t.Node:
+    """The sum of an output's paths as `derive` writes it out inside its readers' gradients."""
+    total = None
+    for _, part in paths:
+        total = b.add(total, part)
+    return total
+
+
+def whole_gradient(name: str, paths, core_of: dict, cores, core_part, wholes: dict, prepare=None) -> t.Node | None:
+    """grad(name), every path summed: a path through a fused core (`core_of`: its chain and output -> the core)
+    as `core_part(core, index)` for each role (0 q, 1 k, 2 v) name plays in it, every other path
+    `prepare(part)` (None: as it is) after each written-out sum in it is replaced by its fused form
+    (`wholes`: `written_sum` -> `whole_gradient`)."""
+    total = None
+    for owner, part in paths:
+        if owner not in core_of:
+            part = substitute(part, wholes) if wholes else part
+            total = b.add(total, prepare(part) if prepare else part)
+    for core in cores:
+        if any(core_of.get(owner) is core for owner, _ in paths):
+            for index, role in enumerate((core.q, core.k, core.v)):
+                if role == name:
+                    total = b.add(total, core_part(core, index))
+    return total

@@ -46,7 +46,7 @@ from ...ir.printing import to_spec
 from ..program import build_program
 from ..program_ir import Program, Stmt
 from . import flash, tensor_core
-from .core import AttentionCore, accumulators, find_cores, substitute
+from .core import AttentionCore, accumulators, find_cores, read_again, substitute, whole_gradient, written_sum
 from .kernels import (Buffer, Kernel, MatmulTerm, batch_sum_kernel, column_reduction, map_kernel, matmul_kernel,
                       reduce_kernel, scan_kernel, softmax_kernel)
 from .names import CNames, c_identifier
@@ -390,7 +390,7 @@ class _Planner:
         self.done_backward.add(core.output)
         out = self.tensor_buffer(core.output)
         d_out = self.lookup(t.Grad(core.output, ()))
-        if self.read_again_name(core.output):
+        if read_again(self.derivation, core.output):
             whole = self.whole(core.output)
             d_out = self._workspace(f"grad_{out.name}_whole", whole.shape, f"grad({core.output}), all of it (backward)")
             self.compute(d_out, whole, [f"grad({core.output}) = {_grad_text(whole, self.order)}"])
@@ -419,13 +419,9 @@ class _Planner:
             if info.expr is not None and any(r in depends for r in t.tensors_read(info.expr)):
                 depends.add(name)
         absorbed = {n for core in self.cores.values() for n in core.chain}
-        for name in self.derivation.gradients:  # (later tensors first: an output's readers come before it)
-            paths = self.derivation.gradients[name].paths
-            if self.read_again_through_core(name):  # its sum, written out in its readers' gradients: fused
-                written = None
-                for _, part in paths:
-                    written = b.add(written, part)
-                self.wholes[written] = self.whole(name)
+        for name, gradient in self.derivation.gradients.items():  # (later tensors first: readers before)
+            if read_again(self.derivation, name) and any(owner in self.core_of for owner, _ in gradient.paths):
+                self.wholes[written_sum(gradient.paths)] = self.whole(name)  # its sum in its readers' gradients
         exprs: dict[str, t.Node | None] = {}
         for name, gradient in self.derivation.gradients.items():
             if name not in depends or name in absorbed or name in spec.outputs:
@@ -442,34 +438,16 @@ class _Planner:
         return exprs
 
     def whole(self, name: str) -> t.Node | None:
-        """grad(name), every path summed, those through a fused core as what its kernel stores (`Stored`)."""
-        paths = self.derivation.gradients[name].paths
-        total = None
-        for owner, part in paths:
-            if owner not in self.core_of:  # a scatter is computed in its gather form, one entry a thread
-                part = substitute(part, self.wholes) if self.wholes else part
-                total = b.add(total, gather_forms(part, solve=True))
-        for core in self.cores.values():
-            if any(owner in self.core_of and self.core_of[owner] is core for owner, _ in paths):
-                for role in "qkv":
-                    if getattr(core, role) == name:
-                        total = b.add(total, Stored(core.output, role, self.spec.tensors[name].shape))
-        return total
-
-    def read_again_through_core(self, name: str) -> bool:  # (an output whose readers include a fused core)
-        paths = self.derivation.gradients[name].paths
-        return self.read_again_name(name) and any(owner in self.core_of for owner, _ in paths)
-
-    def read_again_name(self, name: str) -> bool:
-        """Whether `name` is an output that other tensors read too: then what flows back into its definition
-        is more than its upstream gradient (`whole`)."""
-        paths = self.derivation.gradients[name].paths if name in self.derivation.gradients else ()
-        return name in self.spec.outputs and any(owner != "upstream" for owner, _ in paths)
+        """grad(name), every path summed, those through a fused core as what its kernel stores (`Stored`), a
+        scatter in its gather form (one entry a thread)."""
+        return whole_gradient(name, self.derivation.gradients[name].paths, self.core_of, self.cores.values(),
+                              lambda core, index: Stored(core.output, "qkv"[index], self.spec.tensors[name].shape),
+                              self.wholes, lambda part: gather_forms(part, solve=True))
 
     def live(self, grads: dict[str, t.Node | None]) -> set[str]:
         """The tensors the forward must compute: what the outputs and the backward read."""
         need = set(self.spec.outputs)
-        wholes = [self.whole(c.output) for c in self.cores.values() if self.read_again_name(c.output)]
+        wholes = [self.whole(c.output) for c in self.cores.values() if read_again(self.derivation, c.output)]
         for expr in [*grads.values(), *wholes]:  # (what flows back into a core from an output others read)
             if expr is None:
                 continue

@@ -379,7 +379,6 @@ def core_functions(core: AttentionCore, outer, name: str, dims: Sequence[str], i
     return CoreFunctions(lines, f"{name}_score", grad, keys, scale, f"{name}_inside", score_inside)
 
 
-
 def _extreme(fn: str, first: str, bounds: list[str]) -> str:
     """`max(0, ...)` or `min(N, ...)`: one end of a range of keys, `first` where the mask gives no bound
     (`min(N)` alone would be a TypeError)."""

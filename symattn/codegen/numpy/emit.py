@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from .printer import NumPyPrinter
     from ..program import OnePass, Program, Stmt
 
-__all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines", "one_batch_check"]
+__all__ = ["numpy_source", "load_module", "size_keywords", "bind_dims", "comment_lines", "upstream_lines",
+           "one_batch_check"]
 
 
 def size_keywords(spec: t.TypedSpec) -> list[str]:
@@ -168,7 +169,7 @@ def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: 
         body += [("    " + line) if line else "" for line in forward + [f"return {{{outputs}}}, None"]]
         cores = ", ".join(sorted(paired.cores))
         body += ["", f"# forward and backward pass ({cores}: both at once, one pass over the scores): L = {loss}"]
-        body += _upstream_lines(spec, program, printer)
+        body += upstream_lines(spec, program, printer)
         together = type(printer)(paired.program)
         together.one_pass = paired.cores
         body += _statements(paired.program, together, enumerate(paired.program.stmts))
@@ -181,7 +182,7 @@ def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: 
     body.append("    return outputs, None")
     body.append("")
     body.append(f"# backward pass: L = {loss}")
-    body += _upstream_lines(spec, program, printer)
+    body += upstream_lines(spec, program, printer)
     body += _statements(program, printer, enumerate(program.backward, start=program.forward_count))
     return body + _gradients(spec, program, printer)
 
@@ -199,7 +200,7 @@ def _statements(program: Program, printer: NumPyPrinter, numbered) -> list[str]:
     return lines
 
 
-def _upstream_lines(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
+def upstream_lines(spec: t.TypedSpec, program: Program, printer: NumPyPrinter) -> list[str]:
     """Each output's upstream gradient, checked and in the forward pass's dtype."""
     order = list(spec.dims)
     lines = []

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from ...version import __version__
 from ...ir import typed as t
 from ...ir.shapes import format_shape
-from ..numpy.emit import bind_dims, comment_lines, load_module, one_batch_check, size_keywords
+from ..numpy.emit import bind_dims, comment_lines, load_module, one_batch_check, size_keywords, upstream_lines
 from ..program_ir import FusedAttention, Var
 
 if TYPE_CHECKING:
@@ -253,14 +253,10 @@ def _backward_body(program: Program, printer: TorchPrinter, plans, layout: _Layo
             defined.add(stmt.var)
         body += printer.softmax_from_lse(program.stmts[plan.index], plan.lse)
         defined.add(plan.weights)
-    order = list(spec.dims)
     body += ["", "# backward pass: L = " + " + ".join(f"sum({o} * grad({o}))" for o in spec.outputs)
              + "; dT is grad(T) = dL/dT"]
-    for out in spec.outputs:
-        shape = spec.tensors[out].shape
-        body.append(f"{program.grad_vars[out]} = _upstream(\"{program.upstream[out]}\", {program.upstream[out]}, "
-                    f"\"{format_shape(shape, order)}\", {printer.shape_tuple(shape)}, dtype)")
-        defined.add(program.grad_vars[out])
+    body += upstream_lines(spec, program, printer)
+    defined.update(program.grad_vars[out] for out in spec.outputs)
     body += one_batch_check(spec, program, printer)
     for k, stmt in enumerate(program.backward, start=program.forward_count):
         printer.consumed = None
