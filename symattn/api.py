@@ -260,6 +260,13 @@ class Spec:
             self._torch_generated = load_torch_module(self.emit("torch"), name)
         return AttentionModule(self.typed, self._torch_generated, backend)
 
+    def plan(self):
+        """The attention plan (`symattn.codegen.plan.AttentionPlan`): the cores every target computes fused, each
+        with its score, mask and backward in entry form, and `notes`, why each other softmax is not fused."""
+        from .codegen.plan import attention_plan
+
+        return attention_plan(self.typed, derivation=self.derive())
+
     def emit(self, target: str = "numpy"):
         """The generated code: the NumPy module's text for "numpy", the PyTorch module's for "torch"; for "cuda"
         a `symattn.codegen.cuda.CudaCode`

@@ -28,6 +28,8 @@ __all__ = [
     "UnknownTensorError",
     "SymbolicError",
     "SizeGuardError",
+    "CodegenError",
+    "Unfusable",
 ]
 
 
@@ -64,6 +66,16 @@ class SymbolicError(SymAttnError):
 
 class SizeGuardError(SymAttnError):
     """Element-level work that would take minutes was refused."""
+
+
+class CodegenError(SymAttnError):
+    """A spec (or part of one) that a code target cannot express; the message says why and what to change.
+
+    Every target raises this one class (or `Unfusable`); the message names the target where it matters."""
+
+
+class Unfusable(CodegenError):
+    """An attention core that the attention plan does not fuse; the message is the plan's reason."""
 
 
 class SpecError(SymAttnError):

@@ -19,7 +19,7 @@ import pytest
 import symattn
 from symattn.codegen.numpy.emit import load_module
 from symattn.codegen.program import Var, build_program, one_pass
-from symattn.codegen.fused import fused_plan
+from symattn.codegen.plan import attention_plan
 from symattn.codegen.program_ir import walk_labelled
 
 from conftest import EXAMPLES
@@ -96,10 +96,10 @@ def test_the_one_pass_order_reads_nothing_before_it_is_computed(source):
         text = HEAD.format(name=source) + SPECS[source][0]
     else:
         text = next(p for p in EXAMPLES if p.stem == source).read_text(encoding="utf-8")
-    plan = fused_plan(symattn.load(text).typed)
+    plan = attention_plan(symattn.load(text).typed)
     if plan is None:
         pytest.skip(f"{source} has no attention core")
-    program = build_program(plan.spec, plan.derivation, fused=plan)
+    program = plan.program()
     before = [(s.var, s.last_use) for s in program.stmts]
     paired = one_pass(program)
     assert [(s.var, s.last_use) for s in program.stmts] == before  # the program itself is left as it was

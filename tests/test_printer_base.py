@@ -17,7 +17,7 @@ import sympy
 
 from symattn.codegen.cuda.names import CNames
 from symattn.codegen.cuda.syntax import CDimPrinter, CPrinter, CudaCodegenError
-from symattn.codegen.numpy.index_printer import IndexNotationPrinter
+from symattn.codegen.arrays.index_printer import IndexNotationPrinter
 from symattn.codegen.numpy.printer import NumPyPrinter
 from symattn.codegen.program import CodegenError
 from symattn.docs.mathbox import LatexPrinter, MathMLPrinter, to_latex, to_mathml
@@ -107,7 +107,7 @@ class _NoMemory:
     (lambda x: matrix_box(x), TypeError, "no typesetting rule for float"),
     (lambda x: to_latex(x), TypeError, "no LaTeX rule for float"),
     (lambda x: to_mathml(x), TypeError, "no MathML rule for float"),
-    (lambda x: IndexNotationPrinter().label(x), CodegenError, "no NumPy printing rule for float"),
+    (lambda x: IndexNotationPrinter().label(x), CodegenError, "no array printing rule for float"),
     (lambda x: CPrinter(CNames(), _NoMemory()).entry(x), CudaCodegenError, "no CUDA rule for float"),
 ])
 def test_an_unknown_node_is_an_error_naming_its_type(print_it, error, message):

@@ -13,6 +13,8 @@ one [N, N] array.
 
 from __future__ import annotations
 
+import copy
+
 import tracemalloc
 
 import numpy as np
@@ -155,16 +157,20 @@ def test_only_fully_masked_blocks_are_skipped(name, skipped, blocks, monkeypatch
     visited, unmasked = [], []
     forward = mod._flash_forward
 
-    def spy(q, k, v, score, keys, inside, score_inside, *rest):
-        def recording(s, i, j):
-            visited.append((i.ravel().copy(), j.ravel().copy()))
-            return score(s, i, j)
+    def spy(q, k, v, reads, core, *rest):
+        score, score_inside = core.score, core.score_inside
 
-        def recording_inside(s, i, j):  # a block given no mask: every entry of it must be visible
+        def recording(s, i, j, *read):
+            visited.append((i.ravel().copy(), j.ravel().copy()))
+            return score(s, i, j, *read)
+
+        def recording_inside(s, i, j, *read):  # a block given no mask: every entry of it must be visible
             visited.append((i.ravel().copy(), j.ravel().copy()))
             unmasked.append(visited[-1])
-            return s if score_inside is None else score_inside(s, i, j)
-        return forward(q, k, v, recording, keys, inside, recording_inside, *rest)
+            return s if score_inside is None else score_inside(s, i, j, *read)
+        spied = copy.copy(core)
+        spied.score, spied.score_inside = recording, recording_inside
+        return forward(q, k, v, reads, spied, *rest)
 
     monkeypatch.setattr(mod, "_flash_forward", spy)
     n = 37

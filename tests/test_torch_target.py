@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'symattn[torch]')")
 
 import symattn  # noqa: E402
-from symattn.codegen.numpy.emit import size_keywords  # noqa: E402
+from symattn.codegen.arrays.module import size_keywords  # noqa: E402
 from conftest import REPO, run_cli  # noqa: E402
 from symattn.check.numpy import relative_error  # noqa: E402
 from symattn.codegen.torch import load_torch_module as load_module  # noqa: E402
@@ -212,18 +212,31 @@ def test_shape_errors_are_value_errors(modules):
         tm.forward(X=torch.randn(4, 3), W_q=torch.randn(5, 2), W_k=torch.randn(3, 2), W_v=torch.randn(3, 2))
 
 
-def test_recomputes_softmax_from_the_row_logsumexp(modules):
-    spec = modules["key_padding"][0]  # its score reads a buffer: no fused core, the plain form
+UNFUSED = """
+attention unfused
+dim N = 4, d = 3
+input Q[N, d], K[N, d], V[N, d]
+S = Q @ K.T + sum(Q, axis=-1)
+P = softmax(S, axis=-1)
+O = P @ V
+output O
+"""
+
+
+def test_recomputes_softmax_from_the_row_logsumexp():
+    spec = symattn.load(UNFUSED)  # a row sum of Q in the score: no fused core (the plan says so), the plain form
+    assert any("not a per-entry operation" in note for note in spec.plan().notes)
     source = spec.emit("torch")
     assert "P, P_lse = _softmax_lse_(S, axis=-1)" in source
-    assert "return [O], [Mk, Q, K, V, P_lse]" in source  # no [N, N] tensor is saved
+    assert "return [O], [P_lse]" in source  # no [N, N] tensor is saved (Q, K and V are inputs)
     assert "np." not in source
 
 
 def test_fused_core_is_tiled_and_saves_only_its_logsumexp(modules):
     spec = modules["self_attention"][0]
     source = spec.emit("torch")
-    assert "O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K)" in source
+    assert "O_core = _Score(O_score, None, None, None, None, d_k ** -0.5, 0, None, ())" in source
+    assert "O, O_lse = _flash_forward(Q, K, V, (), O_core, BLOCK_Q, BLOCK_K)" in source
     assert "return [O], [Q, K, V, O_lse]" in source  # no [N, N] tensor is saved, none is made
     assert "np." not in source
 

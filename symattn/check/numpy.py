@@ -222,7 +222,8 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
     """
     import numpy as np
 
-    from ..codegen.numpy.emit import load_module, numpy_source, size_keywords
+    from ..codegen.arrays.module import size_keywords
+    from ..codegen.numpy.emit import load_module, numpy_source
     from ..symbolic.evaluate import random_leaves
     from ..ir.sizes import VERIFY_BUDGET, fit_sizes, user_sizes
 

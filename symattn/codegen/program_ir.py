@@ -25,18 +25,14 @@ from typing import Iterable
 
 import sympy
 
-from ..errors import SymAttnError
+from ..errors import CodegenError
 from ..ir import typed as t
 from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation
 from .index import IndexArray, LContract, LOp, LSum
 
-__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "FusedAttention", "FusedAttentionGrad", "FusedPart",
+__all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "FusedAttention", "FusedAttentionGrad", "FusedPart", "FusedLse",
            "Definition", "Stmt", "Program", "Namer", "spec_text", "rebuild", "unrewrite", "RETURNED", "walk_labelled"]
-
-
-class CodegenError(SymAttnError):
-    """A spec that code generation cannot express (the message says why and what to change)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,23 +71,37 @@ class Arange:
 class FusedAttention(t.Node):
     """An attention core's output `softmax(score(q @ k.T)) @ v` computed as one operation (block by block,
     never the whole score), with the row log-sum-exp its backward reads; `core` names the core's output
-    (`Program.cores`)."""
+    (`Program.cores`); `operands` are the given tensors its score reads (`AttentionCore.read_tensors`)."""
 
     core: str
     q: t.Node
     k: t.Node
     v: t.Node
     shape: tuple
+    operands: tuple = ()
 
     @property
     def children(self):
-        return (self.q, self.k, self.v)
+        return (self.q, self.k, self.v, *self.operands)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedLse(t.Node):
+    """The row log-sum-exp of the scores of a fused core `x` (a `FusedAttention`): a tensor of the spec that is it."""
+
+    x: t.Node
+    shape: tuple
+
+    @property
+    def children(self):
+        return (self.x,)
 
 
 @dataclass(frozen=True, slots=True)
 class FusedAttentionGrad(t.Node):
-    """The three gradients (dq, dk, dv) through one attention core, from its output `o` and the output's
-    gradient `do` (FlashAttention-2's backward: the weights recomputed from the saved log-sum-exp)."""
+    """The gradients through one attention core (dq, dk, dv, then d of each learned tensor its score reads), from
+    its output `o` and the output's gradient `do` (FlashAttention-2's backward: the weights recomputed from the
+    saved log-sum-exp); `dlse` is the gradient of the core's row log-sum-exp where the spec has it as a tensor."""
 
     core: str
     q: t.Node
@@ -100,15 +110,18 @@ class FusedAttentionGrad(t.Node):
     o: t.Node
     do: t.Node
     shape: tuple = ()
+    dlse: t.Node | None = None
+    operands: tuple = ()
 
     @property
     def children(self):
-        return (self.q, self.k, self.v, self.o, self.do)
+        return (self.q, self.k, self.v, self.o, self.do, *((self.dlse,) if self.dlse is not None else ()),
+                *self.operands)
 
 
 @dataclass(frozen=True, slots=True)
 class FusedPart(t.Node):
-    """Gradient number `index` (0: q, 1: k, 2: v) of a `FusedAttentionGrad`."""
+    """Gradient number `index` of a `FusedAttentionGrad` (0: q, 1: k, 2: v, 3 on: the learned reads)."""
 
     x: t.Node
     index: int
@@ -124,9 +137,13 @@ def unrewrite(node: t.Node) -> t.Node:
         inner = t.Binary("sub", unrewrite(node.g), unrewrite(node.original or node.rowdot), node.shape)
         return t.Binary("mul", unrewrite(node.p), inner, node.shape)
     if isinstance(node, FusedPart):  # shown as the variable the NumPy printer gives it: dQ_via_O
-        operand = getattr(node.x, ("q", "k", "v")[node.index])
-        named = operand.name if isinstance(operand, t.Tensor) else "qkv"[node.index].upper()
+        operands = (node.x.q, node.x.k, node.x.v, *node.x.operands)
+        operand = operands[node.index] if node.index < 3 else None
+        named = operand.name if isinstance(operand, t.Tensor) else ("Q", "K", "V")[node.index] \
+            if node.index < 3 else f"read{node.index - 2}"
         return t.Tensor(f"d{named}_via_{node.x.core}", node.shape)
+    if isinstance(node, FusedLse):
+        return t.Tensor(f"lse_of_{node.x.core}", node.shape)
     return rebuild(node, unrewrite)
 
 
@@ -140,8 +157,9 @@ _CHILD_FIELDS = {
     t.Unary: ("x",), t.Binary: ("a", "b"), t.MatMul: ("a", "b"), t.Transpose: ("x",), t.Reduce: ("x",),
     t.Softmax: ("x",), t.Compare: ("a", "b"), t.Where: ("cond", "a", "b"), t.MergeHeads: ("x",),
     t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), t.Scan: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
-    t.Scatter: ("x",), FusedAttention: ("q", "k", "v"), FusedAttentionGrad: ("q", "k", "v", "o", "do"),
-    FusedPart: ("x",),
+    t.Scatter: ("x",), FusedAttention: ("q", "k", "v", "operands"),
+    FusedAttentionGrad: ("q", "k", "v", "o", "do", "dlse", "operands"), FusedPart: ("x",), FusedLse: ("x",),
+    t.Logical: ("args",),
 }
 
 
@@ -151,7 +169,11 @@ def rebuild(node: t.Node, fn) -> t.Node:
     fields = _CHILD_FIELDS.get(type(node))
     if not fields:
         return node
-    return dataclasses.replace(node, **{f: fn(getattr(node, f)) for f in fields})
+    changes = {}
+    for f in fields:
+        value = getattr(node, f)
+        changes[f] = tuple(fn(x) for x in value) if isinstance(value, tuple) else None if value is None else fn(value)
+    return dataclasses.replace(node, **changes)
 
 
 @dataclass(frozen=True, slots=True)

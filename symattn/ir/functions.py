@@ -7,7 +7,7 @@ the exact value is a SymPy function of its own (`exp(u)`, not arithmetic like
 sigmoid's), its mpmath value (30-digit evaluation), all with float64's answers
 at the edges; its local derivative (one rule used by
 the matrix level, index notation and the CUDA target's forward mode); how the
-static finiteness analysis treats it; its NumPy and CUDA spellings; whether it
+static finiteness analysis treats it; its NumPy, torch, Triton and CUDA spellings; whether it
 is typeset as a named function. Adding a function is adding one record with
 `register` (tensorgrad's FunctionSignature, tinygrad's op tables): the parser,
 validation, derive, check, the NumPy and CUDA targets and the documents all
@@ -48,7 +48,8 @@ class Function:
     numpy_helper: str | None = None              # a runtime helper the template calls
     cuda: str = ""                               # template over the operand "{x}", float32
     triton: str = ""                             # template over a float32 tile "{x}" (Triton kernels)
-    torch: str = ""                              # template over "{x}" where reading `np.` as `torch.` is wrong
+    torch: str = ""                              # template over a torch tensor "{x}" (empty: the NumPy template,
+                                                 # where it calls neither NumPy nor a helper)
     named: bool = False                          # typeset upright as a named function (exp, log, ...)
     mpmath: Callable[[Any], Any] | None = None   # mpmath value of one entry (float64 at the edges), needed
                                                  # where `exact` writes a SymPy function (exp(u), log(u))
@@ -134,20 +135,21 @@ def _sigmoid64(x):
 for _function in (
     Function("exp", sympy.exp, np.exp, "d exp(A) = exp(A) dA",
              lambda x, n, g, r: b.mul(g, n, r), absorbs_minus_inf=True,
-             numpy="np.exp({x})", cuda="expf({x})", triton="tl.exp({x})", named=True, mpmath=mpmath.exp),
+             numpy="np.exp({x})", torch="torch.exp({x})", cuda="expf({x})", triton="tl.exp({x})", named=True, mpmath=mpmath.exp),
     Function("log", _log, np.log, "d log(A) = dA / A",
              lambda x, n, g, r: b.div(g, x, r), total=False,
-             numpy="np.log({x})", cuda="logf({x})", triton="tl.log({x})", named=True, mpmath=_mp_log),
+             numpy="np.log({x})", torch="torch.log({x})", cuda="logf({x})", triton="tl.log({x})", named=True, mpmath=_mp_log),
     Function("sqrt", sympy.sqrt, np.sqrt, "d sqrt(A) = dA / (2 sqrt(A))",
              lambda x, n, g, r: b.div(g, b.mul(b.scalar(2), n, r), r), total=False,
-             numpy="np.sqrt({x})", cuda="sqrtf({x})", triton="tl.sqrt({x})"),
+             numpy="np.sqrt({x})", torch="torch.sqrt({x})", cuda="sqrtf({x})", triton="tl.sqrt({x})"),
     Function("abs", sympy.Abs, np.abs, "d abs(A) = sign(A) dA",
              lambda x, n, g, r: b.where(b.compare(">", x, b.scalar(0)), g,
                                         b.where(b.compare("<", x, b.scalar(0)), b.neg(g, r), b.scalar(0))),
-             numpy="np.abs({x})", cuda="fabsf({x})", triton="tl.abs({x})", mpmath=abs),
+             numpy="np.abs({x})", torch="torch.abs({x})", cuda="fabsf({x})", triton="tl.abs({x})", mpmath=abs),
     Function("tanh", sympy.tanh, np.tanh, "d tanh(A) = (1 - tanh(A)^2) dA",
              lambda x, n, g, r: b.mul(g, b.sub(b.scalar(1), b.power(n, b.scalar(2), r), r), r),
-             absorbs_minus_inf=True, numpy="np.tanh({x})", cuda="tanhf({x})", triton="_tanh({x})", named=True, mpmath=mpmath.tanh),
+             absorbs_minus_inf=True, numpy="np.tanh({x})", torch="torch.tanh({x})", cuda="tanhf({x})",
+             triton="_tanh({x})", named=True, mpmath=mpmath.tanh),
     Function("sigmoid", lambda u: 1 / (1 + sympy.exp(-u)), _sigmoid64,
              "d sigmoid(A) = sigmoid(A) (1 - sigmoid(A)) dA",
              lambda x, n, g, r: b.mul(g, b.mul(n, b.sub(b.scalar(1), n, r), r), r), absorbs_minus_inf=True,
@@ -159,10 +161,10 @@ for _function in (
              torch="torch.relu({x})"),
     Function("sin", sympy.sin, np.sin, "d sin(A) = cos(A) dA",
              lambda x, n, g, r: b.mul(g, b.unary("cos", x), r),
-             numpy="np.sin({x})", cuda="sinf({x})", triton="tl.sin({x})", named=True, mpmath=mpmath.sin),
+             numpy="np.sin({x})", torch="torch.sin({x})", cuda="sinf({x})", triton="tl.sin({x})", named=True, mpmath=mpmath.sin),
     Function("cos", sympy.cos, np.cos, "d cos(A) = -sin(A) dA",
              lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r),
-             numpy="np.cos({x})", cuda="cosf({x})", triton="tl.cos({x})", named=True, mpmath=mpmath.cos),
+             numpy="np.cos({x})", torch="torch.cos({x})", cuda="cosf({x})", triton="tl.cos({x})", named=True, mpmath=mpmath.cos),
 ):
     register(_function)
 del _function

@@ -18,7 +18,7 @@ import sympy
 from . import typed as t
 from .affine import Affine, text as subscript_text
 from .gather import gather_form
-from .printer import ADD, ATOM, MUL, NEG, POSTFIX, Printed, Printer
+from .printer import ADD, ATOM, COMPARE, MUL, NEG, POSTFIX, Printed, Printer
 from .shapes import format_dim
 
 __all__ = ["to_spec", "SpecPrinter"]
@@ -124,6 +124,14 @@ class SpecPrinter(Printer):
 
     def _print_Where(self, node: t.Where) -> Printed:
         return self.call("where", *(self.text(x) for x in (node.cond, node.a, node.b)))
+
+    def _print_Logical(self, node: t.Logical) -> Printed:
+        """`(a) & (b)`, `(a) | (b)`, `~(a)`: each comparison in brackets, as the language requires."""
+        parts = [self.fence(self.text(x)) if isinstance(x, t.Compare) else self.parenthesize(x, NEG)
+                 for x in node.args]
+        if node.op == "not":
+            return Printed("~" + parts[0], NEG)
+        return Printed(f" {'&' if node.op == 'and' else '|'} ".join(parts), COMPARE)
 
     def _print_MergeHeads(self, node: t.MergeHeads) -> Printed:
         return self.call("merge_heads", self.text(node.x))

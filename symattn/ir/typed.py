@@ -35,6 +35,7 @@ __all__ = [
     "Softmax",
     "Compare",
     "Where",
+    "Logical",
     "MergeHeads",
     "SplitHeads",
     "Concat",
@@ -238,6 +239,21 @@ class Where(Node):
     @property
     def children(self):
         return (self.cond, self.a, self.b)
+
+
+@dataclass(frozen=True, slots=True)
+class Logical(Node):
+    """Conditions combined: `op` is "and" (`a & b`), "or" (`a | b`) or "not" (`~a`, one argument); each argument
+    is a `Compare` or a `Logical`. (The attention plan writes a core's mask with it.)"""
+
+    op: str
+    args: tuple[Node, ...]
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return self.args
 
 
 @dataclass(frozen=True, slots=True)

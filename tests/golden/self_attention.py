@@ -131,10 +131,11 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
         V = X @ W_v
         # O = softmax(Q @ K.T / sqrt(d_k), axis=-1) @ V
         def O_score(s, i, j):
-            """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]), given
-            s = Q @ K.T / sqrt(d_k) there (it may work in the buffer of s)."""
+            """(Q @ K.T)[i, j] / sqrt(d_k) at query rows i and keys j
+            (s = q @ k.T there, q scaled by d_k ** -0.5; it may work in the buffer of s)."""
             return s
-        O, O_lse = _flash_forward(Q, K, V, O_score, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
+        O_core = _Score(O_score, None, None, None, None, d_k ** -0.5, 0, None, ())
+        O, O_lse = _flash_forward(Q, K, V, (), O_core, BLOCK_Q, BLOCK_K, THREADS)
         return {"O": O}, None
 
     # forward and backward pass (O: both at once, one pass over the scores): L = sum(O * grad(O)); dT is grad(T) = dL/dT
@@ -144,10 +145,11 @@ def _forward_backward_tiled(X, W_q, W_k, W_v, grad_O=None):
     V = X @ W_v
     # O = softmax(Q @ K.T / sqrt(d_k), axis=-1) @ V
     def O_score(s, i, j):
-        """Q @ K.T / sqrt(d_k) at query rows i ([rows, 1]) and key columns j ([1, cols]), given
-        s = Q @ K.T / sqrt(d_k) there (it may work in the buffer of s)."""
+        """(Q @ K.T)[i, j] / sqrt(d_k) at query rows i and keys j
+        (s = q @ k.T there, q scaled by d_k ** -0.5; it may work in the buffer of s)."""
         return s
-    O, O_lse, dQ_via_O, dK_via_O, dV_via_O = _flash_forward_backward(Q, K, V, dO, O_score, None, None, None, None, d_k ** -0.5, 0, BLOCK_Q, BLOCK_K, THREADS)
+    O_core = _Score(O_score, None, None, None, None, d_k ** -0.5, 0, None, ())
+    O, O_lse, dQ_via_O, dK_via_O, dV_via_O = _flash_forward_backward(Q, K, V, dO, None, (), O_core, BLOCK_Q, BLOCK_K, THREADS)
     # grad(V) = P.T @ grad(O)
     dV = dV_via_O
     # grad(K) = grad(S).T @ Q / sqrt(d_k)
@@ -264,47 +266,51 @@ def _rowdot(a, b):
     return np.einsum("...j,...j->...", a, b)[..., None]
 
 
-def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k, threads):
-    """(o, lse): o = softmax(score(scale * q @ k.T), axis=-1) @ v and each row's log-sum-exp, tiled (FlashAttention).
+class _Score:
+    """One fused core's score as a tiled pass reads it: the closures of the generated module (None where a
+    core has none), its query scale, its number of head axes, the factor of its weights after the softmax and
+    the add of each learned tensor it reads (see `symattn.codegen.arrays.block`)."""
 
-    Per batch entry (the last `heads` leading axes, which the score may read,
-    stay together), blocks of block_q query rows x block_k keys: each
-    block's scores come from one matrix product, and an online softmax keeps
-    each row's running max m and sum l of exp(score - m), rescaling the partial
-    output when m grows, so no array is larger than a block. `score(s, i, j)`
-    is the score of the block with products s (it may overwrite s) at rows i
-    ([rows, 1]) and keys j ([1, cols]); `keys(first, last)` (None: all) the
-    range of keys rows first..last may see: blocks outside it are skipped;
-    `inside(first, last)` (None: none) the keys every one of those rows sees
-    at each condition that bounds keys, where the score is
-    `score_inside(s, i, j)` (None: s itself), which pays no mask (see
-    `_key_blocks`). The row sums come out of the product with v, which has a
-    column of ones appended. A fully masked row gives o = 0 and lse = -inf,
-    never NaN. The (entry, query block) units run on `threads` threads
-    (`_units`, `_runs`, `_run`); each unit writes its own rows of o and lse, so
-    the result does not depend on the thread count.
+    def __init__(self, score, grad, keys, inside, score_inside, scale, heads, weights=None, adds=()):
+        self.score, self.grad, self.keys, self.inside, self.score_inside = score, grad, keys, inside, score_inside
+        self.scale, self.heads, self.weights, self.adds = scale, heads, weights, tuple(adds)
+
+
+def _flash_forward(q, k, v, reads, core, block_q, block_k, threads):
+    """(o, lse): o = softmax(score(scale * q @ k.T), axis=-1) [* weights] @ v and each row's log-sum-exp, tiled.
+
+    Per batch entry (the head axes stay together), blocks of block_q query rows x block_k keys: each block's
+    scores come from one matrix product, and an online softmax keeps each row's running max m and sum l of
+    exp(score - m), rescaling the partial output when m grows, so no array is larger than a block.
+    `core.keys(first, last)` (None: all) is the range of keys rows first..last may see: blocks outside it
+    are skipped; `core.inside` the keys where the score is `core.score_inside` (no mask to pay,
+    `_key_blocks`). Without weights the row sums come out of the product with v, which has a column of
+    ones appended.
     """
-    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v, rs, batch, lead = _prepare(q, k, v, (), reads, core)
     dtype = np.result_type(q, k, v)
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
-    q = _entries(q * scale if scale != 1 else q, batch, heads)
-    k, v1 = _entries(k, batch, heads), _entries(_append(v, 1), batch, heads)  # p @ [v, 1] = [p @ v, rowsum(p)]
+    v1 = _append(v, 1)  # p @ [v, 1] = [p @ v, rowsum(p)]
     o = np.zeros(q.shape[:-1] + (d_v,), dtype)
     lse = np.full(q.shape[:-1] + (1,), -np.inf, dtype)
-    units = _units(q.shape[0], n_q, n_k, keys, block_q)
+    units = _units(q.shape[0], n_q, n_k, core.keys, block_q)
 
     def work(r, first, last):
         for b, i0, i1, lo, hi in units[first:last]:
+            rb = [x[b] for x in rs]
             kt = k[b].swapaxes(-1, -2)
             i = np.arange(i0, i1)[:, None]
             qi = q[b, ..., i0:i1, :]
             m = np.full(qi.shape[:-1] + (1,), -np.inf, dtype)  # running max of each row's scores
             acc = np.zeros(qi.shape[:-1] + (d_v + 1,), dtype)  # running p @ v and sum of p, against m
-            for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
+            for j0, j1, whole in _key_blocks(lo, hi, None if core.inside is None else core.inside(i0, i1 - 1),
+                                             block_k):
+                j = np.arange(j0, j1)[None, :]
                 p = qi @ kt[..., j0:j1]
-                fn = score_inside if whole else score
+                w = None if core.weights is None else core.weights(p, i, j, *rb)
+                fn = core.score_inside if whole else core.score
                 if fn is not None:
-                    p = fn(p, i, np.arange(j0, j1)[None, :])
+                    p = fn(p, i, j, *rb)
                 top = p.max(axis=-1, keepdims=True, initial=-np.inf)
                 np.maximum(top, m, out=top)
                 shift = np.where(top == -np.inf, 0, top)  # a row masked so far: exp(-inf - 0) = 0
@@ -312,7 +318,11 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
                 np.exp(p, out=p)
                 m -= shift
                 acc *= np.exp(m, out=m)
-                acc += p @ v1[b, ..., j0:j1, :]
+                if w is None:
+                    acc += p @ v1[b, ..., j0:j1, :]
+                else:
+                    acc[..., :d_v] += (p * w) @ v[b, ..., j0:j1, :]
+                    acc[..., d_v:] += p.sum(axis=-1, keepdims=True)
                 m = top
             total = acc[..., d_v:]
             o[b, ..., i0:i1, :] = acc[..., :d_v] / np.where(total == 0, 1, total)
@@ -320,61 +330,69 @@ def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, blo
                 lse[b, ..., i0:i1, :] = m + np.log(total)
 
     _run(work, _runs(units, threads))
-    return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
+    return o.reshape(batch + o.shape[1:]), lse.reshape(batch + lse.shape[1:])
 
 
-def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_inside, scale, heads,
-                            block_q, block_k, threads):
-    """(o, lse, dq, dk, dv): `_flash_forward` and `_flash_backward` in one pass, for a gradient do of o that is
-    known before o is (its output's gradient does not depend on o).
+def _flash_forward_backward(q, k, v, do, dlse, reads, core, block_q, block_k, threads):
+    """(o, lse, dq, dk, dv, *dT): `_flash_forward` and `_flash_backward` in one pass, for a gradient do of o that
+    is known before o is (its output's gradient does not depend on o).
 
     Per query block, the scores of every key it may see come from one product and stay (block_q rows x
     those keys: O(N * block) memory, no online softmax): E = exp(s - m) with m the row max, l = rowsum(E)
-    (a column of ones appended to v), o = E @ v / l and delta = rowsum(do * o); then, with P = E / l and
-    the 1 / l put on the small factors, dv += E.T @ (do / l), dS = E * (do @ v.T - delta) * score'(s),
-    dq = dS @ k / l and dk += dS.T @ (q / l). Six products where the two passes take seven, and one exp of
-    each score instead of two. `score`, `score_grad`, `keys`, `inside` and `score_inside` as in
-    `_flash_backward` (`_key_blocks` cuts each row block's keys where the mask is to be paid); the units,
-    their threads and the order of the dk and dv sums as there. A fully masked row gives o = 0,
-    lse = -inf and dq = 0.
+    (a column of ones appended to v), o = (E * w) @ v / l and delta = rowsum(do * o) - dlse; then, with
+    P = E / l and the 1 / l put on the small factors, dv += (E * w).T @ (do / l), dS = E * ((do @ v.T) * w
+    - delta) * score'(s), dq = dS @ k / l, dk += dS.T @ (q / l), and each learned tensor's add takes dS / l.
+    Six products where the two passes take seven, and one exp of each score instead of two. A fully masked
+    row gives o = 0, lse = -inf and dq = 0.
     """
-    forward = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    batch = np.broadcast_shapes(forward, do.shape[:-2])
+    shapes = [x.shape for x in (q, k, v)]
+    arrays = [r for r, _ in reads]
+    forward = np.broadcast_shapes(*(x.shape[:x.ndim - 2 - core.heads] for x in (q, k, v)),
+                                  *(r.shape[:r.ndim - rank] for r, rank in reads))
+    q, k, v, rs, batch, lead = _prepare(q, k, v, (do,), reads, core)
     dtype = np.result_type(q, k, v, do)
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
-    q = q * scale if scale != 1 else q
-    q, k, do, v1 = (_entries(x, batch, heads) for x in (q, k, do, _append(v, 1)))
+    weighted = core.weights is not None
+    do, v1 = _entries(do, batch, lead), _append(v, 1)
+    gl = None if dlse is None else _entries(dlse, batch, lead)
     o, dq = np.zeros(q.shape[:-1] + (d_v,), dtype), np.zeros(q.shape, dtype)
     lse = np.full(q.shape[:-1] + (1,), -np.inf, dtype)
-    dk, dv = np.zeros(k.shape, dtype), np.zeros(k.shape[:-1] + (d_v,), dtype)
-    units = _units(q.shape[0], n_q, n_k, keys, block_q)
+    dk, dv = np.zeros(k.shape, dtype), np.zeros(v.shape, dtype)
+    dts = [np.zeros(rs[n].shape, dtype) for _, n in core.adds]
+    units = _units(q.shape[0], n_q, n_k, core.keys, block_q)
     runs = _runs(units, threads)
     first_run = _first_runs(units, runs)
 
     def work(r, first, last):
-        parts = {}  # entry -> (dk, dv) of this run, for an entry an earlier run has units of too
+        parts = {}  # entry -> (dk, dv, *dT) of this run, for an entry an earlier run has units of too
         for b, i0, i1, lo, hi in units[first:last]:
             if hi <= lo:  # no key visible: o = 0, lse = -inf, dq = 0
                 continue
-            dkb, dvb = _sums_of(parts, b, first_run[b] == r, dk, dv)
+            dkb, dvb, *dtb = _sums_of(parts, b, first_run[b] == r, [dk, dv, *dts])
+            rb = [x[b] for x in rs]
             i = np.arange(i0, i1)[:, None]
             qi, doi, kb, v1b = q[b, ..., i0:i1, :], do[b, ..., i0:i1, :], k[b, ..., lo:hi, :], v1[b, ..., lo:hi, :]
             s = qi @ kb.swapaxes(-1, -2)
-            grads = []  # (first, end, d score / d s) of the key blocks, before `score` overwrites s
-            for j0, j1, whole in _key_blocks(lo, hi, None if inside is None else inside(i0, i1 - 1), block_k):
+            raw = s.copy() if core.adds and core.grad is not None else None  # (the adds read s)
+            jall = np.arange(lo, hi)[None, :]
+            w = None if not weighted else core.weights(s, i, jall, *rb)
+            grads = []  # (first, end, d score / d s) of the key blocks, before the score overwrites s
+            for j0, j1, whole in _key_blocks(lo, hi, None if core.inside is None else core.inside(i0, i1 - 1),
+                                             block_k):
                 j, part = np.arange(j0, j1)[None, :], s[..., j0 - lo:j1 - lo]
-                if score_grad is not None:
-                    grad = score_grad(part, i, j)  # (it may be `part` itself, which the score overwrites)
+                if core.grad is not None:
+                    grad = core.grad(part, i, j, *rb)  # (it may be `part` itself, which the score overwrites)
                     grads.append((j0 - lo, j1 - lo, grad.copy() if np.may_share_memory(grad, s) else grad))
-                fn = score_inside if whole else score
-                got = part if fn is None else fn(part, i, j)
+                fn = core.score_inside if whole else core.score
+                got = part if fn is None else fn(part, i, j, *rb)
                 if got is not part:
                     part[...] = got
             top = s.max(axis=-1, keepdims=True)
             shift = np.where(top == -np.inf, 0, top)  # a fully masked row: exp(-inf - 0) = 0
             s -= shift
             np.exp(s, out=s)
-            acc = s @ v1b  # [E @ v, l]
+            e = s if w is None else s * w
+            acc = e @ v1b if w is None else np.concatenate([e @ v1b[..., :d_v], s.sum(axis=-1, keepdims=True)], -1)
             total = acc[..., d_v:]
             total = np.where(total == 0, 1, total)  # a fully masked row: 0 / 1
             oi = acc[..., :d_v] / total
@@ -382,23 +400,73 @@ def _flash_forward_backward(q, k, v, do, score, score_grad, keys, inside, score_
             with np.errstate(divide="ignore"):
                 lse[b, ..., i0:i1, :] = top + np.log(acc[..., d_v:])
             delta = np.einsum("...j,...j->...", doi, oi)[..., None]
-            ds = _append(doi, -delta) @ v1b.swapaxes(-1, -2)  # do @ v.T - delta
+            if gl is not None:
+                delta = delta - gl[b, ..., i0:i1, :]
+            if w is None:
+                ds = _append(doi, -delta) @ v1b.swapaxes(-1, -2)  # do @ v.T - delta
+            else:
+                ds = doi @ v1b[..., :d_v].swapaxes(-1, -2)
+                ds *= w
+                ds -= delta
             ds *= s
+            if core.adds:  # dS = ds / l, the gradient of the score
+                g = ds / total
+                for (add, n), dt in zip(core.adds, dtb):
+                    add(dt, g, i0, i1, lo, hi, s if raw is None else raw, i, jall, *rb)
             for j0, j1, grad in grads:
                 ds[..., j0:j1] *= grad
-            dvb[..., lo:hi, :] += s.swapaxes(-1, -2) @ (doi / total)
+            dvb[..., lo:hi, :] += e.swapaxes(-1, -2) @ (doi / total)
             dq[b, ..., i0:i1, :] = ds @ kb / total
             dkb[..., lo:hi, :] += ds.swapaxes(-1, -2) @ (qi / total)
         return parts
 
-    _add_parts(_run(work, runs), dk, dv)
-    if scale != 1:
-        dq *= scale
-    # o and lse have the batch axes of q, k and v: where do's add to them, every entry along those is the same
+    _add_parts(_run(work, runs), [dk, dv, *dts])
+    if core.scale != 1:
+        dq *= core.scale
+    # o and lse have the batch axes of q, k, v and the reads: where do's add to them, every entry is the same
     ahead = len(batch) - len(forward)
     along = (0,) * ahead + tuple(slice(None) if f == a else slice(0, 1) for f, a in zip(forward, batch[ahead:]))
-    o, lse = (x.reshape(batch + x.shape[-2:])[along] for x in (o, lse))
-    return (o, lse) + tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
+    o, lse = (x.reshape(batch + x.shape[1:])[along] for x in (o, lse))
+    grads = [_heads_of(x.reshape(batch + x.shape[1:]), shape, core.heads) for x, shape in zip((dq, dk, dv), shapes)]
+    learned = [_to_shape(dt.reshape(batch + dt.shape[1:]), arrays[n].shape) for dt, (_, n) in zip(dts, core.adds)]
+    return (o, lse, *grads, *learned)
+
+
+def _prepare(q, k, v, more, reads, core):
+    """q (scaled), k and v broadcast to the batch axes of all of them, `more` and the reads, and to the heads of
+    all three, as [entries, *heads, rows, width] (views); each read as [entries, *its shape]; the batch and
+    head shapes."""
+    h = core.heads
+    batch = np.broadcast_shapes(*(x.shape[:x.ndim - 2 - h] for x in (q, k, v, *more)),
+                                *(r.shape[:r.ndim - rank] for r, rank in reads))
+    lead = np.broadcast_shapes(*(x.shape[x.ndim - 2 - h:x.ndim - 2] for x in (q, k, v)))
+    q = q * core.scale if core.scale != 1 else q
+    q, k, v = (_entries(x, batch, lead) for x in (q, k, v))
+    rs = [np.broadcast_to(r, batch + r.shape[r.ndim - rank:]).reshape((-1,) + r.shape[r.ndim - rank:])
+          for r, rank in reads]
+    return q, k, v, rs, batch, lead
+
+
+def _entries(x, batch, lead):
+    """x broadcast to the batch axes `batch` and the heads `lead`, made [entries, *lead, rows, cols] (a view)."""
+    x = np.broadcast_to(x, batch + lead + x.shape[-2:])
+    return x.reshape((-1,) + lead + x.shape[-2:])
+
+
+def _heads_of(x, shape, heads):
+    """x ([*batch, *heads, rows, cols]) summed over the head axes where `shape` (an operand's) has size 1 (keeping
+    them): the gradient of an operand that is broadcast over heads (GQA, MQA)."""
+    axes = tuple(a for a in range(-2 - heads, -2) if shape[a] == 1 and x.shape[a] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def _to_shape(grad, shape):
+    """`grad` summed over the batch axes and the axes of size 1 that broadcasting added: exactly `shape`."""
+    lead = grad.ndim - len(shape)
+    if lead > 0:
+        grad = grad.sum(axis=tuple(range(lead)))
+    axes = tuple(k for k, n in enumerate(shape) if n == 1 and grad.shape[k] != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
 def _first_runs(units, runs):
@@ -411,21 +479,21 @@ def _first_runs(units, runs):
     return first_run
 
 
-def _sums_of(parts, b, first, dk, dv):
-    """Where a run adds entry b's dk and dv: dk[b] and dv[b] for the entry's `first` run, else zeros of this
-    run's own, kept in `parts` (entry -> (dk, dv))."""
+def _sums_of(parts, b, first, arrays):
+    """Where a run adds entry b's part of each of `arrays` (dk, dv, the learned gradients): the arrays' own rows
+    b for the entry's `first` run, else zeros of this run's own, kept in `parts` (entry -> list)."""
     if not first and b not in parts:
-        parts[b] = np.zeros(dk.shape[1:], dk.dtype), np.zeros(dv.shape[1:], dv.dtype)
-    return parts[b] if b in parts else (dk[b], dv[b])
+        parts[b] = [np.zeros(a.shape[1:], a.dtype) for a in arrays]
+    return parts[b] if b in parts else [a[b, ...] for a in arrays]
 
 
-def _add_parts(results, dk, dv):
-    """Each run's own sums (`_sums_of`) added into dk and dv, in the order of the runs: the sums do not depend
+def _add_parts(results, arrays):
+    """Each run's own sums (`_sums_of`) added into `arrays`, in the order of the runs: the sums do not depend
     on timing."""
     for parts in results:
-        for b, (dkb, dvb) in parts.items():
-            dk[b] += dkb
-            dv[b] += dvb
+        for b, own in parts.items():
+            for a, x in zip(arrays, own):
+                a[b] += x
 
 
 def _units(entries, n_q, n_k, keys, block_q):
@@ -480,8 +548,7 @@ def _run(work, runs):
 def _one_blas_thread():
     """A context that holds BLAS to one thread per product while it lasts (threadpoolctl's limit: for the whole
     process), or None where threadpoolctl is not installed. Products that BLAS splits over threads of its
-    own, called from several threads at once, wait for each other: two runs at once on two-thread OpenBLAS
-    took 1.2 s and 13 s (causal) where one after another took 0.7 s and 0.4 s (N = 4096, d = 64, 2 cores).
+    own, called from several threads at once, wait for each other (BENCHMARKS.md: the tiled pass's threads).
     Two tiled passes called from two threads at once may leave BLAS at one thread (each limit restores what
     it found when it began)."""
     try:
@@ -489,6 +556,15 @@ def _one_blas_thread():
     except ImportError:
         return None
     return threadpool_limits(limits=1, user_api="blas")
+
+
+def _append(x, column):
+    """x with one more column on its last axis: a number, or an array of one column (batch axes broadcast)."""
+    batch = np.broadcast_shapes(x.shape[:-2], np.shape(column)[:-2])
+    out = np.empty(batch + x.shape[-2:-1] + (x.shape[-1] + 1,), x.dtype)
+    out[..., :-1] = x
+    out[..., -1:] = column
+    return out
 
 
 def _key_blocks(lo, hi, inside, block_k):
@@ -503,19 +579,3 @@ def _key_blocks(lo, hi, inside, block_k):
     return [(j0, min(j0 + block_k, end), whole)
             for start, end, whole in ((lo, a, False), (a, b, True), (b, hi, False))
             for j0 in range(start, end, block_k)]
-
-
-def _append(x, column):
-    """x with one more column on its last axis: a number, or an array of one column (batch axes broadcast)."""
-    batch = np.broadcast_shapes(x.shape[:-2], np.shape(column)[:-2])
-    out = np.empty(batch + x.shape[-2:-1] + (x.shape[-1] + 1,), x.dtype)
-    out[..., :-1] = x
-    out[..., -1:] = column
-    return out
-
-
-def _entries(x, batch, heads):
-    """x broadcast to the batch axes `batch` and made [entries, *heads, rows, cols]: the leading axes but the last
-    `heads` flattened into one (a view where x has them all)."""
-    x = np.broadcast_to(x, batch + x.shape[-2:])
-    return x.reshape((-1,) + x.shape[x.ndim - 2 - heads:])

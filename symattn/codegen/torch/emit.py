@@ -30,11 +30,13 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...errors import CodegenError
 from ...version import __version__
 from ...ir import typed as t
 from ...ir.shapes import format_shape
-from ..numpy.emit import bind_dims, comment_lines, load_module, one_batch_check, size_keywords, upstream_lines
-from ..program_ir import FusedAttention, Var
+from ..arrays.module import (bind_dims, comment_lines, helper_sources, load_module, one_batch_check, size_keywords,
+                             upstream_lines)
+from ..program_ir import FusedAttention, SoftmaxGrad, Var, walk_labelled
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -70,8 +72,6 @@ def _backward_reads(program: Program) -> set[str]:
 
 def recompute_plan(program: Program) -> list[SoftmaxRecompute]:
     """The softmaxes whose weights the backward recomputes from their row log-sum-exp."""
-    from ..program_ir import SoftmaxGrad, walk_labelled
-
     forward = {stmt.var: k for k, stmt in enumerate(program.forward)}
     needed = _backward_reads(program)
     plans = []
@@ -143,10 +143,9 @@ def _op_name(spec: t.TypedSpec, source_hint: str) -> str:
 
 def torch_source(spec: t.TypedSpec, derivation=None) -> str:
     """The text of the generated PyTorch module for `spec` (see the module docstring)."""
-    from ..program import CodegenError, build_program
+    from ..plan import attention_plan
+    from ..program import build_program
     from .printer import RESERVED
-
-    from ..fused import fused_plan
 
     program = build_program(spec, derivation, reserved=RESERVED)
     for out, keyword in program.upstream.items():
@@ -157,12 +156,13 @@ def torch_source(spec: t.TypedSpec, derivation=None) -> str:
     for name in sizes:
         if name in program.upstream.values():
             raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
-    plan = fused_plan(spec)
-    if plan is not None:  # attention cores tiled (FlashAttention), where every score has a block form
+    plan = attention_plan(spec)
+    if plan.cores:  # the attention plan's cores tiled (FlashAttention)
         try:
-            return _source(spec, build_program(plan.spec, plan.derivation, reserved=RESERVED, fused=plan))
-        except CodegenError:
-            pass
+            return _source(spec, plan.program(RESERVED))
+        except CodegenError as why:
+            raise CodegenError(f"the torch target cannot print the fused core the attention plan chose: {why}") \
+                from why
     return _source(spec, program)
 
 
@@ -173,7 +173,9 @@ def _source(spec: t.TypedSpec, program: Program) -> str:
     plans = recompute_plan(program)
     layout = _layout(program, plans)
     cores = [stmt.node.core for stmt in program.forward if isinstance(stmt.node, FusedAttention)]
-    layout = dataclasses.replace(layout, saved=layout.saved + [printer.lse_name(core) for core in cores])
+    lses = [printer.lse_name(core) for core in cores]
+    layout = dataclasses.replace(layout, saved=layout.saved + [n for n in dict.fromkeys(lses)
+                                                               if n not in layout.saved and n not in layout.outputs])
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream", "_own"})
 
     forward_body = _forward_body(program, printer, plans, layout)
@@ -198,7 +200,9 @@ def _source(spec: t.TypedSpec, program: Program) -> str:
     lines.append(f"def _backward({args}):")
     lines.append('    """dL/dT for every input and param (spec order), from the forward pass\'s saved values."""')
     lines += [("    " + line) if line else "" for line in backward_body]
-    lines += _helper_sources(printer.helpers)
+    from .runtime import RUNTIME
+
+    lines += helper_sources(printer.helpers, RUNTIME)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -464,20 +468,3 @@ def load_torch_module(source: str, name: str = "symattn_generated_torch") -> typ
     module = load_module(source, name)
     sys.modules[name] = module
     return module
-
-
-def _helper_sources(used: set[str]) -> list[str]:
-    from .runtime import CALLS, HELPERS, helper_source
-
-    needed: set[str] = set()
-    stack = sorted(used)
-    while stack:
-        name = stack.pop()
-        if name not in needed:
-            needed.add(name)
-            stack.extend(CALLS.get(name, ()))
-    lines: list[str] = []
-    for name in HELPERS:
-        if name in needed:
-            lines += ["", ""] + helper_source(name).split("\n")
-    return lines

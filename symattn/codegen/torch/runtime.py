@@ -1,10 +1,12 @@
 """Runtime helpers of generated PyTorch modules: copied, as source text, into the modules that call them.
 
 Contract: the same helper names, arguments and errors as the NumPy runtime
-(`symattn.codegen.numpy.runtime`), written for torch tensors on any device:
-`helper_source(name)` is the exact source text of one, which the torch
-printer copies into a generated module that uses it (with the helpers it
-calls in turn, `CALLS`), so that the module needs nothing but torch. Each
+(`symattn.codegen.numpy.runtime`), written for torch tensors on any device
+(the tiled pass in `flash`); `RUNTIME` lists them with the shared plain-Python
+helpers (`symattn.codegen.arrays.runtime`), and `RUNTIME.helper_source(name)`
+is the exact source text of one, which the torch printer copies into a
+generated module that uses it (with the helpers it calls in turn), so that
+the module needs nothing but torch. Each
 keeps the dtype and device of its tensors (float16, bfloat16, float32 and
 float64 stay as they are) and never loops over tokens. A fully masked softmax
 row (all -inf) gives weights 0, never NaN, as in the NumPy target.
@@ -15,17 +17,17 @@ source text to emit a module); the helpers need it to run.
 
 from __future__ import annotations
 
-import inspect
 import math
 
-from ..numpy.runtime import helper_source as numpy_helper_source
+from ..arrays.runtime import Runtime
+from . import flash
 
 try:  # the printer reads the helpers' source without torch; generated modules import torch themselves
     import torch
 except ImportError:  # pragma: no cover - exercised where torch is not installed
     torch = None
 
-__all__ = ["HELPERS", "CALLS", "SHARED", "helper_source"]
+__all__ = ["RUNTIME", "HELPERS"]
 
 
 def _as_float(*arrays):
@@ -69,28 +71,6 @@ def _batch_axes(*arrays):
     except RuntimeError:
         shown = ", ".join(f"{name} {list(array.shape)}" for name, array, _ in arrays)
         raise ValueError(f"the leading batch axes do not broadcast: {shown}") from None
-
-
-def _take(tensors, names):
-    """The tensors passed as these keywords, in order; TypeError for a missing or unexpected one."""
-    missing = [n for n in names if n not in tensors]
-    unexpected = sorted(set(tensors) - set(names))
-    if missing or unexpected:
-        raise TypeError(f"missing tensors {missing}, unexpected keywords {unexpected}; expected {list(names)}")
-    return [tensors[n] for n in names]
-
-
-def _size(name, value):
-    """A size passed as a keyword: a positive integer."""
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name}: a size is a positive integer, got {value!r}")
-    return int(value)
-
-
-def _exact(dim, numerator, denominator):
-    """A quotient of sizes such as (N + 1) / 2 must be a whole number; ValueError naming it otherwise."""
-    if numerator % denominator:
-        raise ValueError(f"{dim} is {numerator} / {denominator} at these sizes, not an integer")
 
 
 def _upstream(name, array, shape, expected, dtype):
@@ -274,179 +254,14 @@ def _own(values, inputs):
     return out
 
 
-HELPERS = (  # in the order generated modules list them
+RUNTIME = Runtime({**globals(), **{name: getattr(flash, name) for name in flash.TILED}}, (  # in module order
     "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
-    "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own",
-    "_flash_forward", "_flash_backward", "_groups", "_block", "_strips", "_key_blocks", "_entries",
-)
-SHARED = ("_key_blocks", "_one_batch")  # plain Python on integers: the NumPy runtime's own source text
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
-         "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
-         "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
-         "_logsumexp": ("_exp_shifted_",),
-         "_flash_forward": ("_entries", "_groups", "_block", "_strips", "_key_blocks", "_exp_shifted_"),
-         "_flash_backward": ("_entries", "_groups", "_block", "_strips", "_log2_shift", "_exp2_plus_")}
-
-
-def _flash_forward(q, k, v, score, keys, inside, score_inside, scale, heads, block_q, block_k):
-    """(o, lse) of o = softmax(score(scale * q @ k.T), dim=-1) @ v, tiled (FlashAttention): every batch entry
-    and head of a group at once (batched products), query blocks of block_q rows, each against its visible
-    keys (keys(first, last); all when None) in strips of up to 16 key blocks, with an online softmax across
-    strips; one score buffer per group, reused. `inside(first, last)` (None: none) gives the keys every
-    one of those rows sees at each condition that bounds keys: strips there take `score_inside` (None:
-    s itself), which pays no mask, and the others `score` (`_key_blocks`). A fully masked row gives
-    o = 0 and lse = -inf. exp(x - max) comes from `_exp_shifted_` (exp2), the row max in at least float32."""
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
-    q = _entries(q * scale if scale != 1 else q, batch, heads)
-    lead = tuple(q.shape[1:-2])
-    q = q.reshape((-1,) + q.shape[-2:])
-    kt = _entries(k, batch, heads).reshape((-1,) + k.shape[-2:]).transpose(1, 2)
-    v = _entries(v, batch, heads).reshape((-1,) + v.shape[-2:])
-    o = q.new_zeros(q.shape[:-1] + (d_v,))
-    lse = q.new_full(q.shape[:-1] + (1,), -math.inf)
-    rows = torch.arange(n_q, device=q.device)[:, None]
-    cols = torch.arange(n_k, device=q.device)[None, :]
-    wide = torch.promote_types(q.dtype, torch.float32)  # the running row max: no overflow in float16
-    strip = 16 * block_k
-    for g0, g1, buffer in _groups(q, lead, block_q * min(strip, n_k)):
-        for i0 in range(0, n_q, block_q):
-            i1 = min(i0 + block_q, n_q)
-            lo, hi = (0, n_k) if keys is None else keys(i0, i1 - 1)
-            seen = None if inside is None else inside(i0, i1 - 1)
-            qi, oi = q[g0:g1, i0:i1], o[g0:g1, i0:i1]
-            m = total = None
-            for j0, j1, whole in _strips(_key_blocks(lo, hi, seen, block_k), strip):
-                s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, i1 - i0, j1 - j0))
-                fn = score_inside if whole else score
-                p = s if fn is None else fn(s.view((-1,) + lead + s.shape[1:]), rows[i0:i1],
-                                            cols[:, j0:j1]).reshape(s.shape)
-                top = p.amax(dim=-1, keepdim=True).to(wide)  # the running row max
-                if m is not None:
-                    top = torch.maximum(m, top)
-                _exp_shifted_(p, top)  # a row masked so far (top -inf) gives 0
-                if m is None:
-                    torch.bmm(p, v[g0:g1, j0:j1], out=oi)
-                    total = p.sum(dim=-1, keepdim=True)
-                else:
-                    fix = _exp_shifted_(m, top)
-                    oi.mul_(fix).baddbmm_(p, v[g0:g1, j0:j1])
-                    total.mul_(fix).add_(p.sum(dim=-1, keepdim=True))
-                m = top
-            if m is not None:
-                oi.div_(total.clamp_min(torch.finfo(total.dtype).tiny))  # a fully masked row: 0 / tiny = 0
-                torch.add(m, total.log_(), out=lse[g0:g1, i0:i1])
-    return o.reshape(batch + o.shape[-2:]), lse.reshape(batch + lse.shape[-2:])
-
-
-def _flash_backward(q, k, v, o, lse, do, score, score_grad, keys, inside, score_inside, scale, heads,
-                    block_q, block_k):
-    """(dq, dk, dv) of o = softmax(score(scale * q @ k.T), dim=-1) @ v given do, tiled (FlashAttention-2): every
-    batch entry and head of a group at once, key blocks of block_k keys, each against the query rows that
-    see it (runs of query blocks, up to 16 blocks a strip; `keys`, `inside` and `score_inside` as in the
-    forward): P = exp(score - lse) recomputed, dv += P.T @ do, dS = P * (do @ v.T - delta) * score',
-    dq += dS @ k, dk += dS.T @ q. The weights come from exp2, as in the forward. (lse and delta
-    subtracted inside the products, [q, -lse] @ [k, 1].T and [do, -delta] @ [v, 1].T as in the NumPy
-    target, measured 5% slower here: torch's products of 65 columns are slower than of 64.)"""
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], do.shape[:-2])
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    shift = torch.where(lse == -math.inf, 0.0, lse)  # a fully masked row: exp(-inf - 0) = 0
-    delta = (do * o).sum(dim=-1, keepdim=True)
-    q = q * scale if scale != 1 else q
-    lead = tuple(_entries(q, batch, heads).shape[1:-2])
-    q, k, v, do, shift, delta = (_entries(x, batch, heads).reshape((-1,) + x.shape[-2:])
-                                 for x in (q, k, v, do, shift, delta))
-    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
-    shift = _log2_shift(shift, q.dtype)  # once: every key block adds it
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    rows = torch.arange(n_q, device=q.device)[:, None]
-    cols = torch.arange(n_k, device=q.device)[None, :]
-    blocks = [(i0, min(i0 + block_q, n_q)) for i0 in range(0, n_q, block_q)]
-    seen = [(0, n_k) if keys is None else keys(i0, i1 - 1) for i0, i1 in blocks]
-    sure = [(n_k, n_k) if inside is None else inside(i0, i1 - 1) for i0, i1 in blocks]
-    strip = 16 * block_q
-    for g0, g1, buffer in _groups(q, lead, 2 * block_k * min(strip, n_q)):
-        for j0 in range(0, n_k, block_k):
-            j1 = min(j0 + block_k, n_k)
-            j = cols[:, j0:j1]
-            kj = k[g0:g1, j0:j1]
-            dkj = dvj = None  # this key block's dK and dV: contiguous, copied into dk and dv at its end
-            runs = [(i0, i1, a <= j0 and j1 <= b) for (i0, i1), (lo, hi), (a, b) in zip(blocks, seen, sure)
-                    if lo < j1 and hi > j0]
-            for r0, r1, whole in _strips(runs, strip):
-                size = (g1 - g0) * (r1 - r0) * (j1 - j0)
-                i = rows[r0:r1]
-                qi, doi, dqi = q[g0:g1, r0:r1], do[g0:g1, r0:r1], dq[g0:g1, r0:r1]
-                fn = score_inside if whole else score
-                s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, r1 - r0, j1 - j0))
-                view = (-1,) + lead + s.shape[1:]
-                grad = None if score_grad is None else score_grad(s.view(view), i, j)
-                if grad is not None and grad.data_ptr() == s.data_ptr():  # s itself, which the score overwrites
-                    grad = grad.clone()
-                p = s if fn is None else fn(s.view(view), i, j).reshape(s.shape)
-                p = _exp2_plus_(p, shift[g0:g1, r0:r1])  # exp(score - lse)
-                if dvj is None:
-                    dvj = torch.bmm(p.transpose(1, 2), doi)
-                else:
-                    dvj.baddbmm_(p.transpose(1, 2), doi)
-                ds = torch.bmm(doi, vt[g0:g1, :, j0:j1], out=_block(buffer[size:], g1 - g0, r1 - r0, j1 - j0))
-                ds.sub_(delta[g0:g1, r0:r1]).mul_(p)
-                if grad is not None:
-                    ds.view(view).mul_(grad)
-                dqi.baddbmm_(ds, kj)
-                if dkj is None:
-                    dkj = torch.bmm(ds.transpose(1, 2), qi)
-                else:
-                    dkj.baddbmm_(ds.transpose(1, 2), qi)
-            if dkj is not None:  # else no query sees these keys: their gradients stay 0
-                dk[g0:g1, j0:j1] = dkj
-                dv[g0:g1, j0:j1] = dvj
-    if scale != 1:
-        dq.mul_(scale)
-    return tuple(x.reshape(batch + x.shape[-2:]) for x in (dq, dk, dv))
-
-
-def _groups(q, lead, per, budget=1 << 20):
-    """(first, last + 1, buffer) of groups of the [entries * heads] matrices of q: whole entries (all their
-    heads), as many as keep one block of `per` numbers a matrix under `budget` numbers; the buffer holds
-    `per` numbers for each matrix of a group."""
-    unit = math.prod(lead)
-    step = unit * max(1, budget // (unit * per))
-    buffer = q.new_empty(min(step, q.shape[0]) * per)
-    return [(g0, min(g0 + step, q.shape[0]), buffer) for g0 in range(0, q.shape[0], step)]
-
-
-def _block(buffer, *shape):
-    """The first prod(shape) numbers of a flat buffer as a contiguous tensor of that shape."""
-    return buffer[:math.prod(shape)].view(shape)
-
-
-def _strips(blocks, limit):
-    """Runs of adjacent (first, last + 1, whole) blocks with the same `whole` merged, each at most `limit`
-    long (a block on its own may be longer)."""
-    out = []
-    for b0, b1, whole in blocks:
-        if out and out[-1][1] == b0 and out[-1][2] == whole and b1 - out[-1][0] <= limit:
-            out[-1] = (out[-1][0], b1, whole)
-        else:
-            out.append((b0, b1, whole))
-    return out
-
-
-def _entries(x, batch, heads):
-    """x expanded to the batch axes `batch` and made [entries, *heads, rows, cols] (the leading axes but the
-    last `heads` flattened into one)."""
-    x = x.expand(batch + x.shape[-2:])
-    return x.reshape((-1,) + tuple(x.shape[x.dim() - 2 - heads:]))
-
-
-def helper_source(name: str) -> str:
-    """The source text of one helper, as it appears in generated modules."""
-    if name not in HELPERS:
-        raise KeyError(f"no runtime helper {name}")
-    if name in SHARED:
-        return numpy_helper_source(name)
-    return inspect.getsource(globals()[name]).strip("\n")
+    "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own", "_Score", *flash.TILED, "_key_blocks",
+), {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
+    "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
+    "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
+    "_logsumexp": ("_exp_shifted_",), **flash.CALLS})
+HELPERS = RUNTIME.HELPERS

@@ -207,7 +207,7 @@ def backward(**tensors):
 
 def module_text(spec: t.TypedSpec, named: t.TypedSpec, steps: list[Segment | CoreStep]) -> str:
     from ..torch.emit import torch_source
-    from ..numpy.emit import size_keywords
+    from ..arrays.module import size_keywords
 
     upstream = {o: f"grad_{o}" for o in spec.outputs}
     text = _RUNTIME.format(given=tuple(spec.given), differentiable=tuple(spec.differentiable),

@@ -1,12 +1,13 @@
-"""Index notation in NumPy: labelled arrays printed as broadcasts, matrix products and einsum.
+"""Index notation as array code: labelled arrays printed as broadcasts, matrix products and einsum.
 
-Contract: `IndexNotationPrinter` is the part of `NumPyPrinter` that prints the
+Contract: `IndexNotationPrinter` is the part of `ArrayPrinter` that prints the
 labelled-array nodes of `symattn.codegen.index` (`LEntry`, `LOp`, `LContract`,
 ...): `label(node)` gives code whose axes are the node's index labels in
 order, `label_aligned` aligns it to a target order, and a contraction becomes
-`@` when it is one, `np.einsum` otherwise. It is a `Printer` whose second
-family of rules, `_label_<Node>`, prints a labelled node; it relies on the
-NumPy printer's `doprint`, `dim`, `batched` and `aligned` methods.
+`@` when it is one, an einsum otherwise, in the printer's `Spelling` (NumPy or
+torch). It is a `Printer` whose second family of rules, `_label_<Node>`,
+prints a labelled node; it relies on the array printer's `doprint`, `dim`,
+`batched`, `spell` and `helpers`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import sympy
 
 from ...ir.affine import Affine, pieces, signed_sum
 from ...ir.printer import ADD, ATOM, MUL, NEG, POW, Printer
+from ...errors import CodegenError
 from ..index import LConst, LContract, LEntry, LGather, LNode, LOp, LScalarTensor, LSum, LVar
-from ..program import CodegenError
-from .syntax import BINARY, PYTHON_PRECEDENCE, UNARY, SCALAR_UNARY, Code, einsum_letters
+from .syntax import BINARY, PYTHON_PRECEDENCE, SCALAR_UNARY, Code, Spelling, einsum_letters
 
 __all__ = ["IndexNotationPrinter"]
 
@@ -26,7 +27,8 @@ class IndexNotationPrinter(Printer):
 
     precedence = PYTHON_PRECEDENCE
     error = CodegenError
-    rules = "NumPy printing"
+    rules = "array printing"
+    spell: Spelling
 
     def label(self, node: LNode) -> Code:
         """A labelled node printed with its own labels, in their order."""
@@ -45,10 +47,11 @@ class IndexNotationPrinter(Printer):
         sub = "".join(letters[i] for i in node.indices)
         out = "".join(letters[i] for i in node.labels)
         dots = "..." if self.batched(node) else ""
-        return Code(f'np.einsum("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
+        return Code(f'{self.spell.einsum}("{dots}{sub}->{dots}{out}", {node.var})', ATOM, False)
 
     def _label_LVar(self, node: LVar | LScalarTensor) -> Code:
-        return Code(node.var, ATOM, False)
+        integer = node.var in self.integers
+        return Code(node.var, ATOM, False, not integer, integer)
 
     _label_LScalarTensor = _label_LVar
 
@@ -58,11 +61,11 @@ class IndexNotationPrinter(Printer):
     def _label_LSum(self, node: LSum) -> Code:
         x = self.label(node.x)
         axis = node.x.labels.index(node.index) - len(node.x.labels)
-        return Code(f"np.sum({x.text}, axis={axis})", ATOM, True, x.carrying)
+        return Code(self.spell.sum_dropped.format(x=x.text, axes=axis), ATOM, True, x.carrying)
 
     def arange(self, size: str) -> str:
         """The integers 0 .. size - 1 as an index array."""
-        return f"np.arange({size})"
+        return self.spell.arange.format(n=size)
 
     def index_array(self, s, labels: tuple[str, ...], ranges) -> str:
         """A subscript (index name or Affine) as integer arithmetic on `arange`s, one axis per label:
@@ -87,11 +90,12 @@ class IndexNotationPrinter(Printer):
         if labels != present:  # same labels, other order: move the axes
             src = [labels.index(n) - len(labels) for n in present]
             if len(labels) == 2:
-                code = Code(f"{self.parenthesize(code, ATOM)}.swapaxes(-1, -2)", self.prec("transpose"), False,
-                        code.carrying)
+                code = Code(self.spell.transpose.format(x=self.parenthesize(code, ATOM)), self.prec("transpose"),
+                            False, code.carrying, code.integer)
             else:
                 dst = list(range(-len(labels), 0))
-                code = Code(f"np.moveaxis({code.text}, {src}, {dst})", ATOM, False, code.carrying)
+                code = Code(self.spell.moveaxis.format(x=code.text, src=src, dst=dst), ATOM, False, code.carrying,
+                            code.integer)
         if len(present) == len(target) or (not labels and not self.batched(node)):
             return code
         batched = self.batched(node)
@@ -103,20 +107,38 @@ class IndexNotationPrinter(Printer):
             index.insert(0, "...")
         if all(i == ":" for i in index):
             return code
-        return Code(f"{self.parenthesize(code, ATOM)}[{', '.join(index)}]", self.prec("slice"), False, code.carrying)
+        return Code(f"{self.parenthesize(code, ATOM)}[{', '.join(index)}]", self.prec("slice"), False, code.carrying,
+                    code.integer)
+
+    def real(self, code: Code) -> Code:
+        """An integer array as an array of the computation's dtype (a number, a value: as it is)."""
+        return Code(self.spell.cast.format(x=self.parenthesize(code, ATOM)), ATOM, True) if code.integer else code
 
     def _label_LOp(self, node: LOp) -> Code:
         args = [self.label_aligned(a, node.labels) for a in node.args]
+        if any(a.integer for a in args):
+            exact = node.kind == "compare" or (node.kind == "binary" and node.op in ("add", "sub", "mul")
+                                               and all(a.integral for a in args))
+            if node.kind == "where":
+                exact = all(a.integral for a in args[1:])
+            if exact and node.kind == "binary":
+                code = self.binary(node.op, *args, False)
+                return Code(code.text, code.prec, True, False, True)
+            if exact and node.kind == "where":
+                return Code(f"{self.spell.where}({', '.join(a.text for a in args)})", ATOM, True, False, True)
+            if not exact:
+                args = [args[0]] + [self.real(a) for a in args[1:]] if node.kind == "where" else \
+                    [self.real(a) for a in args]
         carrying = any(a.carrying for a in args)
         if node.kind == "unary":
-            template, helper = UNARY[node.op]
+            template, helper = self.spell.functions[node.op]
             if helper:
                 self.helpers.add(helper)
             if not node.labels and not self.batched(node):  # a scalar: Python arithmetic
                 if node.op in SCALAR_UNARY:
                     return Code(SCALAR_UNARY[node.op].format(x=self.parenthesize(args[0], POW + 1)), POW,
                                 carrying=False)
-                return Code(f"float({template.format(x=args[0].text)})", carrying=False)
+                return self.spell.scalar(node.op, args[0].text)
             if node.op == "neg":
                 return Code(f"-{self.parenthesize(args[0], NEG)}", self.prec("neg"), True, carrying)
             return Code(template.format(x=args[0].text), ATOM, True, carrying)
@@ -137,9 +159,9 @@ class IndexNotationPrinter(Printer):
         return Code(f"{self.parenthesize(a, ADD)} {op} {self.parenthesize(b, ADD)}", self.prec("compare"), True, False)
 
     def where(self, c: Code, a: Code, b: Code) -> Code:
-        text = f"np.where({c.text}, {a.text}, {b.text})"
-        if not (a.carrying or b.carrying):  # both branches Python numbers: the result is float64
-            return Code(f"{text}.astype(dtype)", ATOM, True)
+        text = f"{self.spell.where}({c.text}, {a.text}, {b.text})"
+        if not (a.carrying or b.carrying):  # both branches numbers or integers: not the dtype yet
+            return Code(self.spell.cast.format(x=text), ATOM, True)
         return Code(text, ATOM, True)
 
     def _label_LContract(self, node: LContract) -> Code:
@@ -148,7 +170,7 @@ class IndexNotationPrinter(Printer):
             if isinstance(f, LEntry) and not isinstance(f, LGather):
                 operands.append((Code(f.var, ATOM, False), f.indices, self.batched(f)))
             else:
-                operands.append((self.label(f), f.labels, self.batched(f)))
+                operands.append((self.real(self.label(f)), f.labels, self.batched(f)))
         code = self._matmul_form(operands, node) or self._einsum(operands, node)
         if node.coeff is not None:
             c = self.doprint(node.coeff)
@@ -182,5 +204,5 @@ class IndexNotationPrinter(Printer):
                         for _, idx, batched in operands)
         out = ("..." if any_batch else "") + "".join(letters[n] for n in node.labels)
         args = ", ".join(code.text for code, _, _ in operands)
-        optimize = ", optimize=True" if len(operands) > 2 else ""
-        return Code(f'np.einsum("{subs}->{out}", {args}{optimize})', ATOM, True)
+        optimize = self.spell.einsum_optimize if len(operands) > 2 else ""
+        return Code(f'{self.spell.einsum}("{subs}->{out}", {args}{optimize})', ATOM, True)
