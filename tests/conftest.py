@@ -23,7 +23,23 @@ os.environ["SYMATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="symattn-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SYMATTN_CACHE_DIR"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"  # the test specs and sources that are not in derivations/
 EXAMPLES = sorted((REPO / "derivations").glob("*.attn"))
+
+# The attention variants whose gradients exercise the simplifications (numbers cancelled, ones
+# folded, like terms collected): two specs of the tests' own and five of derivations/.
+VARIANTS = sorted([DATA / "variants" / "alibi.attn", DATA / "variants" / "cosine.attn",
+                   *(REPO / "derivations" / f"{name}.attn"
+                     for name in ("differential", "gqa", "sigmoid", "sliding_window", "softcap"))],
+                  key=lambda path: path.stem)
+
+# Tests are laid out by stage (front/, ir/, ..., codegen/<target>/, cli/), each file's name unique.
+# A test module that shares another's helpers imports it by name (`from test_numpy_tiled import
+# tiled`); pytest puts only the importing file's own directory on sys.path, so every test
+# directory goes there, whichever module a worker happens to import first.
+for _directory in sorted({path.parent for path in (REPO / "tests").rglob("test_*.py")}):
+    if str(_directory) not in sys.path:
+        sys.path.append(str(_directory))
 
 if not EXAMPLES:  # pragma: no cover - the checkout is broken
     raise RuntimeError(f"no example specs found in {REPO / 'derivations'}")
