@@ -26,12 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"  # the test specs and sources that are not in derivations/
 EXAMPLES = sorted((REPO / "derivations").glob("*.attn"))
 
-# The attention variants whose gradients exercise the simplifications (numbers cancelled, ones
-# folded, like terms collected): two specs of the tests' own and five of derivations/.
-VARIANTS = sorted([DATA / "variants" / "alibi.attn", DATA / "variants" / "cosine.attn",
-                   *(REPO / "derivations" / f"{name}.attn"
-                     for name in ("differential", "gqa", "sigmoid", "sliding_window", "softcap"))],
-                  key=lambda path: path.stem)
+# Cosine attention written as self-attention (derivations/cosine.attn is the cross-attention
+# form): its QK-norm gradient exercises the simplifications (two paths to Q, ones folded).
+COSINE_SELF_ATTENTION = DATA / "cosine_self_attention.attn"
 
 # Tests are laid out by stage (front/, ir/, ..., codegen/<target>/, cli/), each file's name unique.
 # A test module that shares another's helpers imports it by name (`from test_numpy_tiled import

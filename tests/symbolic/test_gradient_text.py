@@ -1,6 +1,6 @@
 """`symattn derive --gradients` prints spec syntax, and every printed gradient is proved equal.
 
-For every spec in derivations/ and the variants (conftest.VARIANTS): the printed gradients are taken
+For every spec in derivations/ and cosine attention as self-attention: the printed gradients are taken
 from the command's output, their check-only definitions appended to the spec, and each
 `grad(T) = expr` stated as `check grad(T) == expr`; every such check must be proved (by
 symattn's prover, on the text as printed: a gradient that printed wrong, or that did not
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import symattn
-from conftest import REPO, VARIANTS, run_cli
+from conftest import COSINE_SELF_ATTENTION, REPO, run_cli
 
 ROOT = REPO
-SPECS = sorted((ROOT / "derivations").glob("*.attn")) + VARIANTS
+SPECS = sorted((ROOT / "derivations").glob("*.attn")) + [COSINE_SELF_ATTENTION]
 EQUATION = re.compile(r"grad\((\w+)\) = (.+)")
 DEFINITION = re.compile(r"\w+(\[[^\]=]*\])? = .+")
 
@@ -211,6 +211,6 @@ def test_misusing_a_check_only_definition_is_a_located_error_with_exit_status_2(
     ("sqrt(X) * sqrt(X) == X", "refuted"),
 ])
 def test_an_expression_equals_itself_and_nothing_is_cancelled(claim, verdict):
-    source = (ROOT / "tests" / "data" / "variants" / "cosine.attn").read_text().split("check")[0]
+    source = COSINE_SELF_ATTENTION.read_text().split("check")[0]
     (result,) = symattn.load(source + f"check {claim}\n", filename="cosine.attn").check()
     assert result.verdict == verdict, result.method

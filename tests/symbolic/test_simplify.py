@@ -19,7 +19,7 @@ import sympy
 import symattn
 from symattn.ir import build as b
 from symattn.ir import typed as t
-from conftest import DATA, REPO
+from conftest import COSINE_SELF_ATTENTION, REPO
 
 N, D = sympy.Symbol("N", positive=True, integer=True), sympy.Symbol("d", positive=True, integer=True)
 SIZES = {N: 3, D: 4}
@@ -207,11 +207,11 @@ def test_softcap_gradient_has_its_numbers_cancelled():
 def test_a_sum_broadcast_back_folds_its_ones_and_collects_the_two_paths():
     """cosine: Q * Q has two paths to Q, each `U * ones(N, d_k) * Q`; the ones broadcast
     nothing next to Q, the paths are like terms, and the 2 of the sum's derivative cancels."""
-    text = _formula(DATA / "variants" / "cosine.attn", "Q")
+    text = _formula(COSINE_SELF_ATTENTION, "Q")
     assert "ones(" not in text
     assert text == ("grad(Q) = grad(Qn) / sqrt(sum(Q * Q, axis=-1)) + sum(-(grad(Qn) * Qn / sqrt(sum(Q * Q, axis=-1))), "
                     "axis=-1) / sqrt(sum(Q * Q, axis=-1)) * Q")
-    rules = [s.rule for s in symattn.load(DATA / "variants" / "cosine.attn").derive().gradients["Q"].steps]
+    rules = [s.rule for s in symattn.load(COSINE_SELF_ATTENTION).derive().gradients["Q"].steps]
     assert f"simplify: {ONES_RULE}" in rules and f"simplify: {LIKE}" in rules
 
 

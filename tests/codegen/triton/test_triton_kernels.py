@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="the Triton target needs triton (pip instal
 import symattn  # noqa: E402
 from symattn.check.triton import interpreting, load_module, verify_triton  # noqa: E402
 from symattn.codegen.triton import TritonCodegenError, emit_triton  # noqa: E402
-from conftest import DATA, REPO
+from conftest import REPO
 
 ROOT = REPO
 SPECS = {
@@ -32,7 +32,7 @@ SPECS = {
     "causal": ROOT / "derivations" / "causal.attn",
     "key_padding": ROOT / "derivations" / "key_padding.attn",
     "multi_head": ROOT / "derivations" / "multi_head.attn",
-    "alibi": DATA / "alibi.attn",
+    "alibi": ROOT / "derivations" / "alibi.attn",
     "softcap": ROOT / "derivations" / "softcap.attn",
     "sliding_window": ROOT / "derivations" / "sliding_window.attn",
 }
