@@ -1,4 +1,4 @@
-"""Issue 10, the code-generation and verification items: each against an independent computation.
+"""Generated code and `verify` at the edges: each against an independent computation.
 
 - a stable sigmoid in every target (log(sigmoid(-40)) finite in float64, -20 in float32);
 - dim arithmetic such as `(N + 1) / 2` printed as exact integer arithmetic, in NumPy and CUDA,

@@ -1,6 +1,6 @@
 """Soundness corpus: no "proved" that plain NumPy contradicts, no "refuted" that does not reproduce.
 
-Issue 10. Every expectation here is computed independently of symattn: each case
+Every expectation here is computed independently of symattn: each case
 carries a plain float64 NumPy program for its spec (forward values; gradients by
 central finite differences of L = sum over outputs <O, grad(O)>, with grad(O) of an
 output being its upstream gradient) and a NumPy function for both sides of the claim.

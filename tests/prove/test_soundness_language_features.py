@@ -1,4 +1,4 @@
-"""Soundness corpus, round 3: the language features added since round 2, attacked.
+"""Soundness corpus for the language beyond plain attention: buffers, subscripts, scans, max / min, groups.
 
 Buffers (masks computed from them, permuted only when a claim names them), affine
 subscripts, slices, cumsum (reverse too), max / min (ties, -inf rows), grouped
@@ -633,7 +633,7 @@ PROGRAMS = [RARE_MASKS, MAX_MIN, CUMSUM, EMPTY, AFFINE, ALGEBRA, GUARDED, RELATI
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
-def test_round3_verdicts_agree_with_numpy(program):
+def test_verdicts_agree_with_numpy(program):
     _check(program)
 
 

@@ -1,4 +1,4 @@
-"""Random claims over the round-3 features, against NumPy (slow: about a minute per 30 claims).
+"""Random claims over buffers, cumsum, max / min, slices, concat and where, against NumPy (slow: about a minute per 30 claims).
 
 Expressions over inputs X, Y, a mask that is -inf where a buffer is 0.25, log and sqrt of
 squares, built from + - * /, elementwise functions, cumsum (both directions), max / min / sum /
@@ -191,7 +191,7 @@ def _difference(lhs, rhs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(120))
-def test_random_round3_claims_agree_with_numpy(seed):
+def test_random_claims_agree_with_numpy(seed):
     rnd = random.Random(seed)
     kind = rnd.choice(["nd", "nn"])
     lhs, rhs = rewrite(gen(kind, 2, rnd), rnd, kind)
