@@ -23,7 +23,20 @@ os.environ["SYMATTN_CACHE_DIR"] = tempfile.mkdtemp(prefix="symattn-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SYMATTN_CACHE_DIR"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"  # the test specs and sources that are not in derivations/
 EXAMPLES = sorted((REPO / "derivations").glob("*.attn"))
+
+# Cosine attention written as self-attention (derivations/cosine.attn is the cross-attention
+# form): its QK-norm gradient exercises the simplifications (two paths to Q, ones folded).
+COSINE_SELF_ATTENTION = DATA / "cosine_self_attention.attn"
+
+# Tests are laid out by stage (front/, ir/, ..., codegen/<target>/, cli/), each file's name unique.
+# A test module that shares another's helpers imports it by name (`from test_numpy_tiled import
+# tiled`); pytest puts only the importing file's own directory on sys.path, so every test
+# directory goes there, whichever module a worker happens to import first.
+for _directory in sorted({path.parent for path in (REPO / "tests").rglob("test_*.py")}):
+    if str(_directory) not in sys.path:
+        sys.path.append(str(_directory))
 
 if not EXAMPLES:  # pragma: no cover - the checkout is broken
     raise RuntimeError(f"no example specs found in {REPO / 'derivations'}")

@@ -3,8 +3,8 @@
 
 Each takes the spec's inputs and params as torch tensors, by name, and returns the output.
 `keep`, when given, receives the named intermediates (with `retain_grad`, so that after a
-backward pass `keep[name].grad` is grad(name)): tests/test_claims.py re-evaluates the
-counterexamples of negated claims with them, tests/test_gradients_numeric.py compares
+backward pass `keep[name].grad` is grad(name)): tests/prove/test_equality_claims.py re-evaluates the
+counterexamples of negated claims with them, tests/symbolic/test_gradients_numeric.py compares
 symattn's leaf gradients against torch autograd.
 """
 

@@ -19,7 +19,7 @@ of any gradient, or name given before. The upstream gradient of an output
 is a `#` comment (`grad(O)` is given, not derived), and a gradient that is
 zero reads `grad(T) = 0    # L does not depend on T`. So appending the
 definitions, and `check grad(T) == expr` for each equation, to the spec is
-a spec whose checks claim exactly what was derived (tests/test_gradient_text.py
+a spec whose checks claim exactly what was derived (tests/symbolic/test_gradient_text.py
 proves every one).
 """
 
