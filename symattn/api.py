@@ -246,19 +246,19 @@ class Spec:
     def torch(self, backend: str = "auto"):
         """The spec as a `torch.nn.Module`: its params are `nn.Parameter`s of the spec's shapes, its inputs and
         buffers keywords, `module(X=x)` returns the outputs as a dict, differentiable through the derived
-        backward (`symattn.codegen.torch.module`). backend: "eager" (the generated torch code), "triton"
+        backward (`symattn.codegen.nn`). backend: "eager" (the generated torch code), "triton"
         (the Triton kernels), or "auto" (Triton for CUDA tensors, eager elsewhere)."""
         try:
             import torch  # noqa: F401
         except ImportError:
             raise UsageError("spec.torch() needs PyTorch: pip install 'symattn[torch]'") from None
+        from .codegen.nn import AttentionModule
         from .codegen.torch.emit import load_torch_module
-        from .codegen.torch.module import AttentionModule
 
         if self._torch_generated is None:
             name = f"symattn_torch_{self.name}" if self.name.isidentifier() else "symattn_torch_spec"
             self._torch_generated = load_torch_module(self.emit("torch"), name)
-        return AttentionModule(self.typed, self._torch_generated, backend)
+        return AttentionModule(self.typed, self._torch_generated, backend, _triton_loader(self.typed))
 
     def plan(self):
         """The attention plan (`symattn.codegen.plan.AttentionPlan`): the cores every target computes fused, each
@@ -388,3 +388,18 @@ def load(path_or_text: str | Path, dims: Mapping[str, int] | None = None, *, fil
             raise UsageError(f"dim {key}={value!r}: sizes are positive integers")
     program = parse(source, name)
     return Spec(validate(program, name, source, dims))
+
+
+def _triton_loader(typed):
+    """What loads the Triton target's module of a spec (the `torch(backend="triton")` path), or None when this
+    installation has no triton."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return None
+
+    def load():
+        from .codegen.triton import triton_module
+
+        return triton_module(typed)
+    return load

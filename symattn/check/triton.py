@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir import typed as t
+from ..codegen.plan import attention_plan
 from ..codegen.triton import TritonCode, emit_triton, load_source
 from .numpy import finite_difference_gradients, reference_forward, relative_error
 
@@ -97,19 +98,27 @@ class Report:
 
 
 def core_spec(spec: t.TypedSpec, core) -> t.TypedSpec:
-    """The spec of the core alone: Q, K, V as inputs, the score's tensors, O = softmax(score) @ V."""
+    """The spec of the core alone: its Q, K, V as inputs, the tensors its score reads, and the definitions between
+    them and O (the core's intermediates, and what the score recomputes), O its output. `spec` is the plan's
+    (every core operand named)."""
+    keep = {core.q, core.k, core.v}
     tensors = {}
-    for role in (core.q, core.k, core.v):
-        tensors[role] = t.TensorInfo(role, "input", spec.tensors[role].shape, spec.tensors[role].pos)
-    for name in core.reads:
-        tensors[name] = dataclasses.replace(spec.tensors[name], is_output=False)
-    for name, definition in core.pure:
-        tensors[name] = dataclasses.replace(spec.tensors[name], is_output=False)
-    v = t.Tensor(core.v, spec.tensors[core.v].shape)
-    probs = t.Softmax(core.score, len(core.score.shape) - 1, core.score.shape)
-    out = t.MatMul(probs, v, spec.tensors[core.output].shape)
-    tensors[core.output] = t.TensorInfo(core.output, "intermediate", out.shape, spec.tensors[core.output].pos, out,
-                                        is_output=True)
+    needed, stack = set(), [core.output]
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        info = spec.tensors[name]
+        if info.expr is not None and name not in keep:
+            stack.extend(t.tensors_read(info.expr))
+    for name, info in spec.tensors.items():
+        if name not in needed:
+            continue
+        if name in keep:
+            tensors[name] = t.TensorInfo(name, "input", info.shape, info.pos)
+        else:
+            tensors[name] = dataclasses.replace(info, is_output=name == core.output)
     return dataclasses.replace(spec, tensors=tensors, outputs=(core.output,), checks=())
 
 
@@ -117,6 +126,7 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
     import torch
 
     code = code or emit_triton(spec)
+    named = attention_plan(spec).spec
     interpret = not torch.cuda.is_available()
     module = load_module(code.text, interpret)
     device = "cpu" if interpret else "cuda"
@@ -126,7 +136,7 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
     rng = np.random.default_rng(seed)
     sizes = dict(spec.sizes)
     for name, core in zip(code.names, code.cores):
-        small = core_spec(spec, core)
+        small = core_spec(named, core)
         leaves = {}
         for leaf in small.given:
             shape = small.concrete_shape(small.tensors[leaf].shape)
@@ -136,14 +146,14 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
         upstream = {core.output: rng.standard_normal(want.shape)}
         grads = finite_difference_gradients(small, leaves, upstream, sizes)
         tensor = {n: torch.tensor(a, dtype=torch.float32, device=device) for n, a in leaves.items()}
-        operands = [tensor[n] for n in core.reads]
+        operands = [tensor[n] for n in core.read_tensors]
         o, lse = getattr(module, f"{name}_forward")(tensor[core.q], tensor[core.k], tensor[core.v], *operands)
         report.rows.append(Row(f"{core.output} (forward)", relative_error(o.cpu().double().numpy(), want)))
         back = getattr(module, f"{name}_backward")(tensor[core.q], tensor[core.k], tensor[core.v], o, lse,
                                                    torch.tensor(upstream[core.output], dtype=torch.float32,
                                                                 device=device), *operands)
         parts: dict[str, np.ndarray] = {}  # a tensor that plays several roles (q = k = v = O): their sum
-        for role, got in zip((core.q, core.k, core.v, *core.reads), back):
+        for role, got in zip((core.q, core.k, core.v, *core.read_tensors), back):
             if got is not None:
                 parts[role] = parts.get(role, 0) + got.cpu().double().numpy()
         for role, got in parts.items():
@@ -153,7 +163,7 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
 
 
 def _verify_full(spec, module, rng, sizes, device, report) -> None:
-    """The full module (torch segments around the cores): outputs and the gradient of every input and param
+    """The full module (the program in torch around the cores): outputs and the gradient of every input and param
     against the reference evaluator on the whole spec (forward op by op, gradients by central differences)."""
     import torch
 

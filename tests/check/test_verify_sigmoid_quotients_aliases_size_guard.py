@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import symattn
 from conftest import run_cli
-from symattn.codegen.numpy.runtime import _sigmoid
+from symattn.codegen.arrays.numpy_runtime import _sigmoid
 from symattn.errors import UsageError
 from symattn.symbolic.evaluate import NUMERIC, Evaluator
 from symattn.ir.sizes import VERIFY_BUDGET, constraints, entries, fit_sizes, repair, valid_sizes

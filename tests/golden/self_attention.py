@@ -276,6 +276,20 @@ class _Score:
         self.scale, self.heads, self.weights, self.adds = scale, heads, weights, tuple(adds)
 
 
+def _key_blocks(lo, hi, inside, block_k):
+    """The blocks of keys lo..hi - 1 as (first, end, whole): those of the range `inside` (first, end; None:
+    empty), rounded inward to multiples of min(64, block_k), are `whole` (every condition
+    bounding keys holds there: no mask to apply), and every other key is in a block that straddles them.
+    Each stretch is cut into blocks of block_k keys (the last one shorter)."""
+    step = min(64, block_k)
+    a, b = inside or (hi, hi)
+    a = min(max(-(-a // step) * step, lo), hi)
+    b = max(min(b // step * step, hi), a)
+    return [(j0, min(j0 + block_k, end), whole)
+            for start, end, whole in ((lo, a, False), (a, b, True), (b, hi, False))
+            for j0 in range(start, end, block_k)]
+
+
 def _flash_forward(q, k, v, reads, core, block_q, block_k, threads):
     """(o, lse): o = softmax(score(scale * q @ k.T), axis=-1) [* weights] @ v and each row's log-sum-exp, tiled.
 
@@ -565,17 +579,3 @@ def _append(x, column):
     out[..., :-1] = x
     out[..., -1:] = column
     return out
-
-
-def _key_blocks(lo, hi, inside, block_k):
-    """The blocks of keys lo..hi - 1 as (first, end, whole): those of the range `inside` (first, end; None:
-    empty), rounded inward to multiples of min(64, block_k), are `whole` (every condition
-    bounding keys holds there: no mask to apply), and every other key is in a block that straddles them.
-    Each stretch is cut into blocks of block_k keys (the last one shorter)."""
-    step = min(64, block_k)
-    a, b = inside or (hi, hi)
-    a = min(max(-(-a // step) * step, lo), hi)
-    b = max(min(b // step * step, hi), a)
-    return [(j0, min(j0 + block_k, end), whole)
-            for start, end, whole in ((lo, a, False), (a, b, True), (b, hi, False))
-            for j0 in range(start, end, block_k)]

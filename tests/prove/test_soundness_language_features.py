@@ -656,7 +656,7 @@ def test_empty_slices_are_no_sizes_of_the_spec():
 def test_the_float64_evaluator_computes_softmax_rows_as_the_generated_code_does():
     """Counterexamples are computed by the float64 evaluator and must reproduce in the generated
     NumPy code: rows holding NaN, +inf, only -inf, or some -inf."""
-    from symattn.codegen.numpy.runtime import _logsumexp, _softmax
+    from symattn.codegen.arrays.numpy_runtime import _logsumexp, _softmax
     from symattn.symbolic.evaluate import NUMERIC
 
     rows = np.array([[np.nan, 1.0, 2.0], [np.inf, 1.0, 2.0], [NEG_INF] * 3, [NEG_INF, 0.0, 1.0], [0.5, -1.0, 2.0],

@@ -1,12 +1,12 @@
-"""The Triton target: fused attention kernels (forward, dK/dV, dQ) for a spec's attention cores.
+"""The Triton target: the attention plan's cores as fused Triton kernels (forward, dK/dV, dQ), the rest in torch.
 
-`emit_triton(spec)` returns a `TritonCode` whose `text` is a standalone Python module (torch + triton):
-see `emit` for the cores' calling convention, `module` for the full module (forward, backward with
-the NumPy module's calling convention; `triton_module(spec)` loads it for `spec.torch(backend="triton")`), `kernels` for the kernels, `printer` for the score's syntax.
+Contract: `emit_triton(spec)` returns a `TritonCode` whose `text` is a standalone Python module (torch + triton):
+see `emit` for the cores' calling convention and the full module (forward, backward with the NumPy module's
+calling convention; `triton_module(spec)` loads it for `spec.torch(backend="triton")`), `kernels` for the
+kernels, `printer` for the score's syntax. It renders the attention plan (`symattn.codegen.plan`) and decides
+nothing about fusion itself.
 """
 
-from .emit import TritonCode, core_names, emit_triton, triton_module
-from .module import load_source
-from .printer import TritonCodegenError
+from .emit import TritonCode, core_names, emit_triton, load_source, triton_module
 
-__all__ = ["TritonCode", "TritonCodegenError", "core_names", "emit_triton", "load_source", "triton_module"]
+__all__ = ["TritonCode", "core_names", "emit_triton", "load_source", "triton_module"]

@@ -1,26 +1,31 @@
-"""The Triton kernels of one attention core (FlashAttention-2's schedule), as Python source.
+"""The Triton kernels of one core of the attention plan (FlashAttention-2's schedule), as Python source.
 
 Contract: `core_kernels(core, spec, prefix)` returns a `CoreKernels`: the
-source of the `@triton.jit` functions of one core, and what the launchers
-need to know (the given tensors the score loads, which of them get
-gradients, the dims the kernels take). The kernels:
+source of the `@triton.jit` functions of one `AttentionCore`
+(`symattn.codegen.plan`), and what the launchers need to know (the given
+tensors the score loads, which of them get gradients, the dims the kernels
+take). The kernels:
 
-- `<prefix>_score`, `<prefix>_score_grad` and `<prefix>_score_d_<T>`: the
-  score of one tile as a function of the tile `s_ = Q_i . K_j` (the spec's
-  scale, biases and masks inlined: `triton.jit` functions are inlined where
-  called), d score / d s, and d score / d T for each learned tensor T it reads.
+- `<prefix>_score`, `<prefix>_score_grad`, `<prefix>_score_d<k>` and
+  `<prefix>_weights`: the score of one tile as a function of the tile `s_ =
+  Q_i . K_j` (the plan's where(keep, value, -inf): scale, biases, reads and
+  masks inlined, `triton.jit` functions are inlined where called), d value /
+  d s, d value / d the k-th learned read, and the factor of the weights after
+  the softmax (a dropout mask).
 - `<prefix>_fwd`: one program per BLOCK_M query rows of one (batch entry,
   head); key tiles of BLOCK_N stream through, online softmax with the running
   max m and sum l in fp32, `tl.dot` with fp32 accumulation (TF32 for fp32
   inputs on a GPU). Writes O and lse = m + log(l); a fully masked row gives
   O = 0 and lse = -inf, never NaN. Key tiles outside the mask's bounds
-  (`tile_bounds`: causal, sliding window) are never visited.
+  (`plan.tile_bounds`: causal, sliding window) are never visited.
 - `<prefix>_delta`: delta = rowsum(dO * O) in fp32.
 - `<prefix>_dkdv`: one program per BLOCK_N keys; query tiles stream through,
   P = exp(score - lse) recomputed, dV += P^T dO, dS = P * (dP - delta) * score',
-  dK += dS^T Q. Gradients of learned score tensors are summed here: over the
-  tile axes they broadcast along in registers, then `tl.atomic_add` into an
-  fp32 buffer (programs of other key tiles and batch entries add to it too).
+  dK += dS^T Q. Gradients of learned score tensors are summed here: a read
+  whose subscripts are coordinates is summed over the tile axes it is
+  broadcast along in registers, then `tl.atomic_add` into an fp32 buffer
+  (programs of other key tiles and batch entries add to it too); a read at
+  computed subscripts (a learned table) adds each entry at its address.
 - `<prefix>_dq`: one program per BLOCK_M queries; dQ += dS K.
 
 Head dims are padded to powers of two (`BLOCK_DQK`, `BLOCK_DV`) and masked.
@@ -33,11 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
+from ...errors import CodegenError
 from ...ir import typed as t
-from ...ir.printing import to_spec
-from ..cuda.core import AttentionCore, score_derivative, score_grad
-from .bounds import Bounds, tile_bounds
-from .printer import TritonCodegenError, TritonPrinter, operand_args
+from ..plan import AttentionCore, Bounds, entry_text, tile_bounds
+from .printer import TritonPrinter, operand_args
 
 __all__ = ["CoreKernels", "core_kernels"]
 
@@ -97,6 +101,7 @@ ${key_range}
         s_ = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         score = ${prefix}_score(${score_args})
         score = tl.where(j_ < n_k_, score, float("-inf"))
+${weights}
         m_new = tl.maximum(m_i, tl.max(score, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row masked so far: exp(-inf - 0) = 0
         alpha = tl.exp(m_i - m_use)
@@ -104,7 +109,7 @@ ${key_range}
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _mma(tl.load(V + offs_n[:, None] * sv_n + offs_dv[None, :] * sv_d,
                          mask=(offs_n[:, None] < n_k_) & (offs_dv[None, :] < d_v_), other=0.0), UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(${weighted}.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     l_use = tl.where(l_i == 0.0, 1.0, l_i)  # a fully masked row: O = 0, lse = -inf
     o = acc / l_use[:, None]
@@ -141,7 +146,8 @@ _RECOMPUTE = '''\
         live = (i_ < n_q_) & (j_ < n_k_) & (lse[:, None] != float("-inf"))
         p = tl.where(live, tl.exp(score - lse_use[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        dscore = p * (dp - delta[:, None])  # d loss / d score
+${weights}
+        dscore = p * (dp${weighted_dp} - delta[:, None])  # d loss / d score
         ds = tl.where(p != 0.0, dscore * ${prefix}_score_grad(${score_args}), 0.0)'''
 
 _ROWS = '''\
@@ -196,7 +202,7 @@ ${query_range}
         offs_m = start_m + tl.arange(0, BLOCK_M)
         i_ = offs_m[:, None]
 ''' + _LOADS_Q + '\n' + _ROWS + '\n' + _RECOMPUTE + '''
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+        dv += tl.dot(tl.trans(${weighted}).to(do.dtype), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
 ${grad_step}
 ${grad_final}
@@ -259,7 +265,8 @@ def _lead(core: AttentionCore) -> str:
 
 
 def _scatter(name: str, coords: tuple[str, ...], value: str) -> tuple[str, str, str]:
-    """(init, per-tile step, final) lines that sum `value` (a [BLOCK_M, BLOCK_N] tile) into G_<name>."""
+    """(init, per-tile step, final) lines that sum `value` (a [BLOCK_M, BLOCK_N] tile) into G_<name> at a read
+    whose subscripts are the coordinates `coords` (or "0")."""
     offset = " + ".join(f"{c} * G_{name}_s{k}" for k, c in enumerate(coords) if c != "0")
     address = f"G_{name} + b_ * G_{name}_bs" + (f" + {offset}" if offset else "")
     over_i = "i_" not in coords
@@ -286,44 +293,59 @@ def core_kernels(core: AttentionCore, spec: t.TypedSpec, prefix: str) -> CoreKer
     params = ["s_", "i_", "j_", "b_", *lead, "n_q_", "n_k_", *operands, *[f"D_{d}" for d in dims]]
     score_args = ", ".join(params)
     printer = TritonPrinter(core, spec)
-    score = printer.tile(core.score)
     order = list(spec.dims)
-    formula = f"softmax({to_spec(core.score, order)}, axis=-1) @ {core.v}"
+    formula = core.text.split(" = ", 1)[1] if core.text else ""
     functions = [
-        _SCORE.substitute(prefix=prefix, name="score", params=score_args, body=score,
-                          comment=f"score of {core.output} = {formula}"),
-        _SCORE.substitute(prefix=prefix, name="score_grad", params=score_args,
-                          body=TritonPrinter(core, spec).tile(score_grad(core)), comment="d score / d s"),
+        _SCORE.substitute(prefix=prefix, name="score", params=score_args, body=printer.masked(core.keep, core.value),
+                          comment=f"score of {core.text}: {entry_text(core.score, order, core)}"),
+        _SCORE.substitute(prefix=prefix, name="score_grad", params=score_args, body=printer.tile(core.d_product),
+                          comment="d score / d s"),
     ]
-    learned = tuple(n for n in core.reads if spec.tensors[n].has_gradient)
+    learned = core.learned
     init, step, final = [], [], []
-    for name in learned:
-        derivative = score_derivative(core, t.Tensor(name, spec.tensors[name].shape))
-        if derivative is None:
-            raise TritonCodegenError(f"the score reads {name} in a way its gradient cannot be formed")
-        functions.append(_SCORE.substitute(prefix=prefix, name=f"score_d_{name}", params=score_args,
-                                           body=TritonPrinter(core, spec).tile(derivative),
-                                           comment=f"d score / d {name}"))
-        value = f"tl.where(p != 0.0, dscore * {prefix}_score_d_{name}({score_args}), 0.0)"
-        lines = _scatter(name, printer.loads[name], value)
+    for k, read in enumerate(r for r in core.reads if r.derivative is not None):
+        functions.append(_SCORE.substitute(prefix=prefix, name=f"score_d{k}", params=score_args,
+                                           body=printer.tile(read.derivative),
+                                           comment=f"d score / d {entry_text(read.node, order)}"))
+        value = f"tl.where(p != 0.0, dscore * {prefix}_score_d{k}({score_args}), 0.0)"
+        if read.plain:
+            coords = tuple(printer.coords[s] if isinstance(s, str) else "0" for s in read.subscripts)
+            lines = _scatter(read.tensor, coords, value)
+        else:
+            offset, mask = printer.address(read.node, "G")
+            live = "(i_ < n_q_) & (j_ < n_k_)"
+            lines = ("", f"        tl.atomic_add(G_{read.tensor} + {offset} + tl.zeros([BLOCK_M, BLOCK_N], tl.int32), "
+                     f"{value}, mask={live})", "")
         init.append(lines[0])
         step.append(lines[1])
         final.append(lines[2])
+    weights = weights_bwd = ""
+    weighted, weighted_dp = "p", ""
+    if core.weights is not None:
+        functions.append(_SCORE.substitute(prefix=prefix, name="weights", params=score_args,
+                                           body=printer.tile(core.weights),
+                                           comment=f"the factor of the weights after the softmax: "
+                                                   f"{entry_text(core.weights, order)}"))
+        weights = f"        w_ = {prefix}_weights({score_args})"
+        weights_bwd = weights
+        weighted, weighted_dp = "(p * w_)", " * w_"
     bounds: Bounds = tile_bounds(core)
     common = dict(prefix=prefix, operands="".join(f"{a}, " for a in operands),
                   lead_params="".join(f"L{k}_, " for k in range(len(core.lead))),
                   dims="".join(f"D_{d}, " for d in dims), head=Template(_HEAD).substitute(lead=_lead(core)).rstrip("\n"),
-                  score_args=score_args,
-                  key_range=_range(bounds.key_lo, bounds.key_hi, "n_k_", "BLOCK_N"),
-                  query_range=_range(bounds.query_lo, bounds.query_hi, "n_q_", "BLOCK_M"))
+                  score_args=score_args, weighted=weighted,
+                  key_range=_range([str(x) for x in bounds.key_lo], [str(x) for x in bounds.key_hi], "n_k_", "BLOCK_N"),
+                  query_range=_range([str(x) for x in bounds.query_lo], [str(x) for x in bounds.query_hi], "n_q_",
+                                     "BLOCK_M"))
     grads = "".join(f"{a}, " for n in learned for a in _grad_args(n, spec))
-    fwd = _FWD.substitute(common)
+    fwd = _FWD.substitute(common, weights=weights)
     delta = _DELTA.substitute(common)
     dkdv = _DKDV.substitute(common, grads=grads, grad_init="\n".join(x for x in init if x),
-                            grad_step="\n".join(x for x in step if x), grad_final="\n".join(x for x in final if x))
-    dq = _DQ.substitute(common)
+                            grad_step="\n".join(x for x in step if x), grad_final="\n".join(x for x in final if x),
+                            weights=weights_bwd, weighted_dp=weighted_dp)
+    dq = _DQ.substitute(common, weights=weights_bwd, weighted_dp=weighted_dp)
     source = "\n\n".join([*functions, fwd, delta, dkdv, dq])
-    return CoreKernels(prefix, source, core.reads, learned, dims, formula)
+    return CoreKernels(prefix, source, core.read_tensors, learned, dims, formula)
 
 
 def _grad_args(name: str, spec: t.TypedSpec) -> list[str]:

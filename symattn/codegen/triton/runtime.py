@@ -103,6 +103,11 @@ def _fixed():
     return dict(BLOCK_M=16, BLOCK_N=16) if INTERPRET else {}
 
 
+def _fake(x):
+    """Whether x is a fake tensor (torch.compile's tracing, a custom op's fake implementation): no kernel runs."""
+    return isinstance(x, torch._subclasses.FakeTensor) or x.device.type == "meta"
+
+
 def _pow2(n):
     return max(16, triton.next_power_of_2(int(n)))
 
@@ -136,13 +141,15 @@ class _Core:
             raise TypeError(f"expected {len(self.reads)} score tensors ({', '.join(r[0] for r in self.reads)}), "
                             f"got {len(operands)}")
         core = 2 + self.lead
+        operands = [x if torch.is_tensor(x) else torch.as_tensor(x, device=q.device) for x in operands]
         batch = torch.broadcast_shapes(*(x.shape[:x.ndim - core] for x in (q, k, v)),
                                        *(x.shape[:x.ndim - rank] for x, (_, rank, _) in zip(operands, self.reads)))
-        lead_shape = tuple(q.shape[q.ndim - core:q.ndim - 2])
+        # the heads of all three: a head axis of size 1 in K and V is broadcast (GQA, MQA)
+        lead_shape = tuple(torch.broadcast_shapes(*(x.shape[x.ndim - core:x.ndim - 2] for x in (q, k, v))))
         B, H = math.prod(batch), math.prod(lead_shape)
 
         def view(x):
-            x = x.expand(*batch, *x.shape[x.ndim - core:])
+            x = x.expand(*batch, *lead_shape, *x.shape[x.ndim - 2:])
             return x.reshape(B, H, x.shape[-2], x.shape[-1])
 
         dims = dict(self.defaults)
@@ -152,8 +159,6 @@ class _Core:
         dims.update(sizes)
         loads = []
         for x, (name, rank, _) in zip(operands, self.reads):
-            if not torch.is_tensor(x):
-                x = torch.as_tensor(x, device=q.device)
             if x.ndim > rank:
                 x = x.expand(*batch, *x.shape[x.ndim - rank:]).reshape(B, *x.shape[x.ndim - rank:])
                 loads.append((x, x.stride(0)))
@@ -173,6 +178,8 @@ class _Core:
         return operands, sizes, meta
 
     def forward(self, q, k, v, operands, sizes):
+        if _fake(q):  # a fake tensor (torch.compile, the custom op's fake implementation): the shapes alone
+            return self._fake_forward(q, k, v, operands)
         batch, lead_shape, q4, k4, v4, loads, dims = self._prepare(q, k, v, operands, sizes)
         B, H, n_q, _ = q4.shape
         d_v = v4.shape[3]
@@ -183,21 +190,35 @@ class _Core:
         self.fwd_run[grid](q4, k4, v4, o4, lse, *args, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
                            *sizes_, **meta)
         o = o4.reshape(*batch, *lead_shape, n_q, d_v)
-        return o, lse.reshape(*batch, *lead_shape, n_q)
+        return o, lse.reshape(*batch, *lead_shape, n_q, 1)  # (float32: the backward recomputes P from it)
 
-    def backward(self, q, k, v, o, lse, do, operands, sizes):
+    def _fake_forward(self, q, k, v, operands):
+        core = 2 + self.lead
+        batch = torch.broadcast_shapes(*(x.shape[:x.ndim - core] for x in (q, k, v)),
+                                       *(x.shape[:x.ndim - rank] for x, (_, rank, _) in zip(operands, self.reads)))
+        lead_shape = tuple(torch.broadcast_shapes(*(x.shape[x.ndim - core:x.ndim - 2] for x in (q, k, v))))
+        n_q, d_v = q.shape[-2], v.shape[-1]
+        return (q.new_empty(*batch, *lead_shape, n_q, d_v), q.new_empty(*batch, *lead_shape, n_q, 1))
+
+    def backward(self, q, k, v, o, lse, do, operands, sizes, dlse=None):
+        """(dq, dk, dv, d of each score tensor: None for a buffer); `dlse` the gradient of the row log-sum-exp."""
+        if _fake(q):
+            return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                    *(torch.empty_like(x) if grad else None for x, (_, _, grad) in zip(operands, self.reads)))
         batch, lead_shape, q4, k4, v4, loads, dims = self._prepare(q, k, v, operands, sizes)
         B, H, n_q, d_qk = q4.shape
         n_k, d_v = k4.shape[2], v4.shape[3]
         core = 2 + self.lead
-        o4 = o.expand(*batch, *o.shape[o.ndim - core:]).reshape(B, H, n_q, d_v)
-        do4 = do.expand(*batch, *do.shape[do.ndim - core:]).reshape(B, H, n_q, d_v)
-        lse = lse.expand(*batch, *lse.shape[lse.ndim - core + 1:]).reshape(B * H, n_q).float().contiguous()
+        o4 = o.expand(*batch, *lead_shape, n_q, d_v).reshape(B, H, n_q, d_v)
+        do4 = do.expand(*batch, *lead_shape, n_q, d_v).reshape(B, H, n_q, d_v)
+        lse = lse.expand(*batch, *lead_shape, n_q, 1).reshape(B * H, n_q).float().contiguous()
         args, sizes_, meta = self._common(q4, k4, v4, loads, dims, lead_shape)
         delta = torch.empty(B * H, n_q, dtype=torch.float32, device=q.device)
         block = 16 if INTERPRET else 64
         self.delta[(triton.cdiv(n_q, block), B * H)](o4, do4, delta, *o4.stride(), *do4.stride(), n_q, d_v, H,
                                                      BLOCK_M=block, BLOCK_DV=meta["BLOCK_DV"])
+        if dlse is not None:  # d lse / d score = P: the row statistic takes it (delta - dlse)
+            delta -= dlse.expand(*batch, *lead_shape, n_q, 1).reshape(B * H, n_q).float()
         grads, gargs = [], []
         for (x, bs), (name, rank, learned) in zip(loads, self.reads):
             if learned:

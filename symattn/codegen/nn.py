@@ -1,6 +1,6 @@
 """`spec.torch()`: a spec as a `torch.nn.Module` whose parameters are the spec's params.
 
-Contract: `AttentionModule(spec, generated, backend)` holds every param of the
+Contract: `AttentionModule(spec, generated, backend, triton)` holds every param of the
 spec as an `nn.Parameter` of the spec's shape at its sizes (drawn from a normal
 distribution with standard deviation 1 / sqrt(fan in), the size of the
 param's second-to-last axis, or its only one), and is called with the inputs
@@ -8,40 +8,34 @@ and buffers as keywords (`module(X=x, keep=k)`, any leading batch axes, size
 keywords too) returning the outputs as a dict. `.double()`, `.to(device)`,
 state dicts, DDP and FSDP see ordinary parameters. The computation is the
 generated torch module's differentiable `forward` (the derived backward) for
-the "eager" backend; "triton" runs the kernels of `symattn.codegen.triton`,
-looked up when first called (a `SymAttnError` says so when that target is not
-there, or when the tensors are on the CPU and `TRITON_INTERPRET=1` is not set);
-"auto" takes Triton for CUDA tensors where that target is there, eager otherwise.
+the "eager" backend; "triton" runs the Triton target's module, which
+`triton()` loads when first called (None: there is none; a `SymAttnError`
+says so then, or when the tensors are on the CPU and `TRITON_INTERPRET=1` is
+not set); "auto" takes Triton for CUDA tensors where there is one, eager
+otherwise.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
+from typing import Callable
 
 import torch
 
-from ...errors import SymAttnError, UsageError
-from ...ir import typed as t
+from ..errors import SymAttnError, UsageError
+from ..ir import typed as t
 
-__all__ = ["AttentionModule", "BACKENDS", "triton_target"]
+__all__ = ["AttentionModule", "BACKENDS"]
 
 BACKENDS = ("auto", "triton", "eager")
-
-
-def triton_target():
-    """The Triton target's package, or None when this installation has none (or no triton)."""
-    try:
-        return importlib.import_module("symattn.codegen.triton")
-    except ImportError:
-        return None
 
 
 class AttentionModule(torch.nn.Module):
     """The spec's forward pass as an nn.Module: params are parameters, inputs and buffers are keywords."""
 
-    def __init__(self, spec: t.TypedSpec, generated, backend: str = "auto") -> None:
+    def __init__(self, spec: t.TypedSpec, generated, backend: str = "auto",
+                 triton: Callable | None = None) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise UsageError(f"torch: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -49,6 +43,7 @@ class AttentionModule(torch.nn.Module):
         self.generated = generated
         self.backend = backend
         self._triton = None
+        self._load_triton = triton
         for name in spec.params:
             shape = spec.concrete_shape(spec.tensors[name].shape)
             fan_in = shape[-2] if len(shape) >= 2 else (shape[-1] if shape else 1)
@@ -75,13 +70,12 @@ class AttentionModule(torch.nn.Module):
         device = next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
         if self.backend == "eager":
             return self.generated
-        if self.backend == "auto" and (device.type != "cuda" or triton_target() is None):
+        if self.backend == "auto" and (device.type != "cuda" or self._load_triton is None):
             return self.generated
         return self._triton_module(device)
 
     def _triton_module(self, device: torch.device):
-        package = triton_target()
-        if package is None:
+        if self._load_triton is None:
             raise SymAttnError("torch(backend='triton'): this installation has no Triton target "
                                "(symattn.codegen.triton, with the triton package); use backend='eager' or 'auto'")
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -89,5 +83,5 @@ class AttentionModule(torch.nn.Module):
                                "on CUDA devices; set TRITON_INTERPRET=1 to run them in Triton's interpreter on the "
                                "CPU, or use backend='eager'")
         if self._triton is None:
-            self._triton = package.triton_module(self.spec)
+            self._triton = self._load_triton()
         return self._triton

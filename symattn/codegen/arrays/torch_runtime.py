@@ -1,0 +1,272 @@
+"""The torch host's runtime helpers: copied, as source text, into the generated torch modules that call them.
+
+Contract: the same helper names, arguments and errors as the NumPy host's
+(`symattn.codegen.arrays.numpy_runtime`), written for torch tensors on any
+device; `HOST` lists them with the shared plain-Python helpers
+(`symattn.codegen.arrays.runtime`) and `runtime(extra, helpers, calls)` is the
+`Runtime` of a target that adds its own (the torch target's tiled pass, the
+Triton target's launchers), whose `helper_source(name)` the printer copies
+into a generated module that uses it (with the helpers it calls in turn), so
+that the module needs nothing but torch (and triton). Each
+keeps the dtype and device of its tensors (float16, bfloat16, float32 and
+float64 stay as they are) and never loops over tokens. A fully masked softmax
+row (all -inf) gives weights 0, never NaN, as in the NumPy target.
+
+This module imports without torch installed (the printer reads the helpers'
+source text to emit a module); the helpers need it to run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .runtime import Runtime
+
+try:  # the printer reads the helpers' source without torch; generated modules import torch themselves
+    import torch
+except ImportError:  # pragma: no cover - exercised where torch is not installed
+    torch = None
+
+__all__ = ["HOST", "CALLS", "runtime"]
+
+
+def _as_float(*arrays):
+    """The tensors in their common floating dtype (torch's promotion over the floating ones; none floating:
+    the default dtype), on the first tensor's device; no copy when already so."""
+    tensors = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a) for a in arrays]
+    floating = [a.dtype for a in tensors if a.is_floating_point()]
+    if any(a.is_complex() for a in tensors):
+        raise ValueError("expected real floating-point tensors, got a complex one")
+    dtype = torch.get_default_dtype()
+    if floating:
+        dtype = floating[0]
+        for other in floating[1:]:
+            dtype = torch.promote_types(dtype, other)
+    device = tensors[0].device
+    return dtype, [a.to(device=device, dtype=dtype) for a in tensors]
+
+
+def _bind(name, array, shape, expected):
+    """The sizes of the last len(expected) axes of `array`; ValueError unless they are `expected` (None: any)."""
+    rank = len(expected)
+    sizes = tuple(array.shape[array.dim() - rank:])
+    fits = array.dim() >= rank
+    for want, size in zip(expected, sizes):
+        if want is not None and want != size:
+            fits = False
+    if not fits:
+        want = ", ".join("?" if e is None else str(e) for e in expected)
+        raise ValueError(f"{name}: expected shape {shape} = [{want}] after any leading batch axes, "
+                         f"got {list(array.shape)}")
+    return sizes
+
+
+def _batch_axes(*arrays):
+    """The broadcast shape of the leading batch axes of (name, tensor, rank) triples; ValueError if none."""
+    leading = {name: tuple(array.shape[:array.dim() - rank]) for name, array, rank in arrays}
+    if not any(leading.values()):
+        return ()
+    try:
+        return tuple(torch.broadcast_shapes(*leading.values()))
+    except RuntimeError:
+        shown = ", ".join(f"{name} {list(array.shape)}" for name, array, _ in arrays)
+        raise ValueError(f"the leading batch axes do not broadcast: {shown}") from None
+
+
+def _upstream(name, array, shape, expected, dtype):
+    """An upstream gradient: the shape of its output (batch axes broadcast), in the forward pass's dtype."""
+    array = array if isinstance(array, torch.Tensor) else torch.as_tensor(array)
+    _bind(name, array, shape, expected)
+    return array.to(dtype)
+
+
+def _sum_to(grad, shape):
+    """`grad` summed over the batch axes that broadcasting added, so that it has exactly `shape`."""
+    shape = tuple(shape)
+    if tuple(grad.shape) == shape:
+        return grad
+    lead = grad.dim() - len(shape)
+    if lead > 0:
+        grad = grad.sum(dim=tuple(range(lead)))
+    axes = tuple(k for k, n in enumerate(shape) if n == 1 and k >= len(shape) - grad.dim()
+                 and grad.shape[k - len(shape) + grad.dim()] != 1)
+    if axes:
+        grad = grad.sum(dim=tuple(k - len(shape) for k in axes), keepdim=True)
+    return grad.expand(shape).clone() if tuple(grad.shape) != shape else grad
+
+
+def _softmax_(x, axis):
+    """softmax(x) along `axis`, stably (the row max is subtracted), computed in x's own buffer.
+
+    A fully masked row (all -inf) gets weights 0, not NaN: its max is clamped to
+    the dtype's lowest finite value, so the row stays -inf and exp gives 0, and
+    its sum to the tiniest positive value (which leaves every other sum, at
+    least 1, unchanged), so 0 / tiny = 0.
+    """
+    _exp_shifted_(x, x.amax(dim=axis, keepdim=True))
+    x /= x.sum(dim=axis, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    return x
+
+
+def _softmax(x, axis):
+    """softmax(x) along `axis` in a new tensor (x is read again later)."""
+    return _softmax_(x.clone(), axis)
+
+
+def _softmax_lse_(x, axis):
+    """(softmax(x), logsumexp(x)) along `axis`, the weights in x's buffer: the row log-sum-exp is what the
+    backward pass keeps to recompute the weights (FlashAttention's convention); -inf for a fully masked row."""
+    finfo = torch.finfo(x.dtype)
+    top = x.amax(dim=axis, keepdim=True).clamp_min(finfo.min)
+    _exp_shifted_(x, top)
+    total = x.sum(dim=axis, keepdim=True)
+    x /= total.clamp_min(finfo.tiny)
+    return x, total.log_() + top
+
+
+def _softmax_from_lse_(x, lse):
+    """softmax(x) recomputed from its row log-sum-exp, in x's buffer: exp(x - lse); 0 in a fully masked row."""
+    return _exp_shifted_(x, lse)
+
+
+def _softmax_backward_(P, dP, rowdot):
+    """grad(S) = P * (dP - rowdot) for P = softmax(S), rowdot = sum(dP * P) along the softmax axis.
+
+    Computed in dP's buffer (dP is not read again) when the shapes allow it.
+    """
+    fits = dP.shape == P.shape and dP.dim() >= rowdot.dim()
+    for r, s in zip(tuple(rowdot.shape)[::-1], tuple(dP.shape)[::-1]):
+        if r != 1 and r != s:
+            fits = False
+    if not fits:
+        return P * (dP - rowdot)
+    dP -= rowdot
+    dP *= P
+    return dP
+
+
+def _softmax_backward(P, dP, rowdot):
+    """grad(S) = P * (dP - rowdot) for P = softmax(S), in a new tensor."""
+    return P * (dP - rowdot)
+
+
+def _rowdot(a, b):
+    """sum(a * b, axis=-1), keeping the axis, without a tensor of the products."""
+    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1)
+
+
+def _logsumexp(x, axis):
+    """log(sum(exp(x))) along `axis`, stably; -inf for a fully masked row.
+
+    The same formula as the NumPy target and the reference evaluator, so that a row
+    holding +inf gives NaN (+inf - +inf) there too; torch.logsumexp would give +inf.
+    """
+    top = x.amax(dim=axis, keepdim=True).clamp_min(torch.finfo(x.dtype).min)
+    return _exp_shifted_(x.clone(), top).sum(dim=axis, keepdim=True).log_() + top
+
+
+def _exp_shifted_(x, top):
+    """exp(x - top) in x's buffer, `top` (a row max or log-sum-exp) broadcast; a row of -inf whose top is
+    -inf gives 0. Taken as exp2(x log2e - top log2e), one fused multiply-add (the rounding of top log2e
+    scales a whole row alike): torch's exp is 10-170x slower where it underflows or x is -inf, its exp2
+    is not."""
+    return _exp2_plus_(x, _log2_shift(top, x.dtype))
+
+
+def _log2_shift(top, dtype):
+    """-top log2e, in at least float32 (no overflow in float16) and at most the lowest finite value's
+    negation (top -inf: x log2e - lowest is still -inf for x = -inf); what `_exp2_plus_` adds."""
+    wide = torch.promote_types(dtype, torch.float32)
+    return top.to(wide).mul(1.4426950408889634).clamp_min_(torch.finfo(wide).min).neg_()
+
+
+def _exp2_plus_(x, shift):
+    """exp2(x log2e + shift) in x's buffer: exp(x - top) for shift = `_log2_shift(top)`."""
+    return torch.add(shift, x, alpha=1.4426950408889634, out=x).exp2_()
+
+
+def _reverse_cumsum(x, dim):
+    """The suffix sum along `dim`: entry i holds x[i] + x[i + 1] + ... (the adjoint of torch.cumsum)."""
+    return torch.flip(torch.cumsum(torch.flip(x, (dim,)), dim=dim), (dim,))
+
+
+def _merge_heads(x):
+    """[..., h, N, k] -> [..., N, h * k], head-major."""
+    x = x.transpose(-3, -2)
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def _split_heads(x, heads):
+    """[..., N, h * k] -> [..., h, N, k], the inverse of _merge_heads."""
+    if x.shape[-1] % heads:
+        raise ValueError(f"split_heads: width {x.shape[-1]} is not a multiple of {heads} heads")
+    return x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads).transpose(-3, -2)
+
+
+def _concat(parts, axis):
+    """torch.cat along `axis` (negative), after broadcasting the leading batch axes."""
+    rank = -axis
+    batch = tuple(torch.broadcast_shapes(*(p.shape[:p.dim() - rank] for p in parts)))
+    return torch.cat([p.expand(batch + tuple(p.shape[p.dim() - rank:])) for p in parts], dim=axis)
+
+
+def _expand(x, shape):
+    """`x` broadcast over the trailing `shape` (its leading batch axes kept); a view."""
+    return x.expand(tuple(x.shape[:x.dim() - len(shape)]) + tuple(shape))
+
+
+def _sinusoidal(n, width, dtype, device):
+    """E[i, 2c] = sin(i / 10000^(2c/width)), E[i, 2c+1] = cos(i / 10000^(2c/width)), i from 0."""
+    column = torch.arange(width, device=device, dtype=torch.float64)
+    angle = torch.arange(n, device=device, dtype=torch.float64)[:, None] / 10000.0 ** (
+        2 * torch.div(column, 2, rounding_mode="floor") / width)
+    return torch.where(column % 2 == 0, torch.sin(angle), torch.cos(angle)).to(dtype)
+
+
+def _causal_mask(n, dtype, device):
+    """0 on and below the diagonal, -inf above it."""
+    return torch.triu(torch.full((n, n), -math.inf, dtype=dtype, device=device), diagonal=1)
+
+
+def _scatter(values, at, shape, rank):
+    """Zeros of `shape` (after the leading batch axes of `values`) to which each entry of `values` over
+    its last `rank` axes is added at the position the index tensors `at` give it (index_put_ with
+    accumulate: a position reached several times gets the sum)."""
+    lead = tuple(values.shape[:values.dim() - rank])
+    box = tuple(values.shape[values.dim() - rank:])
+    flat = values.reshape((-1,) + box)
+    out = flat.new_zeros((flat.shape[0],) + tuple(shape))
+    batch = torch.arange(flat.shape[0], device=values.device).reshape((-1,) + (1,) * rank)
+    positions = [torch.as_tensor(a, device=values.device).broadcast_to(box) for a in at]
+    out.index_put_((batch, *positions), flat, accumulate=True)
+    return out.reshape(lead + tuple(shape))
+
+
+def _own(values, inputs):
+    """What a custom op returns may alias neither its inputs nor each other: a view or an input is copied."""
+    seen = []
+    out = []
+    for value in values:
+        if value._base is not None or any(value is other for other in list(inputs) + seen):
+            value = value.clone()
+        seen.append(value)
+        out.append(value)
+    return out
+
+
+HOST = (  # in module order
+    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
+    "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
+    "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
+    "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
+    "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own", "_Score", "_key_blocks",
+)
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
+         "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
+         "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
+         "_logsumexp": ("_exp_shifted_",)}
+
+
+def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:
+    """The host helpers, with a target's own (`extra`: name -> function, listed in `helpers`, calling `calls`)."""
+    return Runtime({**globals(), **(extra or {})}, HOST + tuple(helpers), {**CALLS, **(calls or {})})
