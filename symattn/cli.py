@@ -242,6 +242,9 @@ def _verify_triton(spec: Spec, args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     spec = _load(args)
+    from .check.fusion import fusion_lines
+
+    print("\n".join(fusion_lines(spec.typed)))
     if args.target == "cuda":
         return _verify_cuda(spec, args)
     if args.target == "torch":

@@ -41,13 +41,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import sympy
 
+from ..codegen.plan import ProductEntry
 from ..ir import typed as t
+from ..ir.functions import FUNCTIONS
 from ..ir.sizes import repair, valid_sizes
 from ..codegen.cuda import CudaCode
-from ..codegen.cuda.core import score_grad
 from ..codegen.cuda.tensor_core import TC_DTYPES, TC_HEAD_DIMS, TensorCoreForward, shared_bytes
 from ..codegen.cuda.tensor_core_backward import BACKWARD_HEAD_DIMS, backward_shared_bytes
-from ..symbolic.evaluate import NUMERIC, Evaluator
 from .numpy import relative_error as _relative_error
 
 __all__ = ["TC_TOLERANCE", "LSE_TOLERANCE", "TensorCoreCase", "TensorCoreResources", "round_to", "decode",
@@ -95,22 +95,51 @@ def decode(bits: np.ndarray, dtype: str) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def _fill(ev: Evaluator, spec: t.TypedSpec, node: t.Node) -> None:
-    """Evaluate the definitions of the tensors `node` reads that are not set yet (tensors of constants)."""
-    for name in t.tensors_read(node):
-        if name in ev.values:
-            continue
-        expr = spec.tensors[name].expr
-        _fill(ev, spec, expr)
-        ev.values[name] = ev.evaluate(expr)
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power}
+_COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
+            "!=": np.not_equal}
+
+
+def _entry_values(node: t.Node, spec: t.TypedSpec, core, sizes: Mapping[str, int], s: np.ndarray) -> np.ndarray:
+    """An entry expression of the core (its score, or its derivative) at every (heads, i, j) in float64, the
+    product's entries given (`s`, [batch, heads..., n_q, n_k]): numbers, dims, coordinates and arithmetic."""
+    n_q, n_k = s.shape[-2], s.shape[-1]
+    lead = len(core.lead)
+    coords = {"i": np.arange(n_q)[:, None], "j": np.arange(n_k)[None, :]}
+    for k in range(lead):
+        coords[f"z{k}"] = np.arange(s.shape[s.ndim - 2 - lead + k]).reshape((-1,) + (1,) * (lead - k + 1))
+
+    def value(n: t.Node):
+        if isinstance(n, ProductEntry):
+            return s
+        if isinstance(n, t.Scalar):
+            return float(n.value)
+        if isinstance(n, t.DimValue):
+            return float(sympy.sympify(n.dim).subs({spec.dims[k].symbol: v for k, v in sizes.items()}))
+        if isinstance(n, t.IndexVar):
+            return coords[n.name]
+        if isinstance(n, t.Unary):
+            x = value(n.x)
+            return -x if n.fn == "neg" else FUNCTIONS[n.fn].float64(np.asarray(x, dtype=np.float64))
+        if isinstance(n, t.Binary):
+            with np.errstate(all="ignore"):
+                return _BINARY[n.op](value(n.a), value(n.b))
+        if isinstance(n, t.Compare):
+            return _COMPARE[n.op](value(n.a), value(n.b))
+        if isinstance(n, t.Logical):
+            parts = [value(x) for x in n.args]
+            return np.logical_not(parts[0]) if n.op == "not" else (
+                np.logical_and(*parts) if n.op == "and" else np.logical_or(*parts))
+        if isinstance(n, t.Where):
+            return np.where(value(n.cond), value(n.a), value(n.b))
+        raise TypeError(f"the tensor-core check evaluates no {type(n).__name__}")
+
+    return np.broadcast_to(value(node), s.shape)
 
 
 def _evaluate(spec: t.TypedSpec, core, sizes: Mapping[str, int], node: t.Node, q, k, v) -> np.ndarray:
-    """An entry expression of the core (its score, or the score's derivative) at every (i, j), in float64."""
-    ev = Evaluator(spec, NUMERIC, sizes)
-    ev.values = {core.q: q, core.k: k, core.v: v}
-    _fill(ev, spec, node)
-    return np.broadcast_to(ev.evaluate(node), q.shape[:-1] + (k.shape[-2],))
+    """An entry expression of the core at every (i, j), in float64, from Q, K, V."""
+    return _entry_values(node, spec, core, sizes, q @ np.swapaxes(k, -1, -2))
 
 
 def _probabilities(score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +165,7 @@ def core_gradients(spec: t.TypedSpec, core, sizes: Mapping[str, int], q: np.ndar
                    d_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dQ, dK, dV in float64 given grad(O): the softmax backward times d score / d (Q K^T)."""
     p, _ = _probabilities(_evaluate(spec, core, sizes, core.score, q, k, v))
-    slope = _evaluate(spec, core, sizes, score_grad(core), q, k, v)
+    slope = _evaluate(spec, core, sizes, core.d_product, q, k, v)
     dp = d_out @ np.swapaxes(v, -1, -2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     with np.errstate(invalid="ignore"):

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
-__all__ = ["Printer", "Printed", "PRECEDENCE", "TERNARY", "COMPARE", "ADD", "MUL", "NEG", "POW", "POSTFIX", "ATOM"]
+__all__ = ["Printer", "Printed", "PRECEDENCE", "TERNARY", "COMPARE", "ADD", "MUL", "NEG", "POW", "POSTFIX", "ATOM",
+           "BINARY", "COMPARISON", "LOGICAL"]
 
 # Binding levels, loosest to tightest. Every target orders its operators the same way; one
 # that lacks a level (Python has no ternary in our output, C no `**` or postfix `.T`) never
@@ -52,6 +53,14 @@ PRECEDENCE: Mapping[str, int] = {
     "call": ATOM,
     "name": ATOM,
 }
+
+
+# The one table of operators: an IR operation -> its symbol in the spec language. A target overrides the
+# entries its syntax spells otherwise (Python's power is `**`; C and Triton have none: `pow` is a call there;
+# C's logical operators are `&&`, `||`, `!`), never the whole table.
+BINARY: Mapping[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
+COMPARISON: Mapping[str, str] = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+LOGICAL: Mapping[str, str] = {"and": "&", "or": "|", "not": "~"}
 
 
 @dataclass(frozen=True)

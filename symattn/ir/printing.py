@@ -18,12 +18,11 @@ import sympy
 from . import typed as t
 from .affine import Affine, text as subscript_text
 from .gather import gather_form
-from .printer import ADD, ATOM, COMPARE, MUL, NEG, POSTFIX, Printed, Printer
+from .printer import ADD, ATOM, BINARY, COMPARE, LOGICAL, MUL, NEG, POSTFIX, Printed, Printer
 from .shapes import format_dim
 
 __all__ = ["to_spec", "SpecPrinter"]
 
-_BINARY_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
 
 
 def to_spec(node: t.Node, dims: Sequence[str] = ()) -> str:
@@ -98,7 +97,7 @@ class SpecPrinter(Printer):
             return Printed(f"{left} * {self.parenthesize(node.b, level + 1)}", level)
         # The right operand of `*` or `/` is bracketed whenever it is a product (precedence
         # MUL), a matrix product included, so it needs no second pair.
-        return Printed(self.infix(node.a, _BINARY_SYMBOL[node.op], node.b, level), level)
+        return Printed(self.infix(node.a, BINARY[node.op], node.b, level), level)
 
     def _print_MatMul(self, node: t.MatMul) -> Printed:
         level = self.prec("matmul")
@@ -130,8 +129,8 @@ class SpecPrinter(Printer):
         parts = [self.fence(self.text(x)) if isinstance(x, t.Compare) else self.parenthesize(x, NEG)
                  for x in node.args]
         if node.op == "not":
-            return Printed("~" + parts[0], NEG)
-        return Printed(f" {'&' if node.op == 'and' else '|'} ".join(parts), COMPARE)
+            return Printed(LOGICAL["not"] + parts[0], NEG)
+        return Printed(f" {LOGICAL[node.op]} ".join(parts), COMPARE)
 
     def _print_MergeHeads(self, node: t.MergeHeads) -> Printed:
         return self.call("merge_heads", self.text(node.x))

@@ -15,7 +15,8 @@ import pytest
 import sympy
 
 from symattn.codegen.cuda.names import CNames
-from symattn.codegen.cuda.syntax import CDimPrinter, CPrinter, CudaCodegenError
+from symattn.codegen.cuda.syntax import CDimPrinter, CPrinter
+from symattn.errors import CodegenError as CudaCodegenError
 from symattn.codegen.arrays.index_printer import IndexNotationPrinter
 from symattn.codegen.numpy.printer import NumPyPrinter
 from symattn.codegen.program import CodegenError

@@ -118,3 +118,46 @@ def test_no_module_is_over_600_lines():
     for path in MODULES:
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines <= 600, f"{module_name(path)} has {lines} lines: split it along a seam"
+
+
+TARGETS = ("numpy", "torch", "triton", "cuda")  # the code targets: each renders the attention plan
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if len(p.relative_to(PACKAGE).parts) > 2
+                                  and p.relative_to(PACKAGE).parts[:2] in [("codegen", t) for t in TARGETS]],
+                         ids=lambda p: module_name(p))
+def test_no_target_package_imports_another(path):
+    """A target imports the plan, the shared array printers and its own modules; never another target."""
+    here = module_name(path).split(".")[2]
+    for target, _, line in imports(path):
+        parts = target.split(".")
+        if parts[:2] == ["symattn", "codegen"] and len(parts) > 2 and parts[2] in TARGETS:
+            assert parts[2] == here, f"{module_name(path)}:{line} imports the {parts[2]} target"
+
+
+def _operator_table(node: ast.AST) -> str | None:
+    """'binary' or 'comparison' when `node` is a dict literal that spells two or more operators (IR operation ->
+    its symbol), the table every printer shares; tables of other facts about operators (negations, functions)
+    are not spellings."""
+    if not isinstance(node, ast.Dict):
+        return None
+    pairs = {k.value: v.value for k, v in zip(node.keys, node.values)
+             if isinstance(k, ast.Constant) and isinstance(v, ast.Constant) and isinstance(k.value, str)}
+    binary = {k for k, v in pairs.items() if k in {"add", "sub", "mul", "div"} and v in {"+", "-", "*", "/"}}
+    comparison = {k for k, v in pairs.items() if k in {"<", "<=", ">", ">=", "==", "!="} and v == k}
+    if len(binary) >= 2:
+        return "binary"
+    return "comparison" if len(comparison) >= 4 else None
+
+
+def test_the_operator_tables_are_defined_once():
+    """The printers' operator symbols come from one table (`symattn.ir.printer`); a target overrides entries."""
+    found = []
+    for path in MODULES:
+        if path == PACKAGE / "ir" / "printer.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            kind = _operator_table(node)
+            if kind is not None:
+                found.append(f"{module_name(path)}:{node.lineno} ({kind})")
+    assert not found, f"operator tables written again: {found}"

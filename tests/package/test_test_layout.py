@@ -18,7 +18,7 @@ from conftest import REPO
 TESTS = REPO / "tests"
 FILES = sorted(TESTS.rglob("test_*.py"))
 STAGES = {"front", "ir", "symbolic", "prove", "codegen", "check", "docs", "cli", "features", "package"}
-TARGETS = {"numpy", "torch", "triton", "cuda", "all_targets"}
+TARGETS = {"plan", "numpy", "torch", "triton", "cuda", "all_targets"}
 
 
 def _imported_modules() -> set[str]:

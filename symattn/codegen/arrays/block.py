@@ -44,8 +44,8 @@ from ...ir.affine import Affine, pieces, signed_sum
 from ...ir.printer import ADD, ATOM, COMPARE, MUL, NEG, Printed, Printer
 from ..plan import KEY, ROW, AttentionCore, ProductEntry, Read, entry_text, linear, scaled, tile_bounds
 from ..plan.bounds import I0, I1
-from ..plan.entry import conditions, conjunction
-from .syntax import BINARY, COMPARISON, PYTHON_PRECEDENCE
+from ..plan.entry import conditions
+from .syntax import BINARY, COMPARISON, LOGICAL, PYTHON_PRECEDENCE
 
 __all__ = ["CoreFunctions", "core_functions", "BlockPrinter"]
 
@@ -186,8 +186,8 @@ class BlockPrinter(Printer):
     def _print_Logical(self, node: t.Logical) -> Piece:
         parts = [self.fence(self.doprint(x).text) for x in node.args]
         if node.op == "not":
-            return Piece(f"~{parts[0]}", NEG, "bool")
-        return Piece(f" {'&' if node.op == 'and' else '|'} ".join(parts), COMPARE, "bool")
+            return Piece(f"{LOGICAL['not']}{parts[0]}", NEG, "bool")
+        return Piece(f" {LOGICAL[node.op]} ".join(parts), COMPARE, "bool")
 
     def _print_Where(self, node: t.Where) -> Piece:
         cond = self.doprint(node.cond)
@@ -244,7 +244,7 @@ def core_functions(core: AttentionCore, outer, name: str, dims, entry: str | Non
         f"    {entry} = {outer.spell.arange.format(n='s.shape[0]')}.view((-1,) + (1,) * (s.dim() - 1))"]
     found = scaled(core.value) or None
     lin = linear(core.value)
-    scale, value, product = "1", core.value, ProductEntry()
+    scale, value = "1", core.value
     if lin is not None and lin.scale is not None and _constant(lin.scale):
         c = lin.scale
         one = isinstance(c, t.Binary) and c.op == "div" and isinstance(c.a, t.Scalar) and c.a.value == 1

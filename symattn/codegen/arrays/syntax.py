@@ -20,17 +20,19 @@ from dataclasses import dataclass, field
 
 from ...errors import CodegenError
 from ...ir.functions import FUNCTIONS
+from ...ir import printer as base
 from ...ir.printer import ATOM, MUL, PRECEDENCE, Printed
 
 __all__ = ["Code", "einsum_letters", "Spelling", "NUMPY", "TORCH", "BINARY", "INPLACE", "SCALAR_UNARY",
-           "PYTHON_PRECEDENCE", "COMPARISON", "CLOSURE_NAMES"]
+           "PYTHON_PRECEDENCE", "COMPARISON", "LOGICAL", "CLOSURE_NAMES"]
 
 # Python binds attribute access and subscripts (`x.swapaxes(-1, -2)`, `x[..., 0:n]`) like names.
 PYTHON_PRECEDENCE = {**PRECEDENCE, "transpose": ATOM, "slice": ATOM}
 
-BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
-INPLACE = {"add": "+=", "sub": "-=", "mul": "*=", "div": "/="}
-COMPARISON = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+BINARY = {**base.BINARY, "pow": "**"}  # Python's power
+INPLACE = {op: f"{BINARY[op]}=" for op in ("add", "sub", "mul", "div")}
+COMPARISON = base.COMPARISON
+LOGICAL = base.LOGICAL  # NumPy's and torch's operators on booleans
 SCALAR_UNARY = {"sqrt": "{x} ** 0.5", "neg": "-{x}"}  # on Python numbers, in both languages
 # the parameters of the tiled pass's closures (`symattn.codegen.arrays.block`): no spec name may take them
 CLOSURE_NAMES = ("s", "i", "j", "e", "g", "dT", "i0", "i1", "j0", "j1", "first", "last")

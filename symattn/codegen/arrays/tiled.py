@@ -20,7 +20,7 @@ a run of batch entries).
 
 from __future__ import annotations
 
-from ..program_ir import FusedAttention, FusedAttentionGrad, FusedPart
+from ..program_ir import FusedAttention, FusedPart
 from .block import core_functions
 from .printer import ArrayPrinter
 from .syntax import Code

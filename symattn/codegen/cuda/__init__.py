@@ -4,10 +4,10 @@ Contract: `emit_cuda(spec, fused=True)` returns a `CudaCode`: the kernel
 plan (`symattn.codegen.cuda.plan`, lowered from the spec's program IR) and
 the files of `symattn emit cuda` (`.cu`, `.h`, `cuda_host.h`, `README.md`; see
 `symattn.codegen.cuda.emit`). `write(dir)` puts the files in a directory.
-Attention cores of the form softmax(score(Q @ K.T)) @ V are fused (FlashAttention-2 style) unless
-`fused=False`; everything else takes the generic path. A spec the generator
-cannot translate raises `CudaCodegenError` (or the derivation's
-`SymbolicError`) naming what is missing.
+The cores of the attention plan (`symattn.codegen.plan`) are fused
+(FlashAttention-2 style) unless `fused=False`; everything else takes the
+generic path. A spec the generator cannot translate raises `CodegenError`
+(or the derivation's `SymbolicError`) naming what is missing.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from pathlib import Path
 from ...ir import typed as t
 from .emit import render, signatures
 from .plan import KernelPlan, plan
-from .syntax import CudaCodegenError
 
-__all__ = ["CudaCode", "CudaCodegenError", "emit_cuda"]
+__all__ = ["CudaCode", "emit_cuda"]
 
 
 @dataclass

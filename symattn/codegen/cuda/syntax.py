@@ -22,23 +22,22 @@ import sympy
 from ...ir.functions import table
 from ...ir import typed as t
 from ...ir.affine import pieces, signed_sum
+from ...ir import printer as base
 from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
-from ...errors import SymAttnError
+from ...errors import CodegenError
 from .names import CNames
 
-__all__ = ["CudaCodegenError", "CPrinter", "Source", "UNARY", "BINARY", "COMPARISON", "float_literal", "dim_c",
+__all__ = ["CPrinter", "Source", "UNARY", "BINARY", "COMPARISON", "float_literal", "dim_c",
            "quotients", "numel_c", "offset_c", "align"]
-
-
-class CudaCodegenError(SymAttnError):
-    """A spec (or part of one) that the CUDA generator cannot translate; the message says what."""
 
 
 # fn -> template over the operand (float32), read live from the function table
 UNARY = table("cuda", {"neg": "-{x}"})
-# The infix operators; `pow` is the call `powf(a, b)` (`sa_square(a)` for a square).
-BINARY: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-COMPARISON = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+# The infix operators of the shared table; `pow` is the call `powf(a, b)` (`sa_square(a)` for a square), and C
+# spells the logical operators its own way.
+BINARY = {op: symbol for op, symbol in base.BINARY.items() if op != "pow"}
+COMPARISON = base.COMPARISON
+LOGICAL = {**base.LOGICAL, "and": "&&", "or": "||", "not": "!"}
 CONSTANT: dict[str, Callable[[Sequence[str], Sequence[str]], str]] = {
     "ones": lambda coords, args: "1.0f",
     "eye": lambda coords, args: f"({coords[0]} == {coords[1]} ? 1.0f : 0.0f)",
@@ -86,13 +85,13 @@ def quotients(dims) -> list[tuple[str, sympy.Expr, sympy.Expr]]:
 class CDimPrinter(Printer):
     """Dim expressions (SymPy) as C int arithmetic, every sum and product in brackets."""
 
-    error = CudaCodegenError
+    error = CodegenError
 
     def __init__(self, names: CNames) -> None:
         self.names = names
 
     def unknown(self, dim, *context) -> Printed:
-        raise CudaCodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
+        raise CodegenError(f"the dim expression {dim} is not integer arithmetic of dims")
 
     def _print_Integer(self, dim: sympy.Integer) -> Printed:
         return Printed(str(int(dim)))
@@ -174,7 +173,7 @@ class CPrinter(Printer):
     """
 
     precedence = {**PRECEDENCE, "pow": ATOM}
-    error = CudaCodegenError
+    error = CodegenError
     rules = "CUDA"
 
     def __init__(self, names: CNames, source: Source, indices: dict[str, str] | None = None,
@@ -241,7 +240,7 @@ class CPrinter(Printer):
     def _memory(self, node, coords) -> Printed:
         text = self.source.read(node, coords)
         if text is None:
-            raise CudaCodegenError(f"no CUDA rule for {type(node).__name__} here")
+            raise CodegenError(f"no CUDA rule for {type(node).__name__} here")
         return Printed(text, ATOM)
 
     _print_Tensor = _print_Grad = _print_MatMul = _print_Reduce = _print_Softmax = _print_SumTo = \
@@ -284,6 +283,12 @@ class CPrinter(Printer):
         b = self.parenthesize(self._child(node.b, node, coords), level)
         return Printed(self.fence(f"{cond} ? {a} : {b}"), ATOM)
 
+    def _print_Logical(self, node: t.Logical, coords) -> Printed:
+        parts = [self.fence(self._child(x, node, coords).text) for x in node.args]
+        if node.op == "not":
+            return Printed(f"{LOGICAL['not']}{parts[0]}", self.prec("neg"))
+        return Printed(self.fence(f" {LOGICAL[node.op]} ".join(parts)), ATOM)
+
     def _print_Transpose(self, node: t.Transpose, coords) -> Printed:
         swapped = (*coords[:-2], coords[-1], coords[-2])
         return self.doprint(node.x, swapped)
@@ -322,7 +327,7 @@ class CPrinter(Printer):
 
     def _print_Constant(self, node: t.Constant, coords) -> Printed:
         if node.kind not in CONSTANT:
-            raise CudaCodegenError(f"no CUDA rule for the constant {node.kind}")
+            raise CodegenError(f"no CUDA rule for the constant {node.kind}")
         return Printed(CONSTANT[node.kind](coords, [self._dim(a) for a in node.args]), ATOM)
 
     # --- index notation -------------------------------------------------------------------
@@ -343,7 +348,7 @@ class CPrinter(Printer):
         target = t.Grad(node.tensor, ()) if node.grad else t.Tensor(node.tensor, ())
         text = self.source.read(target, at)
         if text is None:
-            raise CudaCodegenError(f"cannot read {node.tensor}[{', '.join(map(str, node.indices))}]")
+            raise CodegenError(f"cannot read {node.tensor}[{', '.join(map(str, node.indices))}]")
         return Printed(text, ATOM)
 
     def _print_IndexSum(self, node: t.IndexSum, coords) -> Printed:

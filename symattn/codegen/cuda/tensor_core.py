@@ -55,12 +55,13 @@ from dataclasses import dataclass
 from string import Template
 from typing import Sequence
 
-from .core import AttentionCore
+from ..plan import AttentionCore
 from .flash import Sizes, head_coordinates
 from .names import CNames
 from .score_forms import SoftmaxParts, masked_condition, scale_check, softmax_parts
 
-__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "shared_bytes", "ROWS", "PAD",
+__all__ = ["TC_HEAD_DIMS", "TC_DTYPES", "TC_PRELUDE", "TensorCoreForward", "forward", "unsupported", "shared_bytes",
+           "ROWS", "PAD",
            "LIVE_TEST", "masked_condition", "ForwardShape", "FORWARD_SHAPES"]
 
 TC_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -94,6 +95,21 @@ FORWARD_SHAPES = {
     128: ForwardShape(groups=2, keys=32, q_in_registers=False),
     256: ForwardShape(groups=1, keys=64, q_in_registers=False),
 }
+
+
+def unsupported(core: AttentionCore) -> str | None:
+    """Why the tensor-core kernels do not compute `core`, or None: they take Q, K, V and O alone (a score that
+    reads tensors, a factor of the weights, heads broadcast or a row log-sum-exp of the spec's are the fp32
+    fused kernels' only)."""
+    if core.reads:
+        return f"its score reads {', '.join(core.read_tensors)}"
+    if core.weights is not None:
+        return "its weights have a factor after the softmax"
+    if any(tuple(lead) != tuple(core.lead) for lead in (core.q_lead, core.k_lead, core.v_lead)):
+        return "its operands are broadcast over heads"
+    if core.lse is not None:
+        return f"the spec reads its row log-sum-exp ({core.lse})"
+    return None
 
 
 def shared_bytes(head_dim: int) -> int:

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import runtime as shared
+
 __all__ = ["TILED", "CALLS"]
+
+_key_blocks = shared._key_blocks  # (a shared helper: generated modules get its source beside these)
 
 
 def _flash_forward(q, k, v, reads, core, block_q, block_k, threads):
@@ -94,7 +98,7 @@ def _flash_backward(q, k, v, o, lse, do, dlse, reads, core, block_q, block_k, th
     arrays = [r for r, _ in reads]
     q, k, v, rs, batch, lead = _prepare(q, k, v, (do,), reads, core)
     dtype = np.result_type(q, k, v, do)
-    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    n_q, n_k = q.shape[-2], k.shape[-2]
     shift = np.where(lse == -np.inf, 0, lse)  # a fully masked row: exp(-inf - 0) = 0
     delta = np.einsum("...j,...j->...", do, o)[..., None]
     if dlse is not None:

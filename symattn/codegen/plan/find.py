@@ -88,6 +88,7 @@ class _Matcher:
         self.learned = {n for n, info in spec.tensors.items() if info.expr is None and info.has_gradient}
         self.chain: list[str] = []
         self.products: list[tuple[t.Node, t.Node]] = []
+        self.product_nodes: list[t.MatMul | None] = []
         self.reads: list[t.Entry] = []
 
     # --- what a tensor is --------------------------------------------------------------------
@@ -195,7 +196,7 @@ class _Matcher:
             want_q = _align(q.shape[:-1], self.score_shape[:-1], canonical[:-1])
             want_k = _align(k.shape[:-1], (*self.score_shape[:-2], self.score_shape[-1]), (*canonical[:-2], KEY))
             if rows[qa] == want_q and rows[ka] == want_k:
-                return self.term(q, k)
+                return self.term(q, k, None)
         raise Unfusable("the score's product in index notation reads Q and K at other rows than i and j")
 
     def product(self, node: t.MatMul, coords: tuple) -> t.Node:
@@ -204,12 +205,14 @@ class _Matcher:
         canonical = tuple(head(n) for n in range(len(self.score_shape) - 2)) + (ROW, KEY)
         if tuple(coords) != _align(node.shape, self.score_shape, canonical):
             raise Unfusable("the score reads its product Q @ K.T transposed or at other coordinates")
-        return self.term(node.a, node.b.x)
+        return self.term(node.a, node.b.x, node)
 
-    def term(self, q: t.Node, k: t.Node) -> t.Node:
+    def term(self, q: t.Node, k: t.Node, node: t.MatMul | None) -> t.Node:
+        """Product number n of the score (`node`: the matrix-level product, None in index notation)."""
         pair = (q, k)
         if pair not in self.products:
             self.products.append(pair)
+            self.product_nodes.append(node)
         return _Term(self.products.index(pair))
 
     def read(self, name: str, coords: tuple) -> t.Node:
@@ -280,7 +283,8 @@ class _Matcher:
         if tuple(score.shape[:-2]) != lead:
             raise Unfusable("the score's head axes are not the output's")
         return dict(score=entry, source=score, product=(q, k), v=v, lead=lead, weights=weights,
-                    chain=tuple(self.chain), reads=tuple(self.reads), notes=notes)
+                    chain=tuple(self.chain), reads=tuple(self.reads), notes=notes,
+                    joined=tuple(self.product_nodes) if len(self.products) > 1 else ())
 
     def join(self, entry: t.Node):
         """One product: several that the score reads linearly with constant coefficients become one product of
@@ -299,14 +303,15 @@ class _Matcher:
         for x in (*qs, *ks):
             if tuple(x.shape[:-1]) != tuple((qs if x in qs else ks)[0].shape[:-1]):
                 raise Unfusable("the score's products have operands of different shapes")
-        same = all(s == scales[0] for s in scales)
-        if not same:
-            qs = tuple(q if s is None else t.Binary("mul", q, s, q.shape) for q, s in zip(qs, scales))
+        if not all(s == scales[0] for s in scales):
+            raise Unfusable("the score's products have different coefficients")
+        if any(node is None for node in self.product_nodes):
+            raise Unfusable("the score has several products written in index notation")
         width = sum((sympy.sympify(q.shape[-1]) for q in qs), sympy.Integer(0))
         q = t.Concat(tuple(qs), len(qs[0].shape) - 1, (*qs[0].shape[:-1], width))
         k = t.Concat(tuple(ks), len(ks[0].shape) - 1, (*ks[0].shape[:-1], width))
         s = ProductEntry()
-        if same and scales[0] is not None:
+        if scales[0] is not None:
             s = t.Binary("mul", scales[0], s, ())
         joined = s if rest is None else t.Binary("add", s, rest, ())
         note = f"{len(qs)} score products joined into one: Q and K concatenated along their last axis"
@@ -462,6 +467,17 @@ def _name_core(spec, owner, node, parts, taken) -> tuple[t.TypedSpec, AttentionC
             info = tensors[name]
             if info.expr is not None and name not in added:
                 tensors[name] = dataclasses.replace(info, expr=substitute(info.expr, mapping))
+    source = substitute(_inlined(spec, parts["source"], chain), mapping)  # (the spec's own products, for text)
+    if parts["joined"]:  # the products, equal coefficients: the first is the joined one, the others 0
+        first, *others = parts["joined"]
+        q_node, k_node = (mapping.get(x, x) for x in parts["product"])
+        mapping[first] = t.MatMul(q_node, t.Transpose(k_node, (*k_node.shape[:-2], k_node.shape[-1],
+                                                               k_node.shape[-2])), first.shape)
+        mapping.update({other: t.Scalar(sympy.Integer(0)) for other in others})
+        for name in list(tensors):
+            info = tensors[name]
+            if info.expr is not None and name not in added:
+                tensors[name] = dataclasses.replace(info, expr=substitute(info.expr, mapping))
     core_node = substitute(node, mapping)
     output = owner
     if tensors[owner].expr != core_node:
@@ -475,7 +491,6 @@ def _name_core(spec, owner, node, parts, taken) -> tuple[t.TypedSpec, AttentionC
     q, k, v = (tensors[n] for n in names)
     dims = list(spec.dims)
     weights = "" if parts["weights"] is None else " * W"
-    source = substitute(_inlined(spec, parts["source"], chain), mapping)
     text = f"{output} = softmax({to_spec(source, dims)}, axis=-1){weights} @ {names[2]}"
     lead = parts["lead"]
     core = AttentionCore(

@@ -23,7 +23,14 @@ try:  # the printer reads the helpers' source without torch; generated modules i
 except ImportError:  # pragma: no cover - exercised where torch is not installed
     torch = None
 
+from ..arrays import runtime as shared
+from ..arrays import torch_runtime as host
+
 __all__ = ["TILED", "CALLS"]
+
+# helpers of the torch host and shared ones: generated modules get their source beside these
+_key_blocks, _exp_shifted_, _log2_shift, _exp2_plus_ = (shared._key_blocks, host._exp_shifted_, host._log2_shift,
+                                                         host._exp2_plus_)
 
 
 def _flash_forward(q, k, v, reads, core, block_q, block_k):

@@ -38,7 +38,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from ...errors import CodegenError
 from ...ir import typed as t
 from ..plan import AttentionCore, Bounds, entry_text, tile_bounds
 from .printer import TritonPrinter, operand_args

@@ -24,6 +24,7 @@ from ...errors import CodegenError
 from ...ir import typed as t
 from ...ir.affine import pieces, signed_sum
 from ...ir.functions import table
+from ...ir import printer as base
 from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
 from ..plan import KEY, ROW, AttentionCore, ProductEntry
 
@@ -33,8 +34,9 @@ __all__ = ["TritonPrinter", "UNARY", "BINARY", "COMPARISON", "dim_py", "float_py
 # and pow go through helpers of the generated module (`_tanh`, `_pow`): libdevice on a GPU, plain
 # arithmetic under the interpreter.
 UNARY: Mapping[str, str] = table("triton")
-BINARY: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-COMPARISON = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+BINARY = {op: symbol for op, symbol in base.BINARY.items() if op != "pow"}  # (pow: the helper `_pow`)
+COMPARISON = base.COMPARISON
+LOGICAL = base.LOGICAL
 
 
 def float_py(value: sympy.Expr) -> str:
@@ -182,8 +184,8 @@ class TritonPrinter(Printer):
     def _print_Logical(self, node: t.Logical) -> Printed:
         parts = [self.fence(self.doprint(x).text) for x in node.args]
         if node.op == "not":
-            return Printed(f"~{parts[0]}", NEG)
-        return Printed(f" {'&' if node.op == 'and' else '|'} ".join(parts), COMPARE)
+            return Printed(f"{LOGICAL['not']}{parts[0]}", NEG)
+        return Printed(f" {LOGICAL[node.op]} ".join(parts), COMPARE)
 
     def _print_Where(self, node: t.Where) -> Printed:
         cond = self.doprint(node.cond).text

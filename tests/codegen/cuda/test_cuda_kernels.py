@@ -39,12 +39,16 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found: the compil
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found: running the kernels on the CPU needs C++20")
 
 FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attention": "O", "multi_head": "Z",
-         # The fused kernels inline score expressions: soft-capping's 50 * tanh(S / 50) and the sliding
-         # window's index-notation mask both fuse (`symattn verify derivations/{softcap,sliding_window}.attn
-         # --target cuda`: fused path, ok). Every other variant in derivations/ takes the generic path.
+         # The fused kernels inline score expressions: soft-capping's 50 * tanh(S / 50), the sliding window's
+         # index-notation mask, and reads of given tensors (ALiBi's slopes, a padding buffer, a learned bias
+         # table, cosine attention's learned temperature), with heads broadcast (GQA, MQA), two products
+         # joined (MLA), the row log-sum-exp returned, the weights masked after the softmax (dropout).
          "softcap": "O", "sliding_window": "O",
          "rope_interleaved": "O", "rope_half": "O",
-         "kv_cache_decode": "O"}  # one query row over the cache and the new key: the core fuses
+         "kv_cache_decode": "O",  # one query row over the cache and the new key: the core fuses
+         "alibi": "O", "cosine": "O", "gqa": "O", "key_padding": "O", "relative_bias": "O",
+         "alibi_learned": "O", "causal_bottom_right": "O", "dropout_mask": "O", "lse_output": "O", "mla": "O",
+         "mqa": "O", "padding_qk": "O", "prefix_lm": "O", "t5_bias": "O"}
 STEMS = [p.stem for p in EXAMPLES]
 
 
@@ -263,7 +267,7 @@ def test_tsan_catches_a_missing_syncthreads(builds):
 
 def test_head_dim_sizes_reach_every_instantiation(emitted):
     """The verify sizes and head_dim_sizes together select every HEAD_DIMS instantiation, moving only
-    head dims (d_k; h in rope's 2 * h) and keeping sizes valid."""
+    the dims of the head dims (d_k; h in rope's 2 * h; MLA's d_c) and keeping sizes valid."""
     assert HEAD_DIMS == (32, 64, 128)
     for stem in FUSED:
         spec, code = emitted.specs[stem].typed, emitted.codes[stem]
@@ -279,7 +283,8 @@ def test_head_dim_sizes_reach_every_instantiation(emitted):
         for other in others:
             assert head_dim(other) in (39, 40, 71, 72), (stem, other)
             # Only head dims move, and the sequence lengths shrink (emulation time): 67 -> 41, 45 -> 33.
-            assert {n for n in other if other[n] != sizes[n]} <= {"d_k", "h", "N", "M", "T"}, (stem, other)
+            moved = {str(x) for d in (core.d_qk, core.d_v) for x in sympy.sympify(d).free_symbols}
+            assert {n for n in other if other[n] != sizes[n]} <= moved | {"N", "M", "T"}, (stem, other)
             assert all(other[n] in (41, 33) for n in ("N", "M", "T") if n in other), (stem, other)
     assert head_dim_sizes(emitted.specs["additive"].typed, emitted.codes["additive"], {}) == []
 

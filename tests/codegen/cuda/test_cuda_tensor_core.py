@@ -373,3 +373,15 @@ def test_tsan_sees_the_tensor_core_kernels(tmp_path, text, marker):
     code.files[code.source_name] = source.replace(marker, "/* planted: no barrier */")
     race, _ = tsan_tensor_cores(build_cpu(code, tmp_path, tsan=True), code, {"N": 200, "d": 64}, batch=1)
     assert "data race" in race and "_O_attn_tc_" in race
+
+
+def test_the_generated_forward_uses_one_ffma_for_causal():
+    """A causal score c * (Q @ K.T) + mask folds into one FFMA per weight (`score_forms.softmax_parts`)."""
+    spec = symattn.load("attention c\ndim N = 6, d = 4\ninput Q[N, d], K[N, d], V[N, d]\n"
+                        "M[i:N, j:N] = where(j <= i, 0, -inf)\n"
+                        "O = softmax(Q @ K.T / sqrt(d) + M, axis=-1) @ V\noutput O\n")
+    code = emit_cuda(spec)
+    text = code.files[code.source_name]
+    assert "sa_ex2_approx(fmaf(s_acc_[g_][n_][e_], scale_, -base_[e_ >> 1]))" in text
+    assert "const float scale_ = c_ * LOG2E;" in text
+    assert "return SYMATTN_UNSUPPORTED;" in text.split("c_ > 0.0f && ")[1].split("\n")[0]
