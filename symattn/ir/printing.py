@@ -30,6 +30,21 @@ def to_spec(node: t.Node, dims: Sequence[str] = ()) -> str:
     return SpecPrinter(dims).doprint(node).text
 
 
+def _decimal(value: sympy.Rational) -> str | None:
+    """The exact decimal text of a rational whose denominator is 2^a 5^b with b > 0 (0.9, 0.125, 2.05); None for
+    others (1/2 stays a fraction, as derivations write it)."""
+    q, twos, fives = value.q, 0, 0
+    while q % 2 == 0:
+        q, twos = q // 2, twos + 1
+    while q % 5 == 0:
+        q, fives = q // 5, fives + 1
+    if q != 1 or fives == 0:
+        return None
+    places = max(twos, fives)
+    digits = str(abs(value.p) * 10 ** places // value.q).rjust(places + 1, "0")
+    return ("-" if value < 0 else "") + digits[:-places] + "." + digits[-places:]
+
+
 def _axis_text(axis: int | None, rank: int) -> str:
     return "" if axis is None else f", axis={axis - rank}"
 
@@ -64,6 +79,9 @@ class SpecPrinter(Printer):
         if value.is_Rational:
             if value.q == 1:
                 return Printed(str(value), ATOM if value >= 0 else NEG)
+            decimal = _decimal(value)
+            if decimal is not None:  # a decimal literal of the spec (0.9 is 9/10): written back as one
+                return Printed(decimal, ATOM if value >= 0 else NEG)
             return Printed(f"{value.p}/{value.q}", self.prec("div"))
         return Printed(str(value), ATOM)
 

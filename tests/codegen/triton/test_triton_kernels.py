@@ -369,3 +369,12 @@ def test_verify_a_core_whose_operands_are_one_tensor():
     report = verify_triton(symattn.load(text).typed)
     assert report.ok, "\n".join(report.lines())
     assert [r.what for r in report.rows].count("grad(O) through R") == 1
+
+
+def test_verify_a_core_that_is_an_unnamed_subexpression():
+    """`O = 2 * (softmax(Q @ K.T) @ V)`: the plan names the core (`attn`); verify checks it and the module."""
+    text = ("attention unnamed\ndim N = 6, d = 3\ninput Q[N, d], K[N, d], V[N, d]\n"
+            "O = 2 * (softmax(Q @ K.T, axis=-1) @ V)\noutput O\n")
+    report = verify_triton(symattn.load(text).typed)
+    assert report.ok, "\n".join(report.lines())
+    assert any("attn" in row.what for row in report.rows)
