@@ -251,22 +251,26 @@ def _figure_job(typed: t.TypedSpec, inputs: _Inputs, wanted: bool) -> FigureJob:
 
 
 def _place_figures(doc: Document, job: FigureJob, wanted: bool) -> None:
-    """Each slot becomes its figure (none when the figure is None or not wanted), or the heatmap's
-    note when matplotlib is missing; then the note on missing figures, when they are."""
-    available = job.result("available")
+    """Each slot becomes its figure (none when the figure is None), or the heatmap's note when
+    matplotlib is missing; then the note on missing figures, when they are. When figures are not
+    wanted the slots go, and nothing is said about matplotlib: such a document is the same
+    whether it is installed or not."""
+    available = wanted and job.result("available")
     blocks = []
     for block in doc.blocks:
         if not isinstance(block, _Slot):
             blocks.append(block)
+        elif not wanted:
+            continue
         elif not available:
             if block.name == "heatmap":
                 blocks.append(Para([_HEATMAP_NOTE]))
-        elif wanted:
+        else:
             figure = job.result(block.name)
             if figure is not None:
                 blocks.append(figure)
     doc.blocks = blocks
-    if not available:
+    if wanted and not available:
         doc.add(Para([_FIGURES_NOTE]))
 
 
