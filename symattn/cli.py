@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from . import progress
 from .version import __version__
-from .api import Spec, definition_text, example_path, example_text, load
+from .api import Spec, definition_text, example_path, example_text, load, spec_file
 from .budget import DEFAULT_SECONDS
 from .errors import SpecError, SymAttnError, UsageError
 from .ir.shapes import format_shape
@@ -54,9 +54,11 @@ def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
         if not default_example:
             raise UsageError("a SPEC file is required")
         return load(example_text(), dims=dims, filename=example_path())
-    # Always a path: a SPEC that names no file must say so, not be parsed as spec text.
-    return load(Path(args.spec) if args.spec != "-" else sys.stdin.read(), dims=dims,
-                filename=None if args.spec != "-" else "<stdin>")
+    if args.spec == "-":
+        return load(sys.stdin.read(), dims=dims, filename="<stdin>")
+    # Always a path (`.attn` optional, as for `load`): a SPEC that names no file must say so, not be
+    # parsed as spec text.
+    return load(spec_file(args.spec), dims=dims)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
