@@ -61,6 +61,37 @@ def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
     return load(spec_file(args.spec), dims=dims)
 
 
+_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".tex": "tex"}
+
+
+def _document_format(args: argparse.Namespace) -> str:
+    """`--format`, else what `-o`'s extension says (`.md`, `.html`, `.tex`), else Markdown."""
+    if args.format is not None:
+        return args.format
+    return _FORMATS.get(Path(args.output).suffix.lower(), "md") if args.output else "md"
+
+
+def _output_file(value: str, what: str) -> Path:
+    """Where `-o` says a file goes; a usage error when it is a directory or its directory does not exist."""
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory; name the {what} to write in it")
+    if not path.parent.is_dir():
+        raise UsageError(f"{path.parent}: no such directory")
+    return path
+
+
+def _write(path: Path, data: str | bytes) -> None:
+    """Write a file the user named; a place that cannot be written is a usage error, not a traceback."""
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     sys.stdout.write(_load(args).show())
     return 0
@@ -133,18 +164,19 @@ def _summary(spec: Spec, force: bool = False) -> str:
         lines += ["", "Checks: the spec states no `check`."]
     stem = Path(spec.filename).stem if spec.filename not in ("<stdin>", "<spec>") else spec.name
     source = {example_path(): "", "<stdin>": " -"}.get(spec.filename, f" {spec.filename}")
-    markdown, html = f"symattn derive{source} -o {stem}.md", f"symattn derive{source} -o {stem}.html --format html"
+    markdown, html = f"symattn derive{source} -o {stem}.md", f"symattn derive{source} -o {stem}.html"
     width = len(html) + 4
     lines += ["", "The full document shows every rule applied, a worked example, each check's proof or",
               "counterexample, and the cost:",
               f"  {markdown:<{width}}Markdown, figures beside it",
-              f"  {html:<{width}}one HTML page (or --format tex)"]
+              f"  {html:<{width}}one HTML page (or -o {stem}.tex for LaTeX)"]
     return "\n".join(lines) + "\n"
 
 
 def _cmd_derive(args: argparse.Namespace) -> int:
+    target = _output_file(args.output, "document") if args.output else None
     spec = _load(args, default_example=True)
-    fmt = args.format or "md"
+    fmt = _document_format(args)
     figures: dict[str, bytes] = {}
     if args.gradients:
         derivation = spec.derive()
@@ -161,11 +193,10 @@ def _cmd_derive(args: argparse.Namespace) -> int:
         doc = build(spec, force=args.force, figures=bool(args.output))
         text = render(doc, fmt)
         figures = {f.name: f.png for f in doc.figures} if fmt != "html" else {}
-    if args.output:
-        target = Path(args.output)
-        target.write_text(text, encoding="utf-8")
+    if target is not None:
+        _write(target, text)
         for name, png in figures.items():
-            (target.parent / name).write_bytes(png)
+            _write(target.parent / name, png)
     else:
         sys.stdout.write(text)
     return 0
@@ -175,19 +206,15 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _emit_cuda(spec, args)
+    path = None if args.output == "-" else _output_file(args.output, ".py file")  # before the work
     if args.target == "triton":
-        return _emit_triton(spec, args)
+        return _emit_triton(spec, path)
     progress.step(f"deriving and generating the {'PyTorch' if args.target == 'torch' else 'NumPy'} module")
     source = spec.emit(args.target)
-    if args.output == "-":
+    if path is None:
         print(source, end="")
         return 0
-    path = Path(args.output)
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory; name the .py file to write")
-    if not path.parent.exists():
-        raise UsageError(f"{path.parent}: no such directory")
-    path.write_text(source, encoding="utf-8")
+    _write(path, source)
     print(f"wrote {path}: forward, backward and forward_backward for {spec.name}")
     return 0
 
@@ -201,7 +228,10 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
         raise UsageError(f"{directory} is a file; emit cuda writes a directory")
     progress.step("deriving and generating the kernels")
     code = emit_cuda(spec, fused=args.cuda_path != "generic")
-    written = code.write(directory)
+    try:
+        written = code.write(directory)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or directory}: cannot write: {exc.strerror or exc}") from None
     cores = ", ".join(c.output for c in code.plan.cores)
     print(f"wrote {directory}: {', '.join(p.name for p in written)} ({code.path} path"
           + (f", fused attention core {cores}" if cores else "") + ")")
@@ -210,16 +240,14 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit_triton(spec: Spec, args: argparse.Namespace) -> int:
-    """`symattn emit triton SPEC -o FILE.py`: the fused attention cores' Triton kernels and launchers."""
+def _emit_triton(spec: Spec, path: Path | None) -> int:
+    """`symattn emit triton SPEC -o FILE.py` (None: `-o -`, standard output): the fused attention cores'
+    Triton kernels and launchers."""
     code = spec.emit("triton")
-    if args.output == "-":
+    if path is None:
         print(code.text, end="")
         return 0
-    path = Path(args.output)
-    if path.is_dir() or not path.parent.exists():
-        raise UsageError(f"{path}: name a .py file in an existing directory")
-    path.write_text(code.text, encoding="utf-8")
+    _write(path, code.text)
     print(f"wrote {path}: " + ", ".join(f"{name}_forward/_backward ({core.output})"
                                         for name, core in zip(code.names, code.cores)))
     return 0
@@ -324,9 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("show", "Print the typed IR: every dim, every tensor with its kind and shape, every check.")
     derive = add("derive", "Derive the backward pass and write the derivation document.", spec_optional=True)
-    derive.add_argument("-o", "--output", metavar="FILE", help="write the document here (default: stdout)")
+    derive.add_argument("-o", "--output", metavar="FILE",
+                        help="write the document here, figures beside it (default: standard output)")
     derive.add_argument("--format", choices=("md", "html", "tex"), default=None,
-                        help="document format (default md); implies --document")
+                        help="document format (default: from -o's extension, .md, .html or .tex; else md); "
+                             "implies --document")
     what = derive.add_mutually_exclusive_group()
     what.add_argument("--summary", action="store_true",
                       help="print a short summary: forward pass, gradients, verdicts (the default on a terminal "

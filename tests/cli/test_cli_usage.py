@@ -58,3 +58,73 @@ def test_a_missing_spec_in_a_fresh_interpreter(tmp_path):
     run = run_cli("derive", "nope", "-o", str(tmp_path / "nope.md"), cwd=tmp_path)
     _usage_error(run.returncode, run.stderr, "derive", "nope: no such file (nor nope.attn)")
     assert run.stdout == "" and not (tmp_path / "nope.md").exists()
+
+
+# --- derive -o: the format follows the extension, --format wins ----------------------------------
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.attn"
+    path.write_text(TINY, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name, starts", [("doc.md", "# Derivation of tiny\n"),
+                                          ("doc.markdown", "# Derivation of tiny\n"),
+                                          ("doc.html", "<!DOCTYPE html>\n"),
+                                          ("DOC.HTM", "<!DOCTYPE html>\n"),
+                                          ("doc.tex", "\\documentclass"),
+                                          ("doc.txt", "# Derivation of tiny\n"),   # any other: Markdown
+                                          ("doc", "# Derivation of tiny\n")])
+def test_the_document_format_follows_the_extension(capsys, monkeypatch, tiny, name, starts):
+    target = tiny.parent / name
+    code, out, err = _main(capsys, monkeypatch, "derive", str(tiny), "-o", str(target))
+    assert code == 0 and out == "" and err == ""
+    assert target.read_text(encoding="utf-8").startswith(starts)
+
+
+def test_format_wins_over_the_extension(capsys, monkeypatch, tiny):
+    target = tiny.parent / "doc.html"
+    code, _, _ = _main(capsys, monkeypatch, "derive", str(tiny), "-o", str(target), "--format", "md")
+    assert code == 0 and target.read_text(encoding="utf-8").startswith("# Derivation of tiny\n")
+
+
+# --- -o that cannot be written: exit 2, before the spec is even read ---------------------------
+
+
+def test_derive_into_a_directory_is_a_usage_error(capsys, monkeypatch, tiny):
+    code, out, err = _main(capsys, monkeypatch, "derive", str(tiny), "-o", str(tiny.parent))
+    _usage_error(code, err, "derive", f"{tiny.parent}: is a directory; name the document to write in it")
+    assert out == ""
+
+
+def test_derive_into_a_missing_directory_is_a_usage_error(capsys, monkeypatch, tiny):
+    code, _, err = _main(capsys, monkeypatch, "derive", str(tiny), "-o", str(tiny.parent / "no" / "doc.md"))
+    _usage_error(code, err, "derive", f"{tiny.parent / 'no'}: no such directory")
+
+
+@pytest.mark.parametrize("argv", [["derive", "{spec}", "-o", "/dev/full"],
+                                  ["emit", "numpy", "{spec}", "-o", "/dev/full"],
+                                  ["emit", "torch", "{spec}", "-o", "/dev/full"]])
+def test_a_file_that_cannot_be_written_is_a_usage_error(capsys, monkeypatch, tiny, argv):
+    # /dev/full takes no bytes (ENOSPC) even for root, whom permissions do not stop.
+    if not shutil.os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    code, _, err = _main(capsys, monkeypatch, *[a.format(spec=tiny) for a in argv])
+    _usage_error(code, err, argv[0], "/dev/full: cannot write: No space left on device")
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch", "triton"])
+def test_emit_into_a_directory_is_a_usage_error(capsys, monkeypatch, tiny, target):
+    code, _, err = _main(capsys, monkeypatch, "emit", target, str(tiny), "-o", str(tiny.parent))
+    _usage_error(code, err, "emit", f"{tiny.parent}: is a directory; name the .py file to write in it")
+
+
+def test_emit_cuda_onto_a_file_is_a_usage_error(capsys, monkeypatch, tiny):
+    code, _, err = _main(capsys, monkeypatch, "emit", "cuda", str(tiny), "-o", str(tiny))
+    _usage_error(code, err, "emit", "is a file; emit cuda writes a directory")
+
+
+def test_derive_into_a_directory_in_a_fresh_interpreter(tiny):
+    run = run_cli("derive", str(tiny), "-o", str(tiny.parent))
+    _usage_error(run.returncode, run.stderr, "derive", "is a directory")
