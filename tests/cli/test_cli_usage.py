@@ -128,3 +128,49 @@ def test_emit_cuda_onto_a_file_is_a_usage_error(capsys, monkeypatch, tiny):
 def test_derive_into_a_directory_in_a_fresh_interpreter(tiny):
     run = run_cli("derive", str(tiny), "-o", str(tiny.parent))
     _usage_error(run.returncode, run.stderr, "derive", "is a directory")
+
+
+# --- spec mistakes: FILE:LINE:COL, the source line, a caret, a hint that says what to write ----
+
+PER_HEAD = """dim N = 4, d = 3, d_k = 2, h = 2
+input X[h, N, d]
+param W_q[d, d_k], W_k[d, d_k], tau[h]
+Q = X @ W_q
+K = X @ W_k
+S = Q @ K.T * tau
+O = softmax(S, axis=-1)
+output O
+"""
+
+
+@pytest.mark.parametrize("text, report", [
+    (PER_HEAD, ["mh.attn:6:13: error: [h, N, N] * [h]: cannot broadcast N and h",
+                "    S = Q @ K.T * tau",
+                "                ^",
+                "hint: broadcasting lines up the last axes, so tau [h] meets the last axis (N) of [h, N, N]; for one "
+                "value per h, give it shape [h, 1, 1] (declare `tau[h, 1, 1]`) or write the definition in index "
+                "notation: `S[a, i, j] = ... tau[a]`"]),
+    ("dim N = 4, d = 3\ninput X[N, d]\nparam W[d, d_k]\nO = X @ W\noutput O\n",
+     ["mh.attn:3:12: error: unknown name 'd_k'",
+      "    param W[d, d_k]",
+      "               ^~~",
+      "hint: a new dim is declared before it is used, e.g. `dim d_k = 4` (any positive size)"]),
+    ("dim N = 4, d = 3\ninput X[N, d]\nO = X * 2\n\ncheck grad(X) == 2 * grad(O)\ncheck equivariant(O, X)\n",
+     ["mh.attn:3:1: error: a spec needs at least one output",
+      "    O = X * 2",
+      "    ^",
+      "hint: add a line `output O` after this one (O is computed and read by nothing else)"]),
+], ids=["per_head_factor", "undeclared_dim", "no_output"])
+def test_spec_mistakes_are_located_with_a_hint(capsys, monkeypatch, tmp_path, text, report):
+    (tmp_path / "mh.attn").write_text(text, encoding="utf-8")
+    code, out, err = _main(capsys, monkeypatch, "check", "mh.attn", cwd=tmp_path)
+    assert code == 2 and out == ""
+    assert err.splitlines() == report
+
+
+def test_a_spec_mistake_in_a_fresh_interpreter(tmp_path):
+    (tmp_path / "mh.attn").write_text(PER_HEAD, encoding="utf-8")
+    run = run_cli("derive", "mh.attn", "-o", "mh.html", cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr
+    assert run.stderr.startswith("mh.attn:6:13: error: [h, N, N] * [h]: cannot broadcast N and h\n")
+    assert not (tmp_path / "mh.html").exists()
