@@ -102,15 +102,67 @@ def _compact(value) -> str:
     return text if len(text) <= 400 else text[:397] + "..."
 
 
+LADDER = ("How a claim is settled, cheapest first: (1) matrix level: canonical index forms with the dims "
+          "symbolic (proved for all sizes); (2) element level: every entry written out exactly at the stated "
+          "sizes (proved at those sizes); (3) a counterexample searched at exact small inputs and re-run in "
+          "float64 (refuted); otherwise unknown, saying where the last rung stopped.")
+
+
+def _steps_text(steps) -> list[str]:
+    """A proof's recorded steps (rule, subject, result) as lines of `check --explain`; a rule that is
+    a lemma of the equivariance prover is stated where it is first used."""
+    from .prove.equivariance import LEMMAS
+
+    lines, stated = [], set()
+    for rule, subject, result in steps:
+        law = f" (lemma: {LEMMAS[rule].statement})" if rule in LEMMAS and rule not in stated else ""
+        stated.add(rule)
+        if rule == "none" or str(result).startswith(str(subject)):
+            lines.append(f"{rule}: {result}{law}")
+        else:
+            lines.append(f"{rule}: {subject} -> {result}{law}")
+    return lines
+
+
+def _explain_gradients(spec: Spec, force: bool) -> list[str]:
+    """`check --explain`'s second part: each derived gradient against the exact element-level chain rule."""
+    from .errors import SizeGuardError
+
+    lines = ["", "Derived gradients against the element-level chain rule (every entry written out exactly "
+             "and differentiated with sympy.diff):"]
+    try:
+        checks = spec.verify_gradients(force=force)
+    except SizeGuardError as err:
+        return lines + [f"  skipped: {err}"]
+    for check in checks:
+        lines.append(f"  grad({check.tensor}): {'confirmed' if check.ok else 'not confirmed'}: {check.method}")
+        if not check.ok and not check.method.startswith("not checked"):
+            lines.append("      the two sides did not reduce to the same expression at these sizes; no entry was "
+                         f"shown to differ, so this is neither a proof nor a refutation; `symattn verify "
+                         f"{spec.filename} --target numpy` compares the generated code with central finite "
+                         "differences")
+    return lines
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     spec = _load(args)
     verdicts = spec.check(force=args.force, budget=args.budget)
     if args.json:  # strict JSON: non-finite numbers are written as strings by to_json
-        print(json.dumps([v.to_json() for v in verdicts], indent=2, allow_nan=False))
+        entries = [v.to_json() for v in verdicts]
+        if args.explain:
+            for entry, v in zip(entries, verdicts):
+                entry["steps"] = [[str(part) for part in step] for step in v.steps]
+        print(json.dumps(entries, indent=2, allow_nan=False))
     else:
+        if args.explain:
+            print(LADDER)
+            print()
         for v in verdicts:
             print(f"{spec.filename}:{v.line}: {v.verdict}: {v.claim}")
             print(f"    {v.method}")
+            if args.explain:
+                for line in _steps_text(v.steps):
+                    print(f"      {line}")
             ce = v.counterexample
             if ce is not None:
                 print(f"    {ce.note}")
@@ -121,6 +173,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     print(f"      right side = {_compact(ce.rhs)}")
         if not verdicts:
             print(f"{spec.filename}: no check statements")
+        if args.explain:
+            print("\n".join(_explain_gradients(spec, args.force)))
     return 0 if all(v.holds for v in verdicts) else 1
 
 
@@ -339,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dim", action="append", type=_dim_override, metavar="NAME=SIZE",
-                        help="override a dim's default size (repeatable), e.g. --dim N=8")
+                        help="override a dim's default size (repeatable), e.g. --dim N=8 (default: the sizes "
+                             "of the spec's dim lines)")
 
     def add(name: str, help_text: str, spec_optional: bool = False) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
@@ -368,7 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     derive.add_argument("--force", action="store_true",
                         help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
-    check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list")
+    check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list (default: text)")
+    check.add_argument("--explain", action="store_true",
+                       help="also print each proof's recorded steps, and each derived gradient against the exact "
+                            "element-level chain rule (default: one verdict and its method per check)")
     check.add_argument("--force", action="store_true",
                        help="run element-level work even when the size guard says it would take minutes")
     check.add_argument("--budget", type=_seconds, default=DEFAULT_SECONDS, metavar="SECONDS",
@@ -381,12 +439,17 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
                       help="FILE.py for numpy, torch and triton ('-': standard output), a directory for cuda")
     emit.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
-                      help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
+                      help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never "
+                           "(generic) (default auto)")
     verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
-    verify.add_argument("--target", choices=("numpy", "torch", "cuda", "triton"), default="numpy")
+    verify.add_argument("--target", choices=("numpy", "torch", "cuda", "triton"), default="numpy",
+                        help="which generated code to run: the NumPy module, the PyTorch module, the CUDA kernels "
+                             "(on the CPU, and the nvcc gate where nvcc is installed) or the Triton kernels "
+                             "(default numpy)")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     verify.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
-                        help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
+                        help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never "
+                             "(generic) (default auto)")
     return parser
 
 
