@@ -15,6 +15,7 @@ are left out, with a note, when it is not. They are drawn in a child process
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from html import escape
 from typing import Callable
@@ -25,7 +26,7 @@ import sympy
 from .. import progress
 from ..version import __version__
 from ..ir import typed as t
-from ..prove.verdicts import Verdict
+from ..prove.verdicts import GradientCheck, Verdict
 from ..symbolic.cost import Cost, spec_cost
 from ..symbolic.derive import Derivation
 from .display import counterexample_lines
@@ -37,7 +38,7 @@ from .figure_job import FigureJob
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from .mathbox import Box, Ident, Op, row, to_latex, to_mathml
 from .mathprint import Names, definition_box, dim_box, entry_box, grad_box, gradient_box, loss_box, matrix_box
-from ..ir.shapes import format_shape
+from ..ir.shapes import format_dim, format_shape
 
 __all__ = ["Document", "build", "render", "FORMATS"]
 
@@ -245,7 +246,7 @@ def _figure_job(typed: t.TypedSpec, inputs: _Inputs, wanted: bool) -> FigureJob:
     if not wanted:
         return FigureJob(thunks, fork=False)
     if inputs.table is not None:
-        thunks["heatmap"] = lambda: figures.heatmap(typed.name, inputs.weights, inputs.table)
+        thunks["heatmap"] = lambda: figures.heatmap(typed.name, *_which_matrix(typed, inputs.weights), inputs.table)
     thunks["cost"] = lambda: figures.cost_curve(typed, inputs.cost)
     return FigureJob(thunks, fork=None if find_spec("matplotlib") is not None else False)
 
@@ -287,6 +288,17 @@ def _weight_table(spec: t.TypedSpec, weights: str) -> np.ndarray:
     return values
 
 
+def _which_matrix(spec: t.TypedSpec, weights: str) -> tuple[str, str]:
+    """Which matrix of the weights the table and the heatmap show, when they have more axes than
+    two: (`P[0, :, :]`, `the first of h = 2`); (`P`, "") for a matrix."""
+    leading = spec.tensors[weights].shape[:-2]
+    if not leading:
+        return weights, ""
+    order = list(spec.dims)
+    of = " and of ".join(f"{format_dim(d, order)} = {n}" for d, n in zip(leading, spec.concrete_shape(leading)))
+    return f"{weights}[{', '.join(['0'] * len(leading) + [':', ':'])}]", f"the first of {of}"
+
+
 def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, inputs: _Inputs) -> None:
     doc.add(Heading(2, "A small example"))
     sizes = ", ".join(f"{k} = {v}" for k, v in spec.sizes.items())
@@ -306,7 +318,9 @@ def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, input
         doc.add(Para([f"and the first attention weight {w}, a softmax written with exp:"]),
                 Display(Math.of_sympy(sympy.Eq(model.slot[w][entry], model.local[w][entry], evaluate=False))))
         values = inputs.table if inputs.table is not None else _weight_table(spec, w)
-        doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {w} are:"]))
+        matrix, which = _which_matrix(spec, w)
+        doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {matrix}"
+                      + (f" ({which})" if which else "") + " are:"]))
         header = [""] + [str(j + 1) for j in range(values.shape[-1])]
         doc.add(Table(header, [[str(i + 1)] + [f"{v:.3f}" for v in r] for i, r in enumerate(values)]))
         doc.add(_Slot("heatmap"))
@@ -350,6 +364,34 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
             doc.add(Para([verified[name]]))
 
 
+def _learn_more(spec: t.TypedSpec) -> str:
+    """The commands a reader can run to see more than a document shows about a verdict."""
+    name = spec.filename.split("/")[-1]
+    return (f"To learn more: `symattn check {name} --explain` (the steps of every check, and every gradient "
+            f"against the chain rule) and `symattn verify {name} --target numpy` (the generated code against "
+            "central finite differences).")
+
+
+def _gradient_note(spec: t.TypedSpec, check: GradientCheck, verdicts: list[Verdict]) -> str:
+    """What the element-level comparison of one derived gradient found, in words a reader can act on:
+    confirmed, or which rung ran, what it found, what else the spec's checks say, and what to run."""
+    if check.ok:
+        return f"Checked: {check.method}."
+    if check.method.startswith("not checked"):
+        found = f"Not checked at the element level: {check.method[len('not checked: '):]}."
+    else:
+        sizes = check.method[len("not shown equal at "):] if check.method.startswith("not shown equal at ") \
+            else check.method
+        found = (f"Not confirmed at the element level: at {sizes} the exact comparison of every entry with the "
+                 "element-level chain rule did not reduce to an identity. No entry was shown to differ, so this "
+                 "is neither a proof nor a refutation of the formula.")
+    claim = re.compile(rf"grad\({re.escape(check.tensor)}\)\s*==")
+    stated = [v for v in verdicts if claim.match(v.claim)]
+    also = "".join(f" The spec's check at line {v.line} (`{v.claim}`), which compares the derived formula with "
+                   f"the one it states, is {v.verdict}: {v.method}." for v in stated)
+    return f"{found}{also} {_learn_more(spec)}"
+
+
 def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
     doc.add(Heading(2, "Checks"))
     if not verdicts:
@@ -357,6 +399,11 @@ def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
         return
     rows = [[str(v.line), f"`{v.claim}`", v.verdict, v.method] for v in verdicts]
     doc.add(Table(["line", "claim", "verdict", "how it was settled"], rows))
+    unknown = [str(v.line) for v in verdicts if v.verdict == "unknown"]
+    if unknown:
+        doc.add(Para([f"Unknown (line{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}) means neither proved "
+                      "nor refuted: the row says where the last rung (matrix level, element level, counterexample "
+                      f"search) stopped and why. {_learn_more(spec)}"]))
     for v in verdicts:
         if v.counterexample is not None:
             doc.add(Code("\n".join(counterexample_lines(v))))
@@ -393,15 +440,21 @@ def _cost(doc: Document, spec: t.TypedSpec, cost: Cost) -> None:
     def m(expr) -> Math:
         return Math.of(dim_box(expr))
 
-    rows = [
-        ["mathematics and generated NumPy", m(cost.forward_flops), m(cost.backward_flops), m(cost.activations)],
-    ]
+    # One formula a row: formulas do not wrap, so two or three side by side made the table several
+    # times as wide as the page for specs with many dims.
+    numpy = "the mathematics, generated NumPy"
+    cuda = "generated CUDA, fused (recomputes the weights)"
     if fused:
-        recompute = cost.recompute
-        rows.append(["generated CUDA, fused attention (recomputes the weights in the backward)",
-                     m(cost.forward_flops), m(sympy.expand(cost.backward_flops + recompute)),
-                     m(sympy.expand(cost.activations - cost.quadratic))])
-    doc.add(Table(["", "forward FLOPs", "backward FLOPs", "floats held by the forward"], rows))
+        rows = [["forward FLOPs", "every implementation", m(cost.forward_flops)],
+                ["backward FLOPs", numpy, m(cost.backward_flops)],
+                ["", cuda, m(sympy.expand(cost.backward_flops + cost.recompute))],
+                ["floats held by the forward", numpy, m(cost.activations)],
+                ["", cuda, m(sympy.expand(cost.activations - cost.quadratic))]]
+    else:
+        rows = [["forward FLOPs", numpy, m(cost.forward_flops)],
+                ["backward FLOPs", numpy, m(cost.backward_flops)],
+                ["floats held by the forward", numpy, m(cost.activations)]]
+    doc.add(Table(["", "computed by", "as a polynomial in the dims"], rows))
     doc.add(Para([f"Sequential depth: the longest chain of dependent operations has {cost.depth} steps whatever "
                   "the sequence length, so attention is O(1) in sequential steps; an RNN over the same sequence "
                   "needs O(N) steps one after another. The price is the memory of the N x N weights: ",
@@ -449,12 +502,12 @@ def _sections(spec, typed: t.TypedSpec, derivation: Derivation, inputs: _Inputs,
         model = None
     progress.step("the small example")
     _example(doc, typed, model, inputs)
+    verdicts = spec.check(force=force)
     verified = {}
     if model is not None:
         for check in spec.verify_gradients(force=force):
-            verified[check.tensor] = f"Checked: {check.method}." if check.ok else f"Unknown: {check.method}."
+            verified[check.tensor] = _gradient_note(typed, check, verdicts)
     _backward(doc, typed, derivation, verified)
-    verdicts = spec.check(force=force)
     _checks(doc, typed, verdicts)
     progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
@@ -496,12 +549,15 @@ def render_md(doc: Document) -> str:
 
 
 # Long lines stay inside the page's column: code (a counterexample's note) wraps;
-# wide tables, formulas and lists of steps scroll sideways. On a list the scrolling
-# box is the <ul>, not each <li>, which would clip its bullet.
+# formulas and lists of steps scroll sideways. On a list the scrolling box is the
+# <ul>, not each <li>, which would clip its bullet. A table wider than the column
+# takes the window's width around it (centred on the column, which is centred in
+# the window), and scrolls sideways only past that.
 _CSS = """body{font-family:Georgia,serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
 code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}
 pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;overflow-x:auto}
-table{border-collapse:collapse;margin:1em 0;display:block;max-width:100%;overflow-x:auto}
+table{border-collapse:collapse;margin:1em 0;display:block;overflow-x:auto;width:max-content;min-width:100%;
+max-width:calc(100vw - 2em);position:relative;left:50%;transform:translateX(-50%)}
 td,th{border:1px solid #ccc;padding:.3em .6em}ul,p{overflow-x:auto;overflow-y:hidden}
 math[display=block]{margin:.8em 0;overflow-x:auto;overflow-y:hidden;max-width:100%}img{max-width:100%}"""
 
