@@ -18,7 +18,6 @@ that brought `grad` into the forward pass.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
 from pathlib import Path
@@ -32,7 +31,7 @@ from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
 from .claim_forms import relative_check, symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
-from . import subscripts
+from . import hints, subscripts
 from .parse import KEYWORDS
 from ..ir.printing import to_spec
 from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
@@ -89,24 +88,6 @@ def _same_shape(a, b) -> bool:
 
 def _err(cls, message: str, pos: ir.Pos, hint: str | None = None) -> SpecError:
     return cls(message, line=pos.line, column=pos.column, hint=hint, length=pos.length)
-
-
-def _axes_within(lower, higher) -> list[int] | None:
-    """Axes of `higher`, in order, holding the dims of `lower` one by one (the first match each
-    time), or None when some dim of `lower` is not there."""
-    axes, start = [], 0
-    for dim in lower:
-        found = next((k for k in range(start, len(higher)) if same_dim(higher[k], dim)), None)
-        if found is None:
-            return None
-        axes.append(found)
-        start = found + 1
-    return axes
-
-
-def _did_you_mean(name: str, candidates) -> str | None:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f"did you mean '{close[0]}'?" if close else None
 
 
 @dataclass
@@ -176,13 +157,7 @@ class _Validator:
         if name in BUILTINS:
             return _err(SpecNameError, f"'{name}' is a function; call it as {name}(...)", pos)
         known = list(self.dims) + list(self.tensors) + list(extra)
-        similar = _did_you_mean(name, known)
-        if dim:
-            declare = f"a new dim is declared before it is used, e.g. `dim {name} = 4` (any positive size)"
-        else:
-            declare = (f"a new tensor is declared before it is used (`input {name}[...]` or `param {name}[...]`) "
-                       f"or defined (`{name} = ...`)")
-        return _err(SpecNameError, f"unknown name '{name}'", pos, f"{similar} Or: {declare}" if similar else declare)
+        return _err(SpecNameError, f"unknown name '{name}'", pos, hints.undeclared(name, known, dim))
 
     # --- dims and dim arithmetic -------------------------------------------------
 
@@ -265,28 +240,13 @@ class _Validator:
                 raise UsageError(f"--dim {name}: the spec has no dim '{name}' (it declares "
                                  f"{', '.join(self.dims) or 'none'})")
         if not self.outputs:
-            raise self.no_output(statements)
+            raise hints.no_output(statements, self.tensors)
         tensors = {
             name: t.TensorInfo(info.name, info.kind, info.shape, info.pos, info.expr, name in self.outputs)
             for name, info in self.tensors.items()
         }
         return t.TypedSpec(self.name, self.filename, "", dict(self.dims), self.sizes, tensors,
                            tuple(self.outputs), tuple(self.checks))
-
-    def no_output(self, statements) -> SpecError:
-        """A spec without an `output` line, reported where that line belongs: after the last tensor
-        declared or defined (not at a check, which comes after the outputs), naming what nothing reads."""
-        tensor_statements = [s for s in statements if isinstance(s, (ir.TensorDecl, ir.Define))]
-        last = (tensor_statements or statements or [None])[-1]
-        pos = last.pos if last is not None else ir.NOWHERE
-        read = {n for info in self.tensors.values() if info.expr is not None for n in t.tensors_read(info.expr)}
-        unread = [n for n, info in self.tensors.items() if info.expr is not None and n not in read]
-        if unread:
-            hint = (f"add a line `output {unread[-1]}` after this one ({', '.join(unread)} "
-                    f"{'is' if len(unread) == 1 else 'are'} computed and read by nothing else)")
-        else:
-            hint = "add a line `output NAME` after this one, naming what the spec computes"
-        return SpecNameError("a spec needs at least one output", line=pos.line, column=1, hint=hint)
 
     @staticmethod
     def _names_defined(stmt: ir.Statement):
@@ -514,38 +474,9 @@ class _Validator:
         try:
             shape = broadcast(a.shape, b.shape, op=node.op, order=self.order)
         except ShapeMismatch as exc:
-            raise self.shape_error(exc, node.op_pos, self.broadcast_hint(a, b)) from None
+            raise self.shape_error(exc, node.op_pos, hints.broadcast(a, b, self.order, self.tensors, self.defining)) \
+                from None
         return t.Binary(_BINARY[node.op], a, b, shape, pos=node.pos)
-
-    def broadcast_hint(self, a: t.Node, b: t.Node) -> str:
-        """What to write instead of an elementwise operation whose shapes do not broadcast."""
-        lower, higher = (a, b) if len(a.shape) < len(b.shape) else (b, a)
-        axes = _axes_within(lower.shape, higher.shape)
-        if lower.shape and len(lower.shape) < len(higher.shape) and axes is not None:
-            # A per-head (per-row, ...) factor: its dims are in the other operand, not at its end.
-            wanted = [lower.shape[axes.index(k)] if k in axes else ONE for k in range(axes[0], len(higher.shape))]
-            rank = len(higher.shape)
-            letters = ["i", "j"][-rank:] if rank <= 2 else [*"abc"[:rank - 2], "i", "j"] if rank <= 5 else \
-                [f"i{k}" for k in range(rank)]
-            is_tensor = isinstance(lower, t.Tensor)
-            name = lower.name if is_tensor else "the operand"
-            end = ", ".join(format_dim(d, self.order) for d in higher.shape[rank - len(lower.shape):])
-            per = ", ".join(format_dim(d, self.order) for d in lower.shape)
-            declared = is_tensor and lower.name in self.tensors and self.tensors[lower.name].expr is None
-            read = f"{lower.name}[{', '.join(letters[k] for k in axes)}]" if is_tensor else "..."
-            return (f"broadcasting lines up the last axes, so {name} {self.shape_text(lower.shape)} meets the "
-                    f"last ax{'is' if len(lower.shape) == 1 else 'es'} ({end}) of {self.shape_text(higher.shape)}; "
-                    f"for one value per {per if len(lower.shape) == 1 else '(' + per + ')'}, give it shape "
-                    f"{self.shape_text(wanted)}"
-                    + (f" (declare `{lower.name}{self.shape_text(wanted)}`)" if declared else "")
-                    + f" or write the definition in index notation: "
-                      f"`{self.defining or 'T'}[{', '.join(letters)}] = ... {read}`")
-        if len(a.shape) >= 2 and len(b.shape) >= 2 and same_dim(a.shape[-1], b.shape[-2]):
-            return "elementwise operators broadcast like NumPy; for a matrix product use @"
-        if len(a.shape) >= 2 and len(b.shape) >= 2 and same_dim(a.shape[-1], b.shape[-1]):
-            return "elementwise operators broadcast like NumPy; for a matrix product use @ with .T (A @ B.T)"
-        return ("elementwise operators broadcast like NumPy: shapes line up from the last axis, and each pair "
-                "of dims is equal or one of them is 1")
 
     @expr.register
     def _(self, node: ir.Transpose, scope) -> t.Node:
