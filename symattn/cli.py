@@ -496,7 +496,7 @@ def run() -> None:
     """The `symattn` command: `main`, then the process ends without tearing the interpreter down.
 
     A document leaves hundreds of thousands of SymPy objects in SymPy's caches and ours; freeing
-    them one by one at exit takes 0.1-0.2 s of a two-second command and does nothing a user can
+    them one by one at exit is a noticeable share of a short command and does nothing a user can
     see. So the exit handlers run (logging's flush, multiprocessing's reaping of children, those
     of torch or triton when a target loaded them), the standard streams are flushed, and the
     process leaves with `os._exit`. Where CPython's exit handler runner is missing, it ends
