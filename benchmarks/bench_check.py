@@ -12,14 +12,11 @@ symattn"` (the interpreter and import cost every command pays).
 
 from __future__ import annotations
 
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,9 +61,10 @@ def main() -> None:
                              if not line.startswith(" ") and ": " in line and line.split(": ")[1]
                              in ("proved", "refuted", "unknown"))
             rows.append((spec.stem, seconds, counts))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"{datetime.now(timezone.utc):%Y-%m-%d}")
-    print(f"baseline `import symattn.cli` in a fresh interpreter: {base:.2f} s\n")
+    from machine import describe
+
+    print(describe())
+    print(f"\nbaseline `import symattn.cli` in a fresh interpreter: {base:.2f} s\n")
     print("| spec | `symattn check` wall s | x baseline | verdicts |")
     print("| --- | ---: | ---: | --- |")
     for name, seconds, counts in rows:

@@ -1,6 +1,6 @@
 """How long the equivariance / invariance claims of the example specs take.
 
-    python benchmarks/bench_equivariance.py [--repeat 200] [--dim N=8] [SPEC ...]
+    python benchmarks/bench_equivariance.py [--repeat 200] [--dim N=8] [--markdown] [SPEC ...]
 
 For every `equivariant(...)` / `invariant(...)` check in each spec (the claim
 itself, without `not`), one row:
@@ -45,7 +45,7 @@ def one(path: str, index: int, dims: dict, what: str, repeat: int) -> dict:
     spec = symattn.load(path, dims=dims or None)
     typed = spec.typed
     c = claims(spec)[index]
-    args = (typed, c.output, c.input, c.dim, c.kind == "invariant")
+    args = (typed, c.output, c.sources, c.dim, c.kind == "invariant")
     if what == "check":
         start = time.perf_counter()
         verdict = check_symmetry(typed, c)
@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("specs", nargs="*", help="spec files (default: derivations/*.attn)")
     parser.add_argument("--repeat", type=int, default=200, help="timed repeats of the proof (default 200)")
     parser.add_argument("--dim", action="append", default=[], help="override a size, e.g. N=8")
+    parser.add_argument("--markdown", action="store_true", help="print the table of BENCHMARKS.md")
     parser.add_argument("--one", nargs=3, metavar=("SPEC", "INDEX", "WHAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
@@ -99,7 +100,9 @@ def main() -> None:
     paths = args.specs or [str(p.relative_to(REPO)) for p in sorted((REPO / "derivations").glob("*.attn"))]
     head = (f"{'spec':<22} {'claim':<24} {'sizes':<22} {'verdict':<8} {'steps':>5} {'proof ms':>9} "
             f"{'witness cold s':>14} {'warm s':>7} {'cex ms':>7} {'check s':>8}")
-    print(head)
+    rows = []
+    if not args.markdown:
+        print(head)
     worst_proof = worst_witness = 0.0
     for path in paths:
         spec = symattn.load(REPO / path if not Path(path).is_absolute() else path, dims=dims or None)
@@ -108,15 +111,31 @@ def main() -> None:
             full = str(REPO / path) if not Path(path).is_absolute() else path
             w = fresh(full, index, dims, "witness", args.repeat)
             k = fresh(full, index, dims, "check", args.repeat)
-            claim = f"{c.kind}({c.output}, {c.input})"
+            group = c.sources[0] if len(c.sources) == 1 else f"({', '.join(c.sources)})"
+            claim = f"{c.kind}({c.output}, {group})"
             witness = {True: "", False: " (no)", None: " (skip)"}[w["witness"]]
             cex = f"{w['counter_ms']:.1f}" if w["counter_ms"] is not None else "-"
-            print(f"{Path(path).stem:<22} {claim:<24} {sizes:<22} {k['verdict']:<8} {w['steps']:>5} "
-                  f"{w['proof_ms']:>9.3f} {w['witness_cold_s']:>9.2f}{witness:<5} {w['witness_warm_s']:>7.2f} "
-                  f"{cex:>7} {k['check_s']:>8.2f}")
+            rows.append([Path(path).stem, f"`{claim}`", k["verdict"], f"{w['proof_ms']:.2f}",
+                         f"{w['witness_cold_s']:.2f}{witness}", cex, f"{k['check_s']:.2f}"])
+            if not args.markdown:
+                print(f"{Path(path).stem:<22} {claim:<24} {sizes:<22} {k['verdict']:<8} {w['steps']:>5} "
+                      f"{w['proof_ms']:>9.3f} {w['witness_cold_s']:>9.2f}{witness:<5} {w['witness_warm_s']:>7.2f} "
+                      f"{cex:>7} {k['check_s']:>8.2f}")
             worst_proof = max(worst_proof, w["proof_ms"])
             if w["witness"]:
                 worst_witness = max(worst_witness, w["witness_cold_s"])
+    if args.markdown:
+        from machine import describe, table
+
+        print(describe())
+        print()
+        print(table(["spec", "claim", "verdict", "proof ms", "witness s (cold)", "counterexample ms", "check s (cold)"],
+                    rows, right={3, 4, 5, 6}))
+        print(f"\nSlowest proof {worst_proof:.2f} ms ({worst_proof / 500:.4f} of the 500 ms goal); slowest witness "
+              f"of a proved claim {worst_witness:.2f} s ({worst_witness / 2:.2f} of the 2 s goal). Proof: median of "
+              f"{args.repeat} after a warm-up; witness and check: the first call in a fresh interpreter; "
+              "(no): the witness is not an identity, (skip): not run.")
+        return
     print(f"\nslowest proof {worst_proof:.3f} ms (goal < 500 ms); slowest witness of a proved claim, cold, "
           f"{worst_witness:.2f} s (goal < 2 s)")
     print(f"proof: median of {args.repeat} after a warm-up; witness cold: first call in a fresh interpreter; "

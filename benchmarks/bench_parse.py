@@ -1,11 +1,12 @@
 """How long parsing and validating the example specs takes.
 
-    python benchmarks/bench_parse.py [--repeat 50] [SPEC ...]
+    python benchmarks/bench_parse.py [--repeat 50] [--markdown] [SPEC ...]
 
 Prints one row per spec (median over repeats, after one warm-up) and a row for
 all specs together; then the cold time of the very first parse in a fresh
 interpreter, which includes building the LALR parser from the grammar. Reading
 the files is not timed. The goal is well under 100 ms for all specs together.
+With --markdown, the table of BENCHMARKS.md ("Parsing"), with where and when it was measured.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("specs", nargs="*", type=Path, help="spec files (default: derivations/*.attn)")
     parser.add_argument("--repeat", type=int, default=50, help="timed repeats per row (default 50)")
     parser.add_argument("--cold-runs", type=int, default=5, help="fresh interpreters for the cold row (default 5)")
+    parser.add_argument("--markdown", action="store_true", help="print the table of BENCHMARKS.md")
     args = parser.parse_args()
     paths = args.specs or sorted((REPO / "derivations").glob("*.attn"))
     texts = [(str(p.relative_to(REPO) if p.is_relative_to(REPO) else p), read_spec_file(p)) for p in paths]
@@ -81,6 +83,20 @@ def main() -> None:
     together = median_ms(lambda: load_all(texts), args.repeat)
     cold = cold_ms(texts, args.cold_runs)
 
+    if args.markdown:
+        from machine import describe, table
+
+        print(describe())
+        print()
+        print(table(["specs", "lines", "warm: wall ms", "warm: CPU ms", "warm CPU / goal (100 ms)", "cold: wall ms"],
+                    [[f"all {len(rows)} together", total_lines, f"{together[0]:.1f}", f"{together[1]:.1f}",
+                      f"{together[1] / 100:.2f}", f"{cold:.1f}"],
+                     *[[name, lines, f"{wall:.2f}", f"{cpu:.2f}", "", ""] for name, lines, (wall, cpu) in
+                       sorted(rows, key=lambda r: -r[2][1])[:3]]], right={1, 2, 3, 4, 5}))
+        print(f"\n(The three slowest specs below the total. Warm: median of {args.repeat} after a warm-up; cold: "
+              f"median of {args.cold_runs} fresh interpreters, the LALR parser built from the grammar included, "
+              "imports not.)")
+        return
     print(f"{'spec':<24} {'lines':>5} {'wall ms':>9} {'cpu ms':>9}")
     for name, lines, (wall, cpu) in rows:
         print(f"{name:<24} {lines:>5} {wall:>9.2f} {cpu:>9.2f}")

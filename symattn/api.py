@@ -1,10 +1,13 @@
 """The Python API: `load` a spec, get a `Spec` whose methods mirror the CLI.
 
-Contract: `load(path_or_text, dims=None)` reads a file (a `Path`, or a string
-naming an existing file, ending in `.attn`, or naming an existing file once
-`.attn` is added) or spec text, parses and validates it, and returns a `Spec`
-holding the typed IR; a bad spec raises a `SpecError` whose `str()` is the
-located report. `read_spec_file` turns bytes that are not UTF-8 into such an
+Contract: `load(path_or_text, dims=None)` reads a file or spec text, parses and
+validates it, and returns a `Spec` holding the typed IR; a bad spec raises a
+`SpecError` whose `str()` is the located report. A `Path`, or a string of one
+line that looks like a path (it ends in `.attn`, or has no blank in it, or names
+something that exists) is a file, `.attn` added when only that name exists
+(`spec_file`, which the CLI uses too); a missing file or a directory is a
+`UsageError` that says so. Other strings are spec text: a spec has at least two
+statements, one a line, so one line with blanks is never a spec. `read_spec_file` turns bytes that are not UTF-8 into such an
 error too. A `Spec` method given a tensor name the spec does not declare
 raises `UnknownTensorError` (a `UsageError` and a `KeyError`).
 """
@@ -25,7 +28,7 @@ from .ir.printing import to_spec
 from .ir.shapes import format_shape
 from .front.validate import validate
 
-__all__ = ["load", "Spec", "read_spec_file", "example_path", "example_text"]
+__all__ = ["load", "Spec", "read_spec_file", "spec_file", "example_path", "example_text"]
 
 T = TypeVar("T")
 
@@ -45,11 +48,14 @@ def read_spec_file(path: str | Path) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
+        tried = f" (nor {path}.attn)" if not path.suffix else ""
+        raise UsageError(f"{path}: no such file{tried}") from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a directory, not a spec file") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError:  # a NUL in the name
+        raise UsageError(f"{str(path)!r}: no file can have this name") from None
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -65,19 +71,32 @@ def read_spec_file(path: str | Path) -> str:
         ).located(str(path), shown) from None
 
 
-def _spec_path(value: str) -> Path | None:
-    """The file a string names (`derivations/causal` names `derivations/causal.attn` when that exists), or None
-    when the string is spec text."""
-    if "\n" in value:
-        return None
+def spec_file(path: str | Path) -> Path:
+    """The file a spec path names: the path itself when it exists (or has a suffix), else the path
+    with `.attn` added when that exists (`derivations/causal` names `derivations/causal.attn`),
+    else the path as given, for `read_spec_file` to report as missing."""
+    path = Path(path)
     try:
-        if value.endswith(".attn") or Path(value).is_file():
-            return Path(value)
-        if Path(value + ".attn").is_file():
-            return Path(value + ".attn")
+        if path.suffix or path.exists():
+            return path
+        with_suffix = path.with_name(path.name + ".attn")
+        return with_suffix if with_suffix.is_file() else path
+    except (OSError, ValueError):  # no possible file name (too long, NUL): reported when read
+        return path
+
+
+def _looks_like_path(value: str) -> bool:
+    """Whether a string given to `load` names a file rather than holding spec text: one line that
+    ends in `.attn`, has no blank in it (`nope`, `derivations/`), or names something that exists, and
+    could be a file name at all."""
+    if "\n" in value or not value.strip() or "\0" in value or any(len(part) > 255 for part in value.split("/")):
+        return False  # no file could have this name (NUL, or a part longer than file systems allow)
+    if value.endswith(".attn") or not any(c.isspace() for c in value):
+        return True
+    try:
+        return Path(value).exists() or Path(value + ".attn").is_file()
     except (OSError, ValueError):  # spec text that is no possible file name (too long, NUL)
-        pass
-    return None
+        return False
 
 
 class Spec:
@@ -372,9 +391,10 @@ def format_typed(spec: t.TypedSpec) -> str:
 
 def load(path_or_text: str | Path, dims: Mapping[str, int] | None = None, *, filename: str | None = None) -> Spec:
     """Parse and validate a spec file (the `.attn` suffix may be left off) or spec text; `dims` overrides
-    default sizes."""
-    path = path_or_text if isinstance(path_or_text, Path) else \
-        _spec_path(path_or_text) if isinstance(path_or_text, str) else None
+    default sizes. A string that looks like a path but names no file is a `UsageError` ("no such file"),
+    not spec text."""
+    path = spec_file(path_or_text) if isinstance(path_or_text, Path) or \
+        isinstance(path_or_text, str) and _looks_like_path(path_or_text) else None
     if path is not None:
         source = read_spec_file(path)
         name = filename or str(path)

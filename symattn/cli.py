@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from . import progress
 from .version import __version__
-from .api import Spec, definition_text, example_path, example_text, load
+from .api import Spec, definition_text, example_path, example_text, load, spec_file
 from .budget import DEFAULT_SECONDS
 from .errors import SpecError, SymAttnError, UsageError
 from .ir.shapes import format_shape
@@ -54,9 +54,42 @@ def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
         if not default_example:
             raise UsageError("a SPEC file is required")
         return load(example_text(), dims=dims, filename=example_path())
-    # Always a path: a SPEC that names no file must say so, not be parsed as spec text.
-    return load(Path(args.spec) if args.spec != "-" else sys.stdin.read(), dims=dims,
-                filename=None if args.spec != "-" else "<stdin>")
+    if args.spec == "-":
+        return load(sys.stdin.read(), dims=dims, filename="<stdin>")
+    # Always a path (`.attn` optional, as for `load`): a SPEC that names no file must say so, not be
+    # parsed as spec text.
+    return load(spec_file(args.spec), dims=dims)
+
+
+_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".tex": "tex"}
+
+
+def _document_format(args: argparse.Namespace) -> str:
+    """`--format`, else what `-o`'s extension says (`.md`, `.html`, `.tex`), else Markdown."""
+    if args.format is not None:
+        return args.format
+    return _FORMATS.get(Path(args.output).suffix.lower(), "md") if args.output else "md"
+
+
+def _output_file(value: str, what: str) -> Path:
+    """Where `-o` says a file goes; a usage error when it is a directory or its directory does not exist."""
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory; name the {what} to write in it")
+    if not path.parent.is_dir():
+        raise UsageError(f"{path.parent}: no such directory")
+    return path
+
+
+def _write(path: Path, data: str | bytes) -> None:
+    """Write a file the user named; a place that cannot be written is a usage error, not a traceback."""
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -69,15 +102,67 @@ def _compact(value) -> str:
     return text if len(text) <= 400 else text[:397] + "..."
 
 
+LADDER = ("How a claim is settled, cheapest first: (1) matrix level: canonical index forms with the dims "
+          "symbolic (proved for all sizes); (2) element level: every entry written out exactly at the stated "
+          "sizes (proved at those sizes); (3) a counterexample searched at exact small inputs and re-run in "
+          "float64 (refuted); otherwise unknown, saying where the last rung stopped.")
+
+
+def _steps_text(steps) -> list[str]:
+    """A proof's recorded steps (rule, subject, result) as lines of `check --explain`; a rule that is
+    a lemma of the equivariance prover is stated where it is first used."""
+    from .prove.equivariance import LEMMAS
+
+    lines, stated = [], set()
+    for rule, subject, result in steps:
+        law = f" (lemma: {LEMMAS[rule].statement})" if rule in LEMMAS and rule not in stated else ""
+        stated.add(rule)
+        if rule == "none" or str(result).startswith(str(subject)):
+            lines.append(f"{rule}: {result}{law}")
+        else:
+            lines.append(f"{rule}: {subject} -> {result}{law}")
+    return lines
+
+
+def _explain_gradients(spec: Spec, force: bool) -> list[str]:
+    """`check --explain`'s second part: each derived gradient against the exact element-level chain rule."""
+    from .errors import SizeGuardError
+
+    lines = ["", "Derived gradients against the element-level chain rule (every entry written out exactly "
+             "and differentiated with sympy.diff):"]
+    try:
+        checks = spec.verify_gradients(force=force)
+    except SizeGuardError as err:
+        return lines + [f"  skipped: {err}"]
+    for check in checks:
+        lines.append(f"  grad({check.tensor}): {'confirmed' if check.ok else 'not confirmed'}: {check.method}")
+        if not check.ok and not check.method.startswith("not checked"):
+            lines.append("      the two sides did not reduce to the same expression at these sizes; no entry was "
+                         f"shown to differ, so this is neither a proof nor a refutation; `symattn verify "
+                         f"{spec.filename} --target numpy` compares the generated code with central finite "
+                         "differences")
+    return lines
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     spec = _load(args)
     verdicts = spec.check(force=args.force, budget=args.budget)
     if args.json:  # strict JSON: non-finite numbers are written as strings by to_json
-        print(json.dumps([v.to_json() for v in verdicts], indent=2, allow_nan=False))
+        entries = [v.to_json() for v in verdicts]
+        if args.explain:
+            for entry, v in zip(entries, verdicts):
+                entry["steps"] = [[str(part) for part in step] for step in v.steps]
+        print(json.dumps(entries, indent=2, allow_nan=False))
     else:
+        if args.explain:
+            print(LADDER)
+            print()
         for v in verdicts:
             print(f"{spec.filename}:{v.line}: {v.verdict}: {v.claim}")
             print(f"    {v.method}")
+            if args.explain:
+                for line in _steps_text(v.steps):
+                    print(f"      {line}")
             ce = v.counterexample
             if ce is not None:
                 print(f"    {ce.note}")
@@ -88,6 +173,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     print(f"      right side = {_compact(ce.rhs)}")
         if not verdicts:
             print(f"{spec.filename}: no check statements")
+        if args.explain:
+            print("\n".join(_explain_gradients(spec, args.force)))
     return 0 if all(v.holds for v in verdicts) else 1
 
 
@@ -131,18 +218,19 @@ def _summary(spec: Spec, force: bool = False) -> str:
         lines += ["", "Checks: the spec states no `check`."]
     stem = Path(spec.filename).stem if spec.filename not in ("<stdin>", "<spec>") else spec.name
     source = {example_path(): "", "<stdin>": " -"}.get(spec.filename, f" {spec.filename}")
-    markdown, html = f"symattn derive{source} -o {stem}.md", f"symattn derive{source} -o {stem}.html --format html"
+    markdown, html = f"symattn derive{source} -o {stem}.md", f"symattn derive{source} -o {stem}.html"
     width = len(html) + 4
     lines += ["", "The full document shows every rule applied, a worked example, each check's proof or",
               "counterexample, and the cost:",
               f"  {markdown:<{width}}Markdown, figures beside it",
-              f"  {html:<{width}}one HTML page (or --format tex)"]
+              f"  {html:<{width}}one HTML page (or -o {stem}.tex for LaTeX)"]
     return "\n".join(lines) + "\n"
 
 
 def _cmd_derive(args: argparse.Namespace) -> int:
+    target = _output_file(args.output, "document") if args.output else None
     spec = _load(args, default_example=True)
-    fmt = args.format or "md"
+    fmt = _document_format(args)
     figures: dict[str, bytes] = {}
     if args.gradients:
         derivation = spec.derive()
@@ -159,11 +247,10 @@ def _cmd_derive(args: argparse.Namespace) -> int:
         doc = build(spec, force=args.force, figures=bool(args.output))
         text = render(doc, fmt)
         figures = {f.name: f.png for f in doc.figures} if fmt != "html" else {}
-    if args.output:
-        target = Path(args.output)
-        target.write_text(text, encoding="utf-8")
+    if target is not None:
+        _write(target, text)
         for name, png in figures.items():
-            (target.parent / name).write_bytes(png)
+            _write(target.parent / name, png)
     else:
         sys.stdout.write(text)
     return 0
@@ -173,19 +260,15 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     spec = _load(args)
     if args.target == "cuda":
         return _emit_cuda(spec, args)
+    path = None if args.output == "-" else _output_file(args.output, ".py file")  # before the work
     if args.target == "triton":
-        return _emit_triton(spec, args)
+        return _emit_triton(spec, path)
     progress.step(f"deriving and generating the {'PyTorch' if args.target == 'torch' else 'NumPy'} module")
     source = spec.emit(args.target)
-    if args.output == "-":
+    if path is None:
         print(source, end="")
         return 0
-    path = Path(args.output)
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory; name the .py file to write")
-    if not path.parent.exists():
-        raise UsageError(f"{path.parent}: no such directory")
-    path.write_text(source, encoding="utf-8")
+    _write(path, source)
     print(f"wrote {path}: forward, backward and forward_backward for {spec.name}")
     return 0
 
@@ -199,7 +282,10 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
         raise UsageError(f"{directory} is a file; emit cuda writes a directory")
     progress.step("deriving and generating the kernels")
     code = emit_cuda(spec, fused=args.cuda_path != "generic")
-    written = code.write(directory)
+    try:
+        written = code.write(directory)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or directory}: cannot write: {exc.strerror or exc}") from None
     cores = ", ".join(c.output for c in code.plan.cores)
     print(f"wrote {directory}: {', '.join(p.name for p in written)} ({code.path} path"
           + (f", fused attention core {cores}" if cores else "") + ")")
@@ -208,16 +294,14 @@ def _emit_cuda(spec: Spec, args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit_triton(spec: Spec, args: argparse.Namespace) -> int:
-    """`symattn emit triton SPEC -o FILE.py`: the fused attention cores' Triton kernels and launchers."""
+def _emit_triton(spec: Spec, path: Path | None) -> int:
+    """`symattn emit triton SPEC -o FILE.py` (None: `-o -`, standard output): the fused attention cores'
+    Triton kernels and launchers."""
     code = spec.emit("triton")
-    if args.output == "-":
+    if path is None:
         print(code.text, end="")
         return 0
-    path = Path(args.output)
-    if path.is_dir() or not path.parent.exists():
-        raise UsageError(f"{path}: name a .py file in an existing directory")
-    path.write_text(code.text, encoding="utf-8")
+    _write(path, code.text)
     print(f"wrote {path}: " + ", ".join(f"{name}_forward/_backward ({core.output})"
                                         for name, core in zip(code.names, code.cores)))
     return 0
@@ -312,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dim", action="append", type=_dim_override, metavar="NAME=SIZE",
-                        help="override a dim's default size (repeatable), e.g. --dim N=8")
+                        help="override a dim's default size (repeatable), e.g. --dim N=8 (default: the sizes "
+                             "of the spec's dim lines)")
 
     def add(name: str, help_text: str, spec_optional: bool = False) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
@@ -325,9 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("show", "Print the typed IR: every dim, every tensor with its kind and shape, every check.")
     derive = add("derive", "Derive the backward pass and write the derivation document.", spec_optional=True)
-    derive.add_argument("-o", "--output", metavar="FILE", help="write the document here (default: stdout)")
+    derive.add_argument("-o", "--output", metavar="FILE",
+                        help="write the document here, figures beside it (default: standard output)")
     derive.add_argument("--format", choices=("md", "html", "tex"), default=None,
-                        help="document format (default md); implies --document")
+                        help="document format (default: from -o's extension, .md, .html or .tex; else md); "
+                             "implies --document")
     what = derive.add_mutually_exclusive_group()
     what.add_argument("--summary", action="store_true",
                       help="print a short summary: forward pass, gradients, verdicts (the default on a terminal "
@@ -339,7 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     derive.add_argument("--force", action="store_true",
                         help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
-    check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list")
+    check.add_argument("--json", action="store_true", help="print the verdicts as a JSON list (default: text)")
+    check.add_argument("--explain", action="store_true",
+                       help="also print each proof's recorded steps, and each derived gradient against the exact "
+                            "element-level chain rule (default: one verdict and its method per check)")
     check.add_argument("--force", action="store_true",
                        help="run element-level work even when the size guard says it would take minutes")
     check.add_argument("--budget", type=_seconds, default=DEFAULT_SECONDS, metavar="SECONDS",
@@ -352,12 +442,17 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
                       help="FILE.py for numpy, torch and triton ('-': standard output), a directory for cuda")
     emit.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
-                      help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
+                      help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never "
+                           "(generic) (default auto)")
     verify = add("verify", "Run generated code against the reference evaluator and finite differences.")
-    verify.add_argument("--target", choices=("numpy", "torch", "cuda", "triton"), default="numpy")
+    verify.add_argument("--target", choices=("numpy", "torch", "cuda", "triton"), default="numpy",
+                        help="which generated code to run: the NumPy module, the PyTorch module, the CUDA kernels "
+                             "(on the CPU, and the nvcc gate where nvcc is installed) or the Triton kernels "
+                             "(default numpy)")
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     verify.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
-                        help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never")
+                        help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never "
+                             "(generic) (default auto)")
     return parser
 
 
@@ -404,7 +499,7 @@ def run() -> None:
     """The `symattn` command: `main`, then the process ends without tearing the interpreter down.
 
     A document leaves hundreds of thousands of SymPy objects in SymPy's caches and ours; freeing
-    them one by one at exit takes 0.1-0.2 s of a two-second command and does nothing a user can
+    them one by one at exit is a noticeable share of a short command and does nothing a user can
     see. So the exit handlers run (logging's flush, multiprocessing's reaping of children, those
     of torch or triton when a target loaded them), the standard streams are flushed, and the
     process leaves with `os._exit`. Where CPython's exit handler runner is missing, it ends

@@ -2,7 +2,7 @@
 
 Contract: `document.build(spec)` assembles the document model (sections,
 formulas as boxes, tables, figures) from the derivation, the element-level
-example, the verdicts and the costs, and `document.render` writes it as
+example, the verdicts and the costs, and `render.render` writes it as
 Markdown, HTML (MathML) or LaTeX; `mathprint` turns typed nodes into math
 boxes and `mathbox` renders boxes; `figures` draws PNGs with matplotlib when it
 is installed; `display` registers the notebook displays of derivations,

@@ -3,10 +3,9 @@
 Contract: `build(spec)` assembles a `Document` (a list of blocks) from the
 very objects symattn checked: the typed IR, the derivation's recorded steps,
 the element-level cross-check, the verdicts of every `check`, the
-permutation proof, and the cost polynomials. `render(doc, fmt)` writes it as
-Markdown (math GitHub renders), standalone HTML (MathML, renders offline) or
-LaTeX (compiles with a standard distribution). The same inputs give the same
-bytes. Figures come from `symattn.docs.figures` when matplotlib is installed and
+permutation proof, and the cost polynomials; `render(doc, fmt)` (from
+`symattn.docs.render`, the document model and its renderings) writes it as
+Markdown, standalone HTML or LaTeX. The same inputs give the same bytes. Figures come from `symattn.docs.figures` when matplotlib is installed and
 are left out, with a note, when it is not. They are drawn in a child process
 (`symattn.docs.figure_job`) while the element-level work goes on, where the
 'fork' start method exists, else in this process: the same PNG bytes either way.
@@ -14,9 +13,8 @@ are left out, with a note, when it is not. They are drawn in a child process
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass, field
-from html import escape
+import re
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -25,91 +23,21 @@ import sympy
 from .. import progress
 from ..version import __version__
 from ..ir import typed as t
-from ..prove.verdicts import Verdict
+from ..prove.verdicts import GradientCheck, Verdict
 from ..symbolic.cost import Cost, spec_cost
 from ..symbolic.derive import Derivation
 from .display import counterexample_lines
 from ..symbolic.element import ElementModel, guard
 from ..prove.equivariance import LEMMAS
 from ..errors import SizeGuardError
-from .figures import Figure
 from .figure_job import FigureJob
 from ..symbolic.evaluate import NUMERIC, Evaluator
-from .mathbox import Box, Ident, Op, row, to_latex, to_mathml
+from .mathbox import Box, Ident, Op, row
+from .render import FORMATS, Code, Display, Document, Heading, Inline, Items, Math, Para, Table, render
 from .mathprint import Names, definition_box, dim_box, entry_box, grad_box, gradient_box, loss_box, matrix_box
-from ..ir.shapes import format_shape
+from ..ir.shapes import format_dim, format_shape
 
 __all__ = ["Document", "build", "render", "FORMATS"]
-
-
-# --- the document model ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Math:
-    """One formula in both renderings."""
-
-    latex: str
-    mathml: str
-
-    @staticmethod
-    def of(box: Box) -> "Math":
-        return Math(to_latex(box), to_mathml(box))
-
-    @staticmethod
-    def of_sympy(expr: sympy.Expr) -> "Math":
-        # Element symbols are named `P_{1,1}`, `W^{q}_{2,1}`; SymPy's MathML printer wants `P_1,1`.
-        plain = {s: sympy.Symbol(s.name.replace("{", "").replace("}", "")) for s in expr.free_symbols}
-        inner = sympy.mathml(expr.xreplace(plain), printer="presentation")
-        return Math(sympy.latex(expr), f'<math xmlns="http://www.w3.org/1998/Math/MathML">{inner}</math>')
-
-
-Inline = str | Math
-
-
-@dataclass
-class Heading:
-    level: int
-    text: str
-
-
-@dataclass
-class Para:
-    parts: list[Inline]
-
-
-@dataclass
-class Display:
-    math: Math
-
-
-@dataclass
-class Code:
-    text: str
-
-
-@dataclass
-class Table:
-    header: list[str]
-    rows: list[list[Inline]]
-
-
-@dataclass
-class Items:
-    items: list[list[Inline]]
-
-
-@dataclass
-class Document:
-    name: str
-    title: str
-    blocks: list = field(default_factory=list)
-
-    @property
-    def figures(self) -> list[Figure]:
-        return [b for b in self.blocks if isinstance(b, Figure)]
-
-    def add(self, *blocks) -> None:
-        self.blocks.extend(blocks)
 
 
 # --- building ------------------------------------------------------------------------------
@@ -245,28 +173,32 @@ def _figure_job(typed: t.TypedSpec, inputs: _Inputs, wanted: bool) -> FigureJob:
     if not wanted:
         return FigureJob(thunks, fork=False)
     if inputs.table is not None:
-        thunks["heatmap"] = lambda: figures.heatmap(typed.name, inputs.weights, inputs.table)
+        thunks["heatmap"] = lambda: figures.heatmap(typed.name, *_which_matrix(typed, inputs.weights), inputs.table)
     thunks["cost"] = lambda: figures.cost_curve(typed, inputs.cost)
     return FigureJob(thunks, fork=None if find_spec("matplotlib") is not None else False)
 
 
 def _place_figures(doc: Document, job: FigureJob, wanted: bool) -> None:
-    """Each slot becomes its figure (none when the figure is None or not wanted), or the heatmap's
-    note when matplotlib is missing; then the note on missing figures, when they are."""
-    available = job.result("available")
+    """Each slot becomes its figure (none when the figure is None), or the heatmap's note when
+    matplotlib is missing; then the note on missing figures, when they are. When figures are not
+    wanted the slots go, and nothing is said about matplotlib: such a document is the same
+    whether it is installed or not."""
+    available = wanted and job.result("available")
     blocks = []
     for block in doc.blocks:
         if not isinstance(block, _Slot):
             blocks.append(block)
+        elif not wanted:
+            continue
         elif not available:
             if block.name == "heatmap":
                 blocks.append(Para([_HEATMAP_NOTE]))
-        elif wanted:
+        else:
             figure = job.result(block.name)
             if figure is not None:
                 blocks.append(figure)
     doc.blocks = blocks
-    if not available:
+    if wanted and not available:
         doc.add(Para([_FIGURES_NOTE]))
 
 
@@ -281,6 +213,17 @@ def _weight_table(spec: t.TypedSpec, weights: str) -> np.ndarray:
     while values.ndim > 2:
         values = values[0]
     return values
+
+
+def _which_matrix(spec: t.TypedSpec, weights: str) -> tuple[str, str]:
+    """Which matrix of the weights the table and the heatmap show, when they have more axes than
+    two: (`P[0, :, :]`, `the first of h = 2`); (`P`, "") for a matrix."""
+    leading = spec.tensors[weights].shape[:-2]
+    if not leading:
+        return weights, ""
+    order = list(spec.dims)
+    of = " and of ".join(f"{format_dim(d, order)} = {n}" for d, n in zip(leading, spec.concrete_shape(leading)))
+    return f"{weights}[{', '.join(['0'] * len(leading) + [':', ':'])}]", f"the first of {of}"
 
 
 def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, inputs: _Inputs) -> None:
@@ -302,7 +245,9 @@ def _example(doc: Document, spec: t.TypedSpec, model: ElementModel | None, input
         doc.add(Para([f"and the first attention weight {w}, a softmax written with exp:"]),
                 Display(Math.of_sympy(sympy.Eq(model.slot[w][entry], model.local[w][entry], evaluate=False))))
         values = inputs.table if inputs.table is not None else _weight_table(spec, w)
-        doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {w} are:"]))
+        matrix, which = _which_matrix(spec, w)
+        doc.add(Para([f"With the inputs drawn from the multiples of 1/2 in [-1, 1] (seed 0), the weights {matrix}"
+                      + (f" ({which})" if which else "") + " are:"]))
         header = [""] + [str(j + 1) for j in range(values.shape[-1])]
         doc.add(Table(header, [[str(i + 1)] + [f"{v:.3f}" for v in r] for i, r in enumerate(values)]))
         doc.add(_Slot("heatmap"))
@@ -346,6 +291,34 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
             doc.add(Para([verified[name]]))
 
 
+def _learn_more(spec: t.TypedSpec) -> str:
+    """The commands a reader can run to see more than a document shows about a verdict."""
+    name = spec.filename.split("/")[-1]
+    return (f"To learn more: `symattn check {name} --explain` (the steps of every check, and every gradient "
+            f"against the chain rule) and `symattn verify {name} --target numpy` (the generated code against "
+            "central finite differences).")
+
+
+def _gradient_note(spec: t.TypedSpec, check: GradientCheck, verdicts: list[Verdict]) -> str:
+    """What the element-level comparison of one derived gradient found, in words a reader can act on:
+    confirmed, or which rung ran, what it found, what else the spec's checks say, and what to run."""
+    if check.ok:
+        return f"Checked: {check.method}."
+    if check.method.startswith("not checked"):
+        found = f"Not checked at the element level: {check.method[len('not checked: '):]}."
+    else:
+        sizes = check.method[len("not shown equal at "):] if check.method.startswith("not shown equal at ") \
+            else check.method
+        found = (f"Not confirmed at the element level: at {sizes} the exact comparison of every entry with the "
+                 "element-level chain rule did not reduce to an identity. No entry was shown to differ, so this "
+                 "is neither a proof nor a refutation of the formula.")
+    claim = re.compile(rf"grad\({re.escape(check.tensor)}\)\s*==")
+    stated = [v for v in verdicts if claim.match(v.claim)]
+    also = "".join(f" The spec's check at line {v.line} (`{v.claim}`), which compares the derived formula with "
+                   f"the one it states, is {v.verdict}: {v.method}." for v in stated)
+    return f"{found}{also} {_learn_more(spec)}"
+
+
 def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
     doc.add(Heading(2, "Checks"))
     if not verdicts:
@@ -353,6 +326,11 @@ def _checks(doc: Document, spec: t.TypedSpec, verdicts: list[Verdict]) -> None:
         return
     rows = [[str(v.line), f"`{v.claim}`", v.verdict, v.method] for v in verdicts]
     doc.add(Table(["line", "claim", "verdict", "how it was settled"], rows))
+    unknown = [str(v.line) for v in verdicts if v.verdict == "unknown"]
+    if unknown:
+        doc.add(Para([f"Unknown (line{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}) means neither proved "
+                      "nor refuted: the row says where the last rung (matrix level, element level, counterexample "
+                      f"search) stopped and why. {_learn_more(spec)}"]))
     for v in verdicts:
         if v.counterexample is not None:
             doc.add(Code("\n".join(counterexample_lines(v))))
@@ -389,15 +367,21 @@ def _cost(doc: Document, spec: t.TypedSpec, cost: Cost) -> None:
     def m(expr) -> Math:
         return Math.of(dim_box(expr))
 
-    rows = [
-        ["mathematics and generated NumPy", m(cost.forward_flops), m(cost.backward_flops), m(cost.activations)],
-    ]
+    # One formula a row: formulas do not wrap, so two or three side by side made the table several
+    # times as wide as the page for specs with many dims.
+    numpy = "the mathematics, generated NumPy"
+    cuda = "generated CUDA, fused (recomputes the weights)"
     if fused:
-        recompute = cost.recompute
-        rows.append(["generated CUDA, fused attention (recomputes the weights in the backward)",
-                     m(cost.forward_flops), m(sympy.expand(cost.backward_flops + recompute)),
-                     m(sympy.expand(cost.activations - cost.quadratic))])
-    doc.add(Table(["", "forward FLOPs", "backward FLOPs", "floats held by the forward"], rows))
+        rows = [["forward FLOPs", "every implementation", m(cost.forward_flops)],
+                ["backward FLOPs", numpy, m(cost.backward_flops)],
+                ["", cuda, m(sympy.expand(cost.backward_flops + cost.recompute))],
+                ["floats held by the forward", numpy, m(cost.activations)],
+                ["", cuda, m(sympy.expand(cost.activations - cost.quadratic))]]
+    else:
+        rows = [["forward FLOPs", numpy, m(cost.forward_flops)],
+                ["backward FLOPs", numpy, m(cost.backward_flops)],
+                ["floats held by the forward", numpy, m(cost.activations)]]
+    doc.add(Table(["", "computed by", "as a polynomial in the dims"], rows))
     doc.add(Para([f"Sequential depth: the longest chain of dependent operations has {cost.depth} steps whatever "
                   "the sequence length, so attention is O(1) in sequential steps; an RNN over the same sequence "
                   "needs O(N) steps one after another. The price is the memory of the N x N weights: ",
@@ -445,150 +429,15 @@ def _sections(spec, typed: t.TypedSpec, derivation: Derivation, inputs: _Inputs,
         model = None
     progress.step("the small example")
     _example(doc, typed, model, inputs)
+    verdicts = spec.check(force=force)
     verified = {}
     if model is not None:
         for check in spec.verify_gradients(force=force):
-            verified[check.tensor] = f"Checked: {check.method}." if check.ok else f"Unknown: {check.method}."
+            verified[check.tensor] = _gradient_note(typed, check, verdicts)
     _backward(doc, typed, derivation, verified)
-    verdicts = spec.check(force=force)
     _checks(doc, typed, verdicts)
     progress.step("permutation symmetry")
     _symmetry(doc, typed, verdicts, lambda o, s, d: spec.equivariance(o, s, d, force=force))
     progress.step("cost")
     _cost(doc, typed, inputs.cost)
     return doc
-
-
-# --- rendering ------------------------------------------------------------------------------
-
-def _md_inline(parts: list[Inline]) -> str:
-    return "".join(f"${p.latex}$" if isinstance(p, Math) else p for p in parts)
-
-
-def _md_cell(cell: Inline) -> str:
-    return (f"${cell.latex}$" if isinstance(cell, Math) else cell).replace("|", "\\|")
-
-
-def render_md(doc: Document) -> str:
-    out = []
-    for b in doc.blocks:
-        if isinstance(b, Heading):
-            out.append("#" * b.level + " " + b.text)
-        elif isinstance(b, Para):
-            out.append(_md_inline(b.parts))
-        elif isinstance(b, Display):
-            out.append(f"$$\n{b.math.latex}\n$$")
-        elif isinstance(b, Code):
-            out.append("```\n" + b.text.replace("```", "'''") + "\n```")
-        elif isinstance(b, Table):
-            lines = ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
-            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
-            out.append("\n".join(lines))
-        elif isinstance(b, Items):
-            out.append("\n".join("- " + _md_inline(i) for i in b.items))
-        elif isinstance(b, Figure):
-            out.append(f"![{b.caption}]({b.name})")
-    return "\n\n".join(out) + "\n"
-
-
-# Long lines stay inside the page's column: code (a counterexample's note) wraps;
-# wide tables, formulas and lists of steps scroll sideways. On a list the scrolling
-# box is the <ul>, not each <li>, which would clip its bullet.
-_CSS = """body{font-family:Georgia,serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
-code,pre{font-family:Menlo,Consolas,monospace;font-size:90%}
-pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;overflow-x:auto}
-table{border-collapse:collapse;margin:1em 0;display:block;max-width:100%;overflow-x:auto}
-td,th{border:1px solid #ccc;padding:.3em .6em}ul,p{overflow-x:auto;overflow-y:hidden}
-math[display=block]{margin:.8em 0;overflow-x:auto;overflow-y:hidden;max-width:100%}img{max-width:100%}"""
-
-
-def _html_inline(parts: list[Inline]) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, Math):
-            out += p.mathml
-        else:
-            text = escape(p)
-            pieces = text.split("`")
-            out += "".join(f"<code>{s}</code>" if k % 2 else s for k, s in enumerate(pieces))
-    return out
-
-
-def render_html(doc: Document) -> str:
-    body = []
-    for b in doc.blocks:
-        if isinstance(b, Heading):
-            body.append(f"<h{b.level}>{escape(b.text)}</h{b.level}>")
-        elif isinstance(b, Para):
-            body.append(f"<p>{_html_inline(b.parts)}</p>")
-        elif isinstance(b, Display):
-            body.append(b.math.mathml.replace("<math ", '<math display="block" ', 1))
-        elif isinstance(b, Code):
-            body.append(f"<pre>{escape(b.text)}</pre>")
-        elif isinstance(b, Table):
-            head = "".join(f"<th>{escape(h)}</th>" for h in b.header)
-            rows = "".join("<tr>" + "".join(f"<td>{_html_inline([c])}</td>" for c in r) + "</tr>" for r in b.rows)
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
-        elif isinstance(b, Items):
-            body.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in b.items) + "</ul>")
-        elif isinstance(b, Figure):
-            data = base64.b64encode(b.png).decode("ascii")
-            body.append(f'<figure><img alt="{escape(b.caption)}" src="data:image/png;base64,{data}">'
-                        f"<figcaption>{escape(b.caption)}</figcaption></figure>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{escape(doc.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + "\n</body>\n</html>\n")
-
-
-_TEX_TEXT = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "$": "\\$",
-             "{": "\\{", "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}"}
-
-
-def _tex_text(text: str) -> str:
-    escaped = "".join(_TEX_TEXT.get(c, c) for c in text)
-    pieces = escaped.split("`")
-    return "".join(f"\\texttt{{{s}}}" if k % 2 else s for k, s in enumerate(pieces))
-
-
-def _tex_inline(parts: list[Inline]) -> str:
-    return "".join(f"${p.latex}$" if isinstance(p, Math) else _tex_text(p) for p in parts)
-
-
-def render_tex(doc: Document) -> str:
-    out = ["\\documentclass{article}", "\\usepackage[utf8]{inputenc}", "\\usepackage{amsmath,amssymb}",
-           "\\usepackage{graphicx}", "\\usepackage[margin=2cm]{geometry}", "\\usepackage{longtable}",
-           f"\\title{{{_tex_text(doc.title)}}}", "\\date{}", "\\begin{document}", "\\maketitle"]
-    for b in doc.blocks:
-        if isinstance(b, Heading):
-            if b.level == 1:
-                continue
-            command = {2: "section", 3: "subsection"}.get(b.level, "paragraph")
-            out.append(f"\\{command}*{{{_tex_text(b.text)}}}")
-        elif isinstance(b, Para):
-            out.append(_tex_inline(b.parts) + "\n")
-        elif isinstance(b, Display):
-            out.append(f"\\[\n{b.math.latex}\n\\]")
-        elif isinstance(b, Code):
-            out.append("\\begin{verbatim}\n" + b.text.replace("\\end{verbatim}", "\\end {verbatim}")
-                       + "\n\\end{verbatim}")
-        elif isinstance(b, Table):
-            spec = "l" * len(b.header)
-            rows = [" & ".join(_tex_text(h) for h in b.header) + " \\\\ \\hline"]
-            rows += [" & ".join(_tex_inline([c]) for c in r) + " \\\\" for r in b.rows]
-            out.append(f"\\begin{{longtable}}{{{spec}}}\n" + "\n".join(rows) + "\n\\end{longtable}")
-        elif isinstance(b, Items):
-            out.append("\\begin{itemize}\n" + "\n".join(f"\\item {_tex_inline(i)}" for i in b.items)
-                       + "\n\\end{itemize}")
-        elif isinstance(b, Figure):
-            out.append(f"\\begin{{figure}}[h]\\centering\\IfFileExists{{{b.name}}}"
-                       f"{{\\includegraphics[width=0.6\\textwidth]{{{b.name}}}}}{{}}"
-                       f"\\par {_tex_text(b.caption)}\\end{{figure}}")
-    out.append("\\end{document}")
-    return "\n".join(out) + "\n"
-
-
-FORMATS: dict[str, Callable[[Document], str]] = {"md": render_md, "html": render_html, "tex": render_tex}
-
-
-def render(doc: Document, fmt: str = "md") -> str:
-    return FORMATS[fmt](doc)

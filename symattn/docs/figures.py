@@ -52,8 +52,12 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def heatmap(spec_name: str, tensor: str, values: np.ndarray):
+def heatmap(spec_name: str, tensor: str, which: str, values: np.ndarray):
+    """The weights `tensor` (`P`, or `P[0, :, :]` for weights with more axes, `which` then saying
+    which matrix that is: `the first of h = 2`, in the title and the caption) as an image."""
     fig, ax = _new_figure((3.2, 2.8))
+    if which:
+        ax.set_title(f"{tensor} ({which})", fontsize=8)
     image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=max(1e-12, float(np.max(values))))
     ax.set_xlabel("key position j")
     ax.set_ylabel("query position i")
@@ -62,7 +66,8 @@ def heatmap(spec_name: str, tensor: str, values: np.ndarray):
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
     png = _png(fig)
-    return Figure(f"{spec_name}-weights.png", png, f"The attention weights {tensor} of the small example")
+    caption = f"The attention weights {tensor} of the small example" + (f" ({which})" if which else "")
+    return Figure(f"{spec_name}-weights.png", png, caption)
 
 
 def cost_curve(spec, cost):

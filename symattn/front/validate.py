@@ -18,7 +18,6 @@ that brought `grad` into the forward pass.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
 from pathlib import Path
@@ -32,7 +31,7 @@ from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
 from .claim_forms import relative_check, symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
-from . import subscripts
+from . import hints, subscripts
 from .parse import KEYWORDS
 from ..ir.printing import to_spec
 from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
@@ -91,11 +90,6 @@ def _err(cls, message: str, pos: ir.Pos, hint: str | None = None) -> SpecError:
     return cls(message, line=pos.line, column=pos.column, hint=hint, length=pos.length)
 
 
-def _did_you_mean(name: str, candidates) -> str | None:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f"did you mean '{close[0]}'?" if close else None
-
-
 @dataclass
 class _IndexScope:
     """Index names visible in an index-notation body, with inferred ranges."""
@@ -122,6 +116,7 @@ class _Validator:
         # While a definition is validated: what it reads of the backward pass (grad or a
         # check-only definition), as (position, what, check-only name or None); else None.
         self.reads: list[tuple[ir.Pos, str, str | None]] | None = None
+        self.defining: str | None = None  # the tensor a definition being validated defines (for hints)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -147,7 +142,8 @@ class _Validator:
                        name.pos, "every name is defined once")
         self.defined_at[name.id] = name.pos
 
-    def unknown(self, name: str, pos: ir.Pos, extra: tuple[str, ...] = ()) -> SpecError:
+    def unknown(self, name: str, pos: ir.Pos, extra: tuple[str, ...] = (), dim: bool = False) -> SpecError:
+        """The error for a name nothing declares; `dim`: it stands where a dim belongs (a shape)."""
         if name in self.check_only:
             read = self.check_only[name]
             return _err(SpecCheckError, f"'{name}' is a check-only definition (it reads {read.read} at "
@@ -161,7 +157,7 @@ class _Validator:
         if name in BUILTINS:
             return _err(SpecNameError, f"'{name}' is a function; call it as {name}(...)", pos)
         known = list(self.dims) + list(self.tensors) + list(extra)
-        return _err(SpecNameError, f"unknown name '{name}'", pos, _did_you_mean(name, known))
+        return _err(SpecNameError, f"unknown name '{name}'", pos, hints.undeclared(name, known, dim))
 
     # --- dims and dim arithmetic -------------------------------------------------
 
@@ -173,7 +169,7 @@ class _Validator:
             if node.id in self.tensors:
                 raise _err(SpecShapeError, f"'{node.id}' is a tensor, not a dim; {what} is made of dims and integers",
                            node.pos)
-            raise self.unknown(node.id, node.pos)
+            raise self.unknown(node.id, node.pos, dim=True)
         if isinstance(node, ir.Number):
             value = number_value(node)
             if not value.is_integer or value <= 0:
@@ -244,9 +240,7 @@ class _Validator:
                 raise UsageError(f"--dim {name}: the spec has no dim '{name}' (it declares "
                                  f"{', '.join(self.dims) or 'none'})")
         if not self.outputs:
-            last = statements[-1].pos if statements else ir.NOWHERE
-            raise SpecNameError("a spec needs at least one output", line=last.line, column=1,
-                                hint="add a line `output NAME` naming what the spec computes")
+            raise hints.no_output(statements, self.tensors)
         tensors = {
             name: t.TensorInfo(info.name, info.kind, info.shape, info.pos, info.expr, name in self.outputs)
             for name, info in self.tensors.items()
@@ -300,6 +294,7 @@ class _Validator:
     def _(self, stmt: ir.Define) -> None:
         self.define(stmt.name)
         self.reads = []
+        self.defining = stmt.name.id
         try:
             if stmt.indices is None:
                 node = self.expr(stmt.expr, None)
@@ -310,6 +305,7 @@ class _Validator:
             reads = self.reads
         finally:
             self.reads = None
+            self.defining = None
         if reads:
             at, what, via = reads[0]
             self.check_only[stmt.name.id] = CheckOnly(stmt.name.id, node, what, at, via)
@@ -478,8 +474,8 @@ class _Validator:
         try:
             shape = broadcast(a.shape, b.shape, op=node.op, order=self.order)
         except ShapeMismatch as exc:
-            raise self.shape_error(exc, node.op_pos, "elementwise operators broadcast like NumPy; "
-                                   "for a matrix product use @") from None
+            raise self.shape_error(exc, node.op_pos, hints.broadcast(a, b, self.order, self.tensors, self.defining)) \
+                from None
         return t.Binary(_BINARY[node.op], a, b, shape, pos=node.pos)
 
     @expr.register

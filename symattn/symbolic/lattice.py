@@ -3,9 +3,9 @@
 Contract: `lattice(fn, values)` is `fn(*values)` for fn in (sympy.Max,
 sympy.Min), the very same object SymPy's evaluation builds. SymPy's
 evaluation compares every pair of arguments (`MinMaxBase._find_localzeros`:
-`x >= y`, `x <= y`, then again after `factor_terms(x - y)`), which costs
-about 5-20 ms a pair for symbolic entries and removes an argument only when
-one pair is decided. A pair whose difference takes both signs on the
+`x >= y`, `x <= y`, then again after `factor_terms(x - y)`: assumption
+queries on symbolic expressions, the costly part of a max over symbolic
+entries) and removes an argument only when one pair is decided. A pair whose difference takes both signs on the
 symbols' domain cannot be decided by any sound reasoning, so where every
 pair of distinct values is seen to take both signs at random real points
 (the symbols plain real ones, the values real and finite there in 30-digit

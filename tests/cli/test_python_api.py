@@ -84,6 +84,21 @@ def test_a_file_without_suffix_wins_over_adding_one(tmp_path):
     assert list(symattn.load(str(tmp_path / "plain")).tensors) == ["X"]
 
 
-def test_a_missing_file_without_suffix_is_still_read_as_spec_text(tmp_path):
-    with pytest.raises(SpecSyntaxError):
+def test_a_missing_file_is_no_such_file_not_spec_text(tmp_path):
+    with pytest.raises(UsageError, match=r"missing: no such file \(nor .*missing\.attn\)$"):
         symattn.load(str(tmp_path / "missing"))
+    with pytest.raises(UsageError, match=r"nope\.attn: no such file$"):
+        symattn.load("nope.attn")
+    with pytest.raises(UsageError, match=r"nope: no such file"):
+        symattn.load("nope")
+
+
+def test_a_directory_is_a_directory_not_spec_text(tmp_path):
+    with pytest.raises(UsageError, match=r"is a directory, not a spec file"):
+        symattn.load(str(tmp_path) + "/")
+
+
+def test_one_line_of_spec_text_is_still_spec_text():
+    # A spec has at least two statements, one a line: one line with blanks is read (and reported) as text.
+    with pytest.raises(SpecSyntaxError, match=r"^<spec>:1:"):
+        symattn.load("input X[N")

@@ -287,3 +287,109 @@ def test_long_lines_stay_inside_a_narrow_window_in_headless_chromium(tmp_path):
         found = re.search(r'<div id="overflow-probe">PROBE\[(.*?)\]</div>', dom.stdout)
         assert found is not None, "the probe did not run"
         assert found.group(1) == "", f"{name}.html: {found.group(1)}"
+
+
+# --- what a reader can act on: no bare "Unknown", which head a heatmap shows, tables that fit ---
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_every_gradient_says_what_was_checked(built, path):
+    """Each gradient section ends in one note: checked, or what the element level found and what to run."""
+    text = render(built[path.stem], "md")
+    assert not re.search(r"^Unknown", text, flags=re.M)
+    sections = re.split(r"^### grad\(", text.split("## Backward pass")[1].split("## Checks")[0], flags=re.M)[1:]
+    for section in sections:
+        notes = re.findall(r"^(Checked: |Not confirmed at the element level: |Not checked at the element level: )",
+                           section, flags=re.M)
+        assert len(notes) == 1, section[:200]
+        if notes[0] != "Checked: ":
+            assert f"`symattn check {path.name} --explain`" in section
+
+
+def test_a_gradient_the_element_level_did_not_confirm_says_what_ran_and_what_to_run():
+    from symattn.docs.document import _gradient_note
+    from symattn.prove.verdicts import GradientCheck, Verdict
+
+    spec = symattn.load(ROOT / "derivations" / "key_padding.attn", filename="derivations/key_padding.attn").typed
+    stated = Verdict(25, "grad(S) == P * (grad(P) - sum(grad(P) * P, axis=-1))", "proved",
+                     "matrix level: canonical index forms agree for all sizes")
+    other = Verdict(24, "grad(V) == P.T @ grad(O)", "proved", "matrix level: canonical index forms agree for all sizes")
+    note = _gradient_note(spec, GradientCheck("S", False, "not shown equal at N=4, d=3, d_k=2"), [other, stated])
+    assert note == (
+        "Not confirmed at the element level: at N=4, d=3, d_k=2 the exact comparison of every entry with the "
+        "element-level chain rule did not reduce to an identity. No entry was shown to differ, so this is neither "
+        "a proof nor a refutation of the formula. The spec's check at line 25 (`grad(S) == P * (grad(P) - "
+        "sum(grad(P) * P, axis=-1))`), which compares the derived formula with the one it states, is proved: "
+        "matrix level: canonical index forms agree for all sizes. To learn more: `symattn check key_padding.attn "
+        "--explain` (the steps of every check, and every gradient against the chain rule) and `symattn verify "
+        "key_padding.attn --target numpy` (the generated code against central finite differences).")
+    budget = _gradient_note(spec, GradientCheck("V", False, "not checked: gave up after 1 s"), [other])
+    assert budget.startswith("Not checked at the element level: gave up after 1 s. The spec's check at line 24")
+    assert _gradient_note(spec, GradientCheck("V", True, "exact identity of every entry at N=4"), []) == \
+        "Checked: exact identity of every entry at N=4."
+
+
+@pytest.mark.parametrize("name, shown", [
+    ("self_attention", "the weights P are:"),
+    ("multi_head", "the weights P[0, :, :] (the first of h = 2) are:"),        # P [h, N, N], h = 2
+    ("gqa", "the weights P[0, 0, :, :] (the first of g = 2 and of r = 2) are:"),  # P [g, r, N, N]
+])
+def test_the_example_says_which_matrix_of_the_weights_it_shows(built, name, shown):
+    assert shown in render(built[name], "md")
+
+
+@pytest.mark.parametrize("name, caption", [
+    ("self_attention", "![The attention weights P of the small example](self_attention-weights.png)"),
+    ("multi_head", "![The attention weights P[0, :, :] of the small example (the first of h = 2)]"
+                   "(multi_head-weights.png)"),
+])
+def test_the_heatmap_says_which_matrix_it_shows(built, name, caption):
+    from symattn.docs import figures
+
+    if not figures.available():
+        pytest.skip("the heatmap needs matplotlib (pip install 'symattn[plots]')")
+    assert caption in render(built[name], "md")
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_the_cost_table_has_one_formula_a_row(built, path):
+    text = render(built[path.stem], "md").split("## Cost")[1]
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert rows and all(line.count("$") == 2 for line in rows), rows
+
+
+def test_tables_fit_a_1200_px_window_in_headless_chromium(tmp_path):
+    """At 1200 px wide no table of the widest documents hides a column behind a scroll bar (a table
+    wider than the text column takes the window's width around it)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no headless Chromium installed (Debian package 'chromium')")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1000", "--virtual-time-budget=5000"]
+    for name in ("gqa", "multi_head", "additive"):
+        page = tmp_path / f"{name}.html"
+        html = (ROOT / "derivations" / f"{name}.html").read_text("utf-8")
+        page.write_text(html.replace("</body>", _TABLE_PROBE + "</body>"), "utf-8")
+        dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                             timeout=120)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        found = re.search(r'<div id="table-probe">PROBE\[(.*?)\]</div>', dom.stdout)
+        assert found is not None, "the probe did not run"
+        assert found.group(1) == "", f"{name}.html: {found.group(1)}"
+
+
+_TABLE_PROBE = """<script>
+window.addEventListener('load', () => {
+  const found = [];
+  document.querySelectorAll('table').forEach((t, k) => {
+    const r = t.getBoundingClientRect();
+    if (t.scrollWidth > t.clientWidth + 1) found.push(`table ${k} hides ${t.scrollWidth - t.clientWidth} px`);
+    if (r.left < 0 || r.right > innerWidth + 1) found.push(`table ${k} runs past the window`);
+  });
+  const out = document.createElement('div');
+  out.id = 'table-probe';
+  out.textContent = 'PROBE[' + found.join('; ') + ']';
+  document.body.appendChild(out);
+});
+</script>"""
