@@ -42,6 +42,7 @@ from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
 from ..symbolic.element import ElementModel, guard
+from ..symbolic.mask_cases import identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
@@ -155,10 +156,11 @@ class _Session:
             self._finiteness = Finiteness(self.spec, self.definitions())
         return self._finiteness
 
-    def symbolic(self, node: t.Node) -> np.ndarray:
-        """A node's entries in the element model's slots and gradient symbols; tensors that
-        may be -inf enter with their exact entries, never as finite symbols."""
-        model = self.model
+    def symbolic(self, node: t.Node, model: ElementModel | None = None) -> np.ndarray:
+        """A node's entries in the element model's slots and gradient symbols (of `model`, one of its
+        mask cases, or the session's); tensors that may be -inf enter with their exact entries, never
+        as finite symbols."""
+        model = self.model if model is None else model
         ev = Evaluator(self.spec, SYMBOLIC)
         ev.values = {**model.leaf, **model.slot, **{n: model.forward[n] for n in model.risky}}
         ev.grads = model.upstream
@@ -396,13 +398,17 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
         except SizeGuardError as err:
             return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
         same, unfolded = session.model.identical(lhs, rhs)
-        if same:
+        cases = 0 if same else identical_in_every_case(
+            session.model, lambda m: (session.symbolic(check.lhs, m), session.symbolic(check.rhs, m)))
+        if same or cases:
             contradiction = _float64_contradicts(session, check)
             if contradiction is not None:  # a bug in the element level: never a proof
                 return Verdict(check.line, check.text, "unknown",
                                f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
                                f"{contradiction}; this is a bug in symattn, please report it")
-            how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+            how = f" after unfolding {', '.join(unfolded)}" if unfolded and same else ""
+            if cases:
+                how = f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
             return Verdict(check.line, check.text, "proved",
                            f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
                            "(not shown for all sizes)")
@@ -572,10 +578,14 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
                 truth = model.ground_truth(name)
                 rational = grad.expr is not None and finiteness.deep(grad.expr) == ANY
                 ok, unfolded = model.identical(matrix, truth, unfold_grads=False, as_rational_functions=rational)
+                cases = 0 if ok or rational or grad.expr is None else identical_in_every_case(
+                    model, lambda m: (session.symbolic(grad.expr, m), m.ground_truth(name)), unfold_grads=False)
         except OutOfTime as err:
             out.append(GradientCheck(name, False, f"not checked: {err}"))
             continue
         how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+        if cases:
+            ok, how = True, f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
         caveat = ""
         if rational:
             caveat = " (as rational functions: where an entry is NaN or infinite the formulas are not compared)"
