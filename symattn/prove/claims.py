@@ -39,6 +39,7 @@ from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
 from ..symbolic.element import ElementModel, guard
+from ..symbolic.generalize import generalized
 from ..symbolic.mask_cases import identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
@@ -46,6 +47,7 @@ from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from ..symbolic.finiteness import ANY, Finiteness
 from ..ir.shapes import broadcast
 from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
+from .missing_rules import missing_rule
 from .counterexamples import DIGITS, POINTS, float64_contradicts, number, reads_grads, refuted, search_counterexample
 from .verdicts import GradientCheck, Verdict
 
@@ -265,7 +267,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                 how = f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
             return Verdict(check.line, check.text, "proved",
                            f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
-                           "(not shown for all sizes)")
+                           f"(not shown for all sizes: {_missing(session, check)})")
         why += f", no exact proof at {_sizes_text(spec)}"
     else:
         try:
@@ -278,7 +280,8 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                 return Verdict(check.line, check.text, "unknown",
                                f"the case analysis at {_sizes_text(spec)} is contradicted by float64: "
                                f"{contradiction}; this is a bug in symattn, please report it")
-            return Verdict(check.line, check.text, "proved", _cases_method(spec, cases, reads_grads(check)))
+            return Verdict(check.line, check.text, "proved",
+                           _cases_method(spec, cases, reads_grads(check), _missing(session, check)))
         why += f", and the element level's case analysis at {_sizes_text(spec)} did not settle it ({cases.reason})"
     if search is None:
         return Verdict(check.line, check.text, "unknown",
@@ -296,6 +299,13 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                    f"to {DIGITS} digits (agreement at points is not a proof)")
 
 
+def _missing(session: _Session, check: t.CheckInfo) -> str:
+    """Why the matrix level did not prove the claim for all sizes (`symattn.prove.missing_rules`)."""
+    if session.matrix_gave_up:
+        return session.matrix_gave_up
+    return missing_rule(session.spec, session.definitions(), session.finiteness, check.lhs, check.rhs)
+
+
 def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
     """The element level for a claim whose values may be NaN or infinite: exact, region by region
     (`symattn.symbolic.guarded`); raises SizeGuardError at sizes that would take minutes."""
@@ -308,12 +318,21 @@ def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
         gradients = {n: g.expr for n, g in session.derivation.gradients.items() if n not in spec.outputs}
     shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
     try:
-        return compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
+        proof = compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
     except SymAttnError as err:
         return CaseProof(False, 0, f"the sides could not be evaluated: {err}")
+    free = generalized(spec) if not proof.proved and "cannot be told" in proof.reason else None
+    if free is not None:  # where a sum of squares of X @ W_q is 0 cannot be told; of a free Q it can
+        try:
+            stronger = compare_by_cases(free[0], check.lhs, check.rhs, shape, gradients)
+        except SymAttnError:
+            return proof
+        if stronger.proved:
+            return dataclasses.replace(stronger, freed=free[1])
+    return proof
 
 
-def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
+def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool, missing: str) -> str:
     """How a case-by-case proof was made, for the verdict."""
     text = (f"element level: exact identity of every entry at {_sizes_text(spec)} under float64 semantics "
             "(NaN and infinities included)")
@@ -326,9 +345,12 @@ def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
         count = len(cases.zero_sets)
         text += (f", and in the {count} region{'s' if count > 1 else ''} where one is 0 "
                  f"(such as {example} = 0), re-evaluated there")
+    if cases.freed:
+        text += (f", with {', '.join(cases.freed)} as free tensors (shown for every value of them, so for the "
+                 "values their definitions give)")
     if grads:
         text += "; gradients as the derived formulas compute them"
-    return text + " (not shown for all sizes)"
+    return text + f" (not shown for all sizes: {missing})"
 
 
 def _negate(verdict: Verdict) -> Verdict:

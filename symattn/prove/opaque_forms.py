@@ -31,7 +31,13 @@ rewrite the node; each one names what it needs:
 - `where(c, a, b) = a` when a and b have one canonical form (the tie share of
   a max whose gradient is 0);
 - `1 / x` is finite where x is shown finite and > 0 (it may then be
-  distributed and cancelled like any finite factor).
+  distributed and cancelled like any finite factor);
+- norms: `sqrt(c * F) = sqrt(c) * sqrt(F)` and `1 / (c * F) = (1 / c) / F` for a
+  number c > 0 (exact under IEEE semantics, NaN, infinities and the signs of
+  zeros included), so a row normalised after a scaling by a positive (or
+  negative) constant meets the row normalised as it is:
+  `(2 * Q) / sqrt(sum((2 * Q) * (2 * Q)))` is `Q / sqrt(sum(Q * Q))`, zero rows
+  (0 / 0, NaN) included.
 
 Signs of zeros: `plus_zero(node, definitions)` is True when every entry of
 `node` is >= 0 (or NaN) and a zero is always +0, shown from the node's
@@ -58,7 +64,7 @@ from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, const_value, finite_re
 from .index_rules import rewrite
 from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Term, TooBig, Unsupported, form_key, instantiated,
                           keyed)
-from .softmax_terms import exp_factors
+from .softmax_terms import content, exp_factors
 
 __all__ = ["OpaqueForms", "bcast", "mul_forms", "scale", "plus_zero", "untransposed"]
 
@@ -265,6 +271,11 @@ class OpaqueForms:
             return self.exp_form(forms[0], idx, self.klass(node))
         if node.fn == "log" and not isinstance(forms[0], t.Node):
             return self.log_form(forms[0], idx, self.klass(node))
+        if node.fn == "sqrt" and not isinstance(forms[0], t.Node):
+            split = content(forms[0], self.ranges)
+            if split is not None:  # sqrt(c * F) = sqrt(c) * sqrt(F) for a number c > 0
+                c, rest = split
+                return [Term(sympy.sqrt(c), (self.factor("$sqrt", [rest], idx, self.klass(node)),))]
         return [Term(ONE, (self.factor(f"${node.fn}", forms, idx, self.klass(node)),))]
 
     def exp_form(self, form: list[Term], idx, risk: int) -> list[Term]:
@@ -338,8 +349,13 @@ class OpaqueForms:
             # 1 / F = exp(-log(F)) for a finite F > 0: a sum of exps meets the exps of the numerator
             recip = self.exp_form(scale(self.log_form(forms[0], ib, FINITE), -ONE), ib, FINITE)
             return mul_forms(self.conv(a, ia, env), recip)
+        scale_by = ONE
+        if not isinstance(forms[0], t.Node):
+            split = content(forms[0], self.ranges)
+            if split is not None:  # 1 / (c * F) = (1 / c) / F for a number c > 0, signed zeros included
+                scale_by, forms = 1 / split[0], [split[1]]
         recip = self.factor("$recip", forms, ib, FINITE if positive else ANY)
-        return mul_forms(self.conv(a, ia, env), [Term(ONE, (recip,))])
+        return mul_forms(self.conv(a, ia, env), [Term(scale_by, (recip,))])
 
     @staticmethod
     def _of_exps(form: list[Term]) -> bool:

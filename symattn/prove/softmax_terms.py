@@ -46,7 +46,7 @@ from ..symbolic.finiteness import ANY, FINITE
 from .index_terms import (ONE, ZERO_INDEX, Application, SoftmaxApplication, Term, Unsupported, collect, form_key,
                           free_tokens, instantiated, is_zero, keyed)
 
-__all__ = ["exp_factors", "merge_exps", "unnormalize", "expand_log"]
+__all__ = ["exp_factors", "merge_exps", "unnormalize", "expand_log", "like_terms_summed", "content"]
 
 
 def _mergeable(f) -> bool:
@@ -127,7 +127,7 @@ def _positions(bases: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _like_terms_summed(form: Sequence[Term], ranges: Mapping) -> list[Term]:
+def like_terms_summed(form: Sequence[Term], ranges: Mapping) -> list[Term]:
     """The form with like terms summed into one (the first of them, rescaled) and those that cancel
     dropped, so a rule reads `a - a` as nothing; Unsupported where terms that may be non-finite would
     cancel or meet with both signs (as `collect` says)."""
@@ -146,10 +146,33 @@ def _like_terms_summed(form: Sequence[Term], ranges: Mapping) -> list[Term]:
     return out
 
 
+def content(form: Sequence[Term], ranges: Mapping) -> tuple[sympy.Expr, list[Term]] | None:
+    """(c, form / c) for the positive number c that makes the coefficient of the form's first term
+    (in canonical order) +-1, when that is not 1 already; None otherwise. Used where f(c * F) is a
+    known multiple of f(F) for c > 0: sqrt(c * F) = sqrt(c) * sqrt(F), 1 / (c * F) = (1 / c) / F
+    (exact under IEEE semantics for c > 0, zeros and their signs included)."""
+    try:
+        terms = like_terms_summed(form, ranges)
+    except Unsupported:
+        return None
+    names = {ZERO_INDEX: ZERO_INDEX, **{tok: tok for tok in free_tokens(terms)}}
+    try:
+        keyed_terms = sorted((form_key([Term(ONE, term.factors, term.sums)], names, ranges), n)
+                             for n, term in enumerate(terms))
+    except Unsupported:
+        return None
+    if not keyed_terms:
+        return None
+    c = abs(terms[keyed_terms[0][1]].coef)
+    if c == 1 or c.is_positive is not True:
+        return None
+    return c, [term.scaled(1 / c) for term in terms]
+
+
 def exp_factors(form: list[Term], bases: Sequence[Sequence[str]], ranges: Mapping, risk: int = FINITE) -> list:
     """The factors exp(form) is, its indices lined up with those of `bases` (the index tuples of the
     factors it comes from), then the other tokens it reads (see the module docstring)."""
-    weights, rest = _weights(_like_terms_summed(form, ranges), ranges)
+    weights, rest = _weights(like_terms_summed(form, ranges), ranges)
     idx = _positions(bases)
     for token in free_tokens(rest):
         if token not in idx:
