@@ -134,7 +134,7 @@ def _base_angles(angle: sympy.Expr) -> list[tuple[sympy.Expr, int]]:
     out, terms = [], [term for term in sympy.Add.make_args(sympy.expand(angle)) if term != 0]
     # with the other terms' denominators: j/100 + 1/25 is j/100 + 4 * (1/100), so a key position shifted by
     # one, sin(j/100 + 1/25), and sin(j/100 + 3/100) share the base 1/100
-    common = sympy.ilcm(1, *[c.q for c, _ in (t.as_coeff_Mul() for t in terms if not t.is_number) if c.is_Rational])
+    common = sympy.ilcm(1, 1, *[c.q for c, _ in (t.as_coeff_Mul() for t in terms if not t.is_number) if c.is_Rational])
     for term in terms:
         coeff, rest = term.as_coeff_Mul()
         if term.is_Rational:  # p/q = p * (1/q): cos(2) and cos(1) share the base 1, as cos(3/100) and cos(1/100)
