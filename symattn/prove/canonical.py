@@ -87,6 +87,7 @@ expansion larger than MAX_TERMS terms is given up.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
@@ -105,6 +106,7 @@ __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
 METHOD = "matrix level: canonical index forms agree for all sizes"
 SAME = "matrix level: the two sides are the same expression, for all sizes"
 MAX_ROUNDS = 16        # unfoldings tried after the direct comparison
+_FUNCTION_OF_EMBED = re.compile(r"\$(?!embed|delta|eq|mix)[a-z]+[^ (]*\(.*\$embed")  # a concat inside a function
 
 @dataclass(frozen=True)
 class Proof:
@@ -184,6 +186,13 @@ def _agree(left: dict[str, Collected], right: dict[str, Collected]) -> bool:
     return True
 
 
+def _concat_inside(left: dict[str, Collected], right: dict[str, Collected]) -> bool:
+    """Whether a term the sides do not share holds a concat (an `$embed`) inside a function: only
+    there can writing operations on concats block by block make the forms agree."""
+    differ = set(left) ^ set(right) | {k for k in set(left) & set(right) if left[k].coef != right[k].coef}
+    return any(_FUNCTION_OF_EMBED.search(key) for key in differ)
+
+
 def _zero_for_all_sizes(c) -> bool:
     """Whether a coefficient is 0 for every size: a cheap refutation at a few sizes first."""
     if c == 0:
@@ -233,15 +242,16 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
     shape = _aligned(lhs.shape, rhs.shape)
     if shape is None:
         return None
+    risk = Finiteness(spec, definitions)
     dims = list(spec.dims)
     order = {name: k for k, name in enumerate(spec.tensors)}
-    risk = Finiteness(spec, definitions)
     unfolded: list[str] = []
     steps: list[tuple[str, str, str]] = []
     try:
         for _ in range(MAX_ROUNDS + 1):
             left, right, seen, blocks = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk)
-            if blocks and not (left is not None and _agree(left, right)):
+            if blocks and (left is None or (not _agree(left, right) and _concat_inside(left, right))):
+                # the comparison that writes operations on concats block by block
                 left, right, more, _ = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk, split_concat=True)
                 seen = seen | more
             if left is not None and _agree(left, right):

@@ -44,7 +44,7 @@ from ..symbolic.mask_cases import identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
-from ..symbolic.finiteness import ANY, Finiteness
+from ..symbolic.finiteness import ANY, MINUS_INF, Finiteness
 from ..ir.shapes import broadcast
 from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
 from .missing_rules import missing_rule
@@ -230,7 +230,8 @@ def _matrix_proof(session: _Session, lhs: t.Node, rhs: t.Node):
 def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     spec = session.spec
     finiteness = session.finiteness
-    may_be_nan = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs)) == ANY
+    worst = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs))
+    may_be_nan, masked = worst == ANY, worst == MINUS_INF
     search = session.searcher()  # the spec itself, or at sizes the size guard picked
     if search is not session and reads_sizes(spec, [check.lhs, check.rhs]):
         search = None  # at other sizes the claim says something else: N - 1000000000 is not 0 at N = 59
@@ -239,7 +240,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     session.matrix_gave_up = ""
     # A difference at a concrete point settles it in milliseconds; the proofs are for claims that hold.
     if search is not None:
-        counter = search_counterexample(search, check, points=1, special=may_be_nan)
+        counter = search_counterexample(search, check, points=1, special=may_be_nan, masked=masked)
         if counter is not None:
             return refuted(check, search, counter)
     proof = _matrix_proof(session, check.lhs, check.rhs)
@@ -288,7 +289,7 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                        f"{why}; the spec's sizes are too large to search for a counterexample, and the claim reads "
                        "sizes as values (a dim, a mean, index values or sinusoidal(...)), so smaller sizes would "
                        "test another claim")
-    counter = search_counterexample(search, check, special=may_be_nan)
+    counter = search_counterexample(search, check, special=may_be_nan, masked=masked)
     if counter is not None:
         return refuted(check, search, counter)
     if search.unreproduced:

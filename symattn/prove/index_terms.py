@@ -32,6 +32,7 @@ functions read a factor's stored arguments; `mentions(term, token)` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -327,6 +328,7 @@ def is_zero(c) -> bool:
     return sympy.expand(c) == 0
 
 
+@functools.lru_cache(maxsize=4096)
 def _coef_text(c) -> str:
     c = sympy.expand(c) if c.has(sympy.Add) else c
     return str(c)

@@ -27,7 +27,9 @@ rewrite the node; each one names what it needs:
   `symattn.prove.softmax_terms` (exp(a) * exp(b) = exp(a + b)) a rescaled
   running sum, `exp(m1 - m) * sum(exp(S1 - m1))`, meets `sum(exp(S1 - m))`;
 - `exp(x - logsumexp(x)) = softmax(x)` where logsumexp(x) is finite (every
-  line holds a finite entry: on a fully masked row the left side is NaN);
+  line holds a finite entry: on a fully masked row the left side is NaN), and
+  `E / sum(E) = softmax(y)` for `E = exp(y)` likewise (the stable softmax
+  written out, whose blocks then merge as softmax's do);
 - `where(c, a, b) = a` when a and b have one canonical form (the tie share of
   a max whose gradient is 0);
 - `1 / x` is finite where x is shown finite and > 0 (it may then be
@@ -338,6 +340,9 @@ class OpaqueForms:
         value = const_value(b)
         if value is not None and finite_real(value) and value.is_zero is False:
             return scale(self.conv(a, ia, env), 1 / value)
+        weights = self._normalised(a, b)
+        if weights is not None:
+            return self.conv(weights, idx, env)
         positive = self.rows.positive(b)
         # 1/0 is inf; 1/(+0) and 1/(-0) are inf and -inf, so the divisor is keyed by its expression
         # unless its zeros are all +0 (0 * X and 0 * Y, X - X and 0 * X have one form, not one sign)
@@ -356,6 +361,22 @@ class OpaqueForms:
                 scale_by, forms = 1 / split[0], [split[1]]
         recip = self.factor("$recip", forms, ib, FINITE if positive else ANY)
         return mul_forms(self.conv(a, ia, env), [Term(scale_by, (recip,))])
+
+    def _normalised(self, a: t.Node, b: t.Node) -> t.Softmax | None:
+        """`E / sum(E, axis)` with `E = exp(y)` as softmax(y, axis), where y is never NaN nor +inf and
+        every line of y along the axis holds a finite entry (so the sum is finite and > 0; a fully
+        masked row would be 0 / 0 here and 0 in softmax): the stable softmax written out by hand."""
+        total = self.expanded(b)
+        if not (isinstance(total, t.Reduce) and total.kind == "sum" and total.axis is not None
+                and len(total.shape) == len(a.shape)):
+            return None
+        numerator = self.expanded(a)
+        if not (isinstance(numerator, t.Unary) and numerator.fn == "exp" and self.expanded(total.x) == numerator):
+            return None
+        y, axis = numerator.x, total.axis
+        if self.klass(y) > MINUS_INF or not self.rows.nonempty(y, axis):
+            return None
+        return t.Softmax(y, axis, a.shape)
 
     @staticmethod
     def _of_exps(form: list[Term]) -> bool:

@@ -81,6 +81,9 @@ def _without(form: list[Term], entry: list[Term], ranges: Mapping) -> list[Term]
 def _weights(form: list[Term], ranges: Mapping) -> tuple[list[SoftmaxApplication], list[Term]]:
     """Softmax weights taken out of an exp's argument (see `exp_factors`), and what is left."""
     weights: list[SoftmaxApplication] = []
+    if not any(len(term.factors) == 1 and term.factors[0].key.startswith("$logsumexp[") and term.coef.is_negative
+               for term in form):
+        return weights, form
     progress = True
     while progress:
         progress = False
@@ -131,10 +134,19 @@ def like_terms_summed(form: Sequence[Term], ranges: Mapping) -> list[Term]:
     """The form with like terms summed into one (the first of them, rescaled) and those that cancel
     dropped, so a rule reads `a - a` as nothing; Unsupported where terms that may be non-finite would
     cancel or meet with both signs (as `collect` says)."""
+    # only terms with the same factors (up to their tokens) can be like terms: key just those
+    shapes: dict[tuple, int] = {}
+    for term in form:
+        shape = (tuple(sorted(f.key for f in term.factors)), len(term.sums))
+        shapes[shape] = shapes.get(shape, 0) + 1
+    if all(count == 1 for count in shapes.values()):
+        return [term for term in form if not is_zero(term.coef)]
     names = {ZERO_INDEX: ZERO_INDEX, **{tok: tok for tok in free_tokens(form)}}
     groups: dict[str, list[Term]] = {}
-    for term in form:
-        groups.setdefault(form_key([Term(ONE, term.factors, term.sums)], names, ranges), []).append(term)
+    for n, term in enumerate(form):
+        shape = (tuple(sorted(f.key for f in term.factors)), len(term.sums))
+        key = form_key([Term(ONE, term.factors, term.sums)], names, ranges) if shapes[shape] > 1 else f"#{n}"
+        groups.setdefault(key, []).append(term)
     out = []
     for like in groups.values():
         total = sympy.Add(*[term.coef for term in like])
