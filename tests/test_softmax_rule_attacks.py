@@ -124,3 +124,41 @@ output O
 
 def test_each_rule_where_its_side_condition_fails():
     check(ATTACKS, budget=60)
+
+
+def _blocks_forward(v):
+    v["XY"] = np.concatenate([v.X, v.Y], axis=-1)
+
+
+# Sums over a concat or a slice (a block summed out only where it lies whole inside the axis), claims
+# compared broadcast, the merge of a block with itself (twice the weight: log 2), max of a block twice.
+BLOCKS = Program("blocks-and-broadcasts", """\
+dim N = 3, d = 3
+input X[N, d], Y[N, d]
+XY = concat(X, Y, axis=-1)
+O = X
+output O
+""", _blocks_forward, (
+    Claim("sum(XY, axis=-1) == sum(X, axis=-1) + sum(Y, axis=-1)", lambda v: (rsum(v.XY), rsum(v.X) + rsum(v.Y)),
+          True, ALL),
+    Claim("sum(XY[:, 0:d], axis=-1) == sum(X, axis=-1)", lambda v: (rsum(v.XY[:, :v.X.shape[1]]), rsum(v.X)), True, ALL),
+    Claim("sum(XY[:, 1:d + 1], axis=-1) == sum(X, axis=-1)", lambda v: (rsum(v.XY[:, 1:v.X.shape[1] + 1]), rsum(v.X)), False),
+    Claim("sum(X[:, 1:d], axis=-1) == sum(X, axis=-1)", lambda v: (rsum(v.X[:, 1:]), rsum(v.X)), False),
+    Claim("0 == sum(X, axis=-1) - sum(X, axis=-1)", lambda v: (0.0, rsum(v.X) - rsum(v.X)), True, ALL),
+    Claim("1 == sum(softmax(X, axis=-1), axis=-1)", lambda v: (1.0, rsum(softmax(v.X))), True, ALL),
+    Claim("0 * X[:, 0:1] == sum(X, axis=-1) - max(X, axis=-1)", lambda v: (0 * v.X[:, 0:1], rsum(v.X) - amax(v.X)),
+          False),
+    Claim("logsumexp(concat(X, X, axis=-1), axis=-1) == logsumexp(X, axis=-1) + log(2 + 0 * X[:, 0:1])",
+          lambda v: (logsumexp(np.concatenate([v.X, v.X], -1)), logsumexp(v.X) + np.log(2 + 0 * v.X[:, 0:1])),
+          True, ALL),
+    Claim("logsumexp(concat(X, X, axis=-1), axis=-1) == logsumexp(X, axis=-1)",
+          lambda v: (logsumexp(np.concatenate([v.X, v.X], -1)), logsumexp(v.X)), False),
+    Claim("max(concat(X, X, axis=-1), axis=-1) == max(X, axis=-1)",
+          lambda v: (amax(np.concatenate([v.X, v.X], -1)), amax(v.X)), True, ALL),
+    Claim("max(concat(X, Y, axis=-1), axis=-1) == max(concat(X, X, axis=-1), axis=-1)",
+          lambda v: (amax(v.XY), amax(np.concatenate([v.X, v.X], -1))), False),
+), other_sizes=({"N": 2, "d": 4},))
+
+
+def test_blocks_slices_and_broadcast_sides():
+    check(BLOCKS, budget=60)

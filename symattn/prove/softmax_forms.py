@@ -110,7 +110,7 @@ class SoftmaxForms:
                 for rep in reps[1:]:
                     total = t.Binary("add", total, t.Unary("exp", rep, row), row)
                 return self.conv(t.Unary("log", total, row), idx, env)
-            return [Term(ONE, (self._extreme_of_blocks(node, reps, idx, env),))]
+            return self._extreme_of_blocks(node, reps, idx, env)
         inner, fresh = self._reduced(x.shape, [axis], idx)
         forms, _ = self.argument_forms([(x, inner)], env)
         form, taken = forms[0], []
@@ -120,9 +120,9 @@ class SoftmaxForms:
         factor = self.factor(f"${kind}[{axis}]", [form], idx, self.klass(node), fresh)
         return [Term(ONE, (factor,))] + taken
 
-    def _extreme_of_blocks(self, node: t.Reduce, reps: list[t.Node], idx, env) -> Application:
-        """The max (or min) of the blocks' maxima (minima): one factor, the blocks in canonical order,
-        a block that is itself the max of a concat along the axis replaced by its blocks."""
+    def _extreme_of_blocks(self, node: t.Reduce, reps: list[t.Node], idx, env) -> list[Term]:
+        """The max (or min) of the blocks' maxima (minima): one factor, the blocks in canonical order and
+        each once, a block that is itself the max of a concat along the axis replaced by its blocks."""
         kind, axis = node.kind, node.axis
         flat: list[t.Node] = []
         pending = list(reps)
@@ -138,6 +138,7 @@ class SoftmaxForms:
             flat.append(rep)
         forms, _ = self.argument_forms([(rep, idx) for rep in flat], env)
         keys = [keyed("", [form], idx, (), self.ranges)[0] for form in forms]
-        order = sorted(range(len(flat)), key=lambda k: keys[k])
-        arguments = "; ".join(keys[k] for k in order)
-        return Application(f"${kind}of[{axis}]", arguments, tuple(idx), self.klass(node))
+        distinct = sorted(set(keys))  # max(a, a) = a: a block met twice counts once
+        if len(distinct) == 1 and not isinstance(forms[0], t.Node):
+            return forms[0]
+        return [Term(ONE, (Application(f"${kind}of[{axis}]", "; ".join(distinct), tuple(idx), self.klass(node)),))]
