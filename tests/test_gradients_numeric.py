@@ -113,7 +113,7 @@ def sample(spec, seed: int = 0) -> tuple[dict, dict]:
 # --- (a) exact, element level --------------------------------------------------------
 
 # Gradients the element level leaves unsettled (never wrong): none. A mask computed from a buffer
-# is settled in each case of its comparisons (`symattn.symbolic.mask_cases`: key_padding's grad(S)),
+# is settled in each case of its comparisons (`symattn.symbolic.element_cases`: key_padding's grad(S)),
 # and stable_softmax's grad(S), through max(S, axis=-1), by differentiating a max of one tensor's
 # entries with ties sharing equally (tests/test_max_ties.py).
 UNSETTLED: dict[str, set[str]] = {}

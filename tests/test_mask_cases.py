@@ -22,7 +22,7 @@ import pytest
 
 import symattn
 from symattn.prove.claims import open_session
-from symattn.symbolic.mask_cases import mask_atoms, mask_cases
+from symattn.symbolic.element_cases import mask_atoms, mask_cases
 
 from numpy_claims import NEG_INF, Claim, Program, check, rsum, softmax, softmax_backward
 

@@ -39,8 +39,7 @@ from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
 from ..symbolic.element import ElementModel, guard
-from ..symbolic.generalize import generalized
-from ..symbolic.mask_cases import identical_in_every_case
+from ..symbolic.element_cases import generalized, identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator

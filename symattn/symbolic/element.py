@@ -128,7 +128,7 @@ class ElementModel:
                  case: Mapping | None = None) -> None:
         guard(spec, force)
         self.spec = spec
-        # A mask case (`symattn.symbolic.mask_cases`): each comparison of buffers that masks an entry
+        # A mask case (`symattn.symbolic.element_cases`): each comparison of buffers that masks an entry
         # decided, so masks are exact 0 or -oo; entries that are -oo are then read as -oo, constants, by
         # the local formulas too (a fully masked softmax row is the constant 0, with no derivative).
         self.case = dict(case or {})

@@ -462,7 +462,7 @@ class CaseProof:
     reason: str = ""
     zero_sets: list[frozenset] = field(default_factory=list)
     guarded: bool = True
-    freed: tuple[str, ...] = ()  # intermediates compared as free tensors (`symattn.symbolic.generalize`)
+    freed: tuple[str, ...] = ()  # intermediates compared as free tensors (`symattn.symbolic.element_cases`)
 
 
 class _TooManyCases(Exception):
