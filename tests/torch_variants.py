@@ -158,5 +158,60 @@ def kv_cache_decode(x, W_q, W_k, W_v, K_cache, V_cache, keep=None):
     return torch.softmax((x @ W_q) @ K.T / math.sqrt(W_q.shape[-1]), dim=-1) @ V
 
 
+def _lse(s: torch.Tensor) -> torch.Tensor:
+    """The row logsumexp: -inf for a fully masked row (torch.logsumexp's answer too)."""
+    return torch.logsumexp(s, dim=-1, keepdim=True)
+
+
+def _masked_softmax(s: torch.Tensor) -> torch.Tensor:
+    """softmax with the language's convention: a fully masked row has weights 0 and gradient 0."""
+    empty = torch.isinf(s).all(dim=-1, keepdim=True)
+    safe = torch.where(empty, torch.zeros_like(s), s)
+    return torch.softmax(safe, dim=-1) * (~empty).to(s.dtype)
+
+
+def online_softmax(Q, K1, K2, K3, V1, V2, V3, keep=None):
+    d = Q.shape[-1]
+    S1, S2, S3 = (Q @ k.T / math.sqrt(d) for k in (K1, K2, K3))
+    S = _keep(keep, "S", torch.cat([S1, S2, S3], dim=-1))
+    V = _keep(keep, "V", torch.cat([V1, V2, V3], dim=0))
+    top = torch.amax(S, dim=-1, keepdim=True)
+    E = torch.exp(S - top)
+    P = _keep(keep, "P", E / E.sum(dim=-1, keepdim=True))
+    O = _keep(keep, "O", P @ V)
+    with torch.no_grad():   # the blocks' own statistics, read by the claims, not by the output
+        values = {"L": _lse(S), "l1": _lse(S1), "l2": _lse(S2), "l3": _lse(S3), "m1": torch.amax(S1, -1, True),
+                  "m2": torch.amax(S2, -1, True), "r1": None, "r2": None}
+        values["r1"] = torch.exp(S1 - values["m1"]).sum(-1, keepdim=True)
+        values["r2"] = torch.exp(S2 - values["m2"]).sum(-1, keepdim=True)
+        values["m12"] = torch.maximum(values["m1"], values["m2"])
+        for k, (s, v) in enumerate(((S1, V1), (S2, V2), (S3, V3)), start=1):
+            values[f"O{k}"] = torch.softmax(s, dim=-1) @ v
+        a1, a2 = torch.exp(values["m1"] - values["m12"]), torch.exp(values["m2"] - values["m12"])
+        values["r12"] = a1 * values["r1"] + a2 * values["r2"]
+        values["A12"] = (a1 * values["r1"] * values["O1"] + a2 * values["r2"] * values["O2"]) / values["r12"]
+    for name, value in values.items():
+        _keep(keep, name, value)
+    return O
+
+
+def online_softmax_masked(Q, K1, K2, V1, V2, keep1, keep2, keep=None):
+    d = Q.shape[-1]
+    ninf = torch.tensor(float("-inf"), dtype=Q.dtype)
+    S1 = Q @ K1.T / math.sqrt(d) + torch.where(keep1 > 0, torch.zeros_like(keep1), ninf)
+    S2 = Q @ K2.T / math.sqrt(d) + torch.where(keep2 > 0, torch.zeros_like(keep2), ninf)
+    S = _keep(keep, "S", torch.cat([S1, S2], dim=-1))
+    V = torch.cat([V1, V2], dim=0)
+    P = _keep(keep, "P", _masked_softmax(S))
+    O = _keep(keep, "O", P @ V)
+    with torch.no_grad():
+        values = {"L": _lse(S), "l1": _lse(S1), "l2": _lse(S2),
+                  "O1": _masked_softmax(S1) @ V1, "O2": _masked_softmax(S2) @ V2}
+    for name, value in values.items():
+        _keep(keep, name, value)
+    return O
+
+
 FORWARDS = {f.__name__: f for f in (kv_cache_decode, alibi, causal_linear, cosine, differential, gqa, sigmoid, sliding_window,
-                                    softcap, stable_softmax, relative_bias, rope_half, rope_interleaved)}
+                                    softcap, stable_softmax, relative_bias, rope_half, rope_interleaved, online_softmax,
+                                    online_softmax_masked)}

@@ -57,9 +57,18 @@ overflow, both sides are equal, or the same non-finite value (see
 
 Identities of opaque functions that hold for every size are rewrite rules
 (`symattn.prove.index_rules`: cos^2 = 1 - sin^2 and exp(causal_mask(N)) =
-the 0/1 lower triangle cumsum sums with, on finite terms), applied to
-each side's expansion before like terms are collected, and to the arguments of
-opaque factors before they are keyed.
+the 0/1 lower triangle cumsum sums with, on finite terms; products of exps),
+applied to each side's expansion before like terms are collected, and to the
+arguments of opaque factors before they are keyed. The softmax family has
+rules of its own, each under the finiteness side condition it needs
+(`symattn.prove.softmax_forms`, `symattn.prove.opaque_forms`,
+`symattn.prove.softmax_terms`): shifts by a finite row statistic, positive
+values in log space (a row sum of exps is exp(logsumexp), 1 / F = exp(-log F)),
+exp(x - logsumexp(x)) as softmax's weight where every row holds a finite entry,
+and, in a second comparison tried when the first fails, operations on a
+`concat` along the reduced axis block by block (the merge of key blocks).
+A claim's sides are compared broadcast to their common shape, as NumPy does
+(`sum(grad(S), axis=-1) == 0`).
 
 When the forms do not agree, each round also asks whether the two sides are
 the same expression once the references unfolded so far are substituted: an
@@ -68,9 +77,9 @@ as equal), which settles claims whose forms cannot be built because a
 possibly non-finite factor stops the expansion (`grad(Q) == <the derived
 formula, written out>` for cosine attention's division by a row norm).
 
-Incomplete by design: no other algebra inside opaque functions (`exp(a + b)` is
-not `exp(a) * exp(b)`, `sin(a + b)` is not expanded, `P = softmax(S)` is not expanded into `exp`), no
-cancellation of `x * (1 / x)`, no index arithmetic beyond the index-map and
+Incomplete by design: no other algebra inside opaque functions (`sin(a + b)` is
+not expanded, a softmax whose rows may be empty is not written with exp), no
+cancellation of `x * (1 / x)` beyond positive sums of exps, no index arithmetic beyond the index-map and
 index-equation rules (a computed subscript inside index notation whose
 tensor is read again elsewhere stays a sum over an equation), and an
 expansion larger than MAX_TERMS terms is given up.
@@ -78,6 +87,7 @@ expansion larger than MAX_TERMS terms is given up.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
@@ -85,7 +95,7 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.printing import to_spec
-from ..ir.shapes import same_dim
+from ..ir.shapes import ShapeMismatch, broadcast
 from ..symbolic.finiteness import Finiteness
 from .index_forms import Converter
 from .index_rules import rewrite
@@ -96,6 +106,7 @@ __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
 METHOD = "matrix level: canonical index forms agree for all sizes"
 SAME = "matrix level: the two sides are the same expression, for all sizes"
 MAX_ROUNDS = 16        # unfoldings tried after the direct comparison
+_FUNCTION_OF_EMBED = re.compile(r"\$(?!embed|delta|eq|mix)[a-z]+[^ (]*\(.*\$embed")  # a concat inside a function
 
 @dataclass(frozen=True)
 class Proof:
@@ -120,39 +131,46 @@ def definitions_for(spec: t.TypedSpec, derivation=None) -> dict[str, t.Node | No
 
 
 def _aligned(shape_a, shape_b):
-    """The common shape without leading 1s, or None when the shapes differ."""
+    """The shape the two sides broadcast to, without leading 1s (a claim compares its sides
+    broadcast, as NumPy does: `sum(grad(S), axis=-1) == 0`), or None when they do not broadcast."""
     def strip(shape):
         shape = list(shape)
         while shape and shape[0] == 1:
             shape.pop(0)
-        return shape
+        return tuple(shape)
 
-    a, b = strip(shape_a), strip(shape_b)
-    if len(a) != len(b) or not all((x == 1) == (y == 1) and same_dim(x, y) for x, y in zip(a, b)):
+    try:
+        return strip(broadcast(strip(shape_a), strip(shape_b)))
+    except ShapeMismatch:
         return None
-    return tuple(a)
 
 
 def _top_tokens(node_shape, shape):
+    """The tokens of a side broadcast into `shape` (right-aligned; an axis of size 1 reads index 0)."""
     lead = len(node_shape) - len(shape)
-    return (ZERO_INDEX,) * lead + tuple(ZERO_INDEX if d == 1 else f"p{k}" for k, d in enumerate(shape))
+    return tuple(ZERO_INDEX if k < lead or d == 1 or shape[k - lead] == 1 else f"p{k - lead}"
+                 for k, d in enumerate(node_shape))
 
 
-def _forms(lhs, rhs, shape, spec, definitions, unfold, risk):
+def _forms(lhs, rhs, shape, spec, definitions, unfold, risk, split_concat=False):
+    """Both sides' collected forms (None, None when a side has none), the references met, and whether
+    a rule on a concat was met; with `split_concat`, operations on concats are written block by block
+    (`symattn.prove.softmax_forms`)."""
     cv = Converter(spec, definitions, frozenset(unfold), risk)
+    cv.split_concat = split_concat
     names = {ZERO_INDEX: ZERO_INDEX}
     for k, d in enumerate(shape):
         if d != 1:
             cv.ranges[f"p{k}"] = sympy.sympify(d)
             names[f"p{k}"] = f"p{k}"
     try:
-        left = collect(rewrite(cv.conv(lhs, _top_tokens(lhs.shape, shape), {})), names, cv.ranges)
-        right = collect(rewrite(cv.conv(rhs, _top_tokens(rhs.shape, shape), {})), names, cv.ranges)
+        left = collect(rewrite(cv.conv(lhs, _top_tokens(lhs.shape, shape), {}), cv.ranges), names, cv.ranges)
+        right = collect(rewrite(cv.conv(rhs, _top_tokens(rhs.shape, shape), {}), cv.ranges), names, cv.ranges)
     except TooBig:
         raise
     except Unsupported:
-        return None, None, cv.seen
-    return left, right, cv.seen
+        return None, None, cv.seen, cv.concat_met
+    return left, right, cv.seen, cv.concat_met
 
 
 def _agree(left: dict[str, Collected], right: dict[str, Collected]) -> bool:
@@ -166,6 +184,13 @@ def _agree(left: dict[str, Collected], right: dict[str, Collected]) -> bool:
         if (key not in left or key not in right) and (a.risky or b.risky):
             return False  # a possibly non-finite term would vanish
     return True
+
+
+def _concat_inside(left: dict[str, Collected], right: dict[str, Collected]) -> bool:
+    """Whether a term the sides do not share holds a concat (an `$embed`) inside a function: only
+    there can writing operations on concats block by block make the forms agree."""
+    differ = set(left) ^ set(right) | {k for k in set(left) & set(right) if left[k].coef != right[k].coef}
+    return any(_FUNCTION_OF_EMBED.search(key) for key in differ)
 
 
 def _zero_for_all_sizes(c) -> bool:
@@ -217,14 +242,18 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
     shape = _aligned(lhs.shape, rhs.shape)
     if shape is None:
         return None
+    risk = Finiteness(spec, definitions)
     dims = list(spec.dims)
     order = {name: k for k, name in enumerate(spec.tensors)}
-    risk = Finiteness(spec, definitions)
     unfolded: list[str] = []
     steps: list[tuple[str, str, str]] = []
     try:
         for _ in range(MAX_ROUNDS + 1):
-            left, right, seen = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk)
+            left, right, seen, blocks = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk)
+            if blocks and (left is None or (not _agree(left, right) and _concat_inside(left, right))):
+                # the comparison that writes operations on concats block by block
+                left, right, more, _ = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk, split_concat=True)
+                seen = seen | more
             if left is not None and _agree(left, right):
                 steps.append(("left side in canonical index form", to_spec(lhs, dims), display(left)))
                 steps.append(("right side in canonical index form", to_spec(rhs, dims), display(right)))
@@ -298,5 +327,5 @@ def index_form_text(node: t.Node, spec: t.TypedSpec, definitions: Mapping[str, t
     None when it cannot be formed. For documents and debugging."""
     definitions = definitions or {}
     shape = _aligned(node.shape, node.shape)
-    left, _, _ = _forms(node, node, shape, spec, definitions, list(unfold), Finiteness(spec, definitions))
+    left, _, _, _ = _forms(node, node, shape, spec, definitions, list(unfold), Finiteness(spec, definitions))
     return None if left is None else display(left)

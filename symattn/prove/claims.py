@@ -30,10 +30,7 @@ delegated to `symattn.prove.equivariance`.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
 
-import mpmath
 import numpy as np
 import sympy
 
@@ -42,22 +39,19 @@ from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
 from ..symbolic.element import ElementModel, guard
+from ..symbolic.element_cases import generalized, identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
-from ..symbolic.finiteness import ANY, Finiteness
+from ..symbolic.finiteness import ANY, MINUS_INF, Finiteness
 from ..ir.shapes import broadcast
 from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
-from .verdicts import Counterexample, GradientCheck, Verdict
+from .missing_rules import missing_rule
+from .counterexamples import DIGITS, POINTS, float64_contradicts, number, reads_grads, refuted, search_counterexample
+from .verdicts import GradientCheck, Verdict
 
 __all__ = ["check_spec", "verify_gradients", "open_session"]
 
-POINTS = 4          # random rational points tried for a counterexample
-# Where log, sqrt and division by a tensor leave the reals: tried too when a claim's values may be NaN.
-SPECIAL_POINTS = ["zeros", "negative", "zero scalars", "sparse", "sparse", "sparse", "sparse"]
-DIGITS = 30         # precision of the values compared at a point
-SEPARATION = 1e-12  # relative gap that counts as a difference at 30 digits
-FLOAT64_GAP = 1e-8  # relative gap that counts as a difference in float64 (rounding is ~1e-15)
 MATRIX_SHARE = 0.5  # of a claim's time budget, the most the matrix-level prover may take
 # Array entries (every tensor and subexpression, `symattn.ir.sizes.entries`) above which a claim's
 # counterexample search moves to smaller sizes: it evaluates the spec at 30 digits in SymPy floats.
@@ -67,24 +61,6 @@ CLAIM_SEARCH_ENTRIES = 3_000
 
 def _sizes_text(spec: t.TypedSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in spec.sizes.items())
-
-
-def _tolist(array) -> Any:
-    array = np.asarray(array, dtype=object)
-    if array.shape == ():
-        return _number(array.item())
-    return [_tolist(a) for a in array]
-
-
-def _number(value):
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    if isinstance(value, (mpmath.mpf, mpmath.mpc)):
-        return float(value.real) if isinstance(value, mpmath.mpc) else float(value)
-    value = sympy.sympify(value)
-    if value.is_Integer:
-        return int(value)
-    return float(value)
 
 
 class _Session:
@@ -155,10 +131,11 @@ class _Session:
             self._finiteness = Finiteness(self.spec, self.definitions())
         return self._finiteness
 
-    def symbolic(self, node: t.Node) -> np.ndarray:
-        """A node's entries in the element model's slots and gradient symbols; tensors that
-        may be -inf enter with their exact entries, never as finite symbols."""
-        model = self.model
+    def symbolic(self, node: t.Node, model: ElementModel | None = None) -> np.ndarray:
+        """A node's entries in the element model's slots and gradient symbols (of `model`, one of its
+        mask cases, or the session's); tensors that may be -inf enter with their exact entries, never
+        as finite symbols."""
+        model = self.model if model is None else model
         ev = Evaluator(self.spec, SYMBOLIC)
         ev.values = {**model.leaf, **model.slot, **{n: model.forward[n] for n in model.risky}}
         ev.grads = model.upstream
@@ -212,7 +189,7 @@ class _Session:
                 if ev.settle is not None:
                     value = ev.settle(value)
             elif subs is not None:
-                value = np.array([_number(subs[s]) for s in self.model.upstream[name].flat]).reshape(shape)
+                value = np.array([number(subs[s]) for s in self.model.upstream[name].flat]).reshape(shape)
             else:
                 return None
             value = np.broadcast_to(np.asarray(value, dtype=object), shape)
@@ -249,130 +226,11 @@ def _matrix_proof(session: _Session, lhs: t.Node, rhs: t.Node):
         return None
 
 
-def _rational_point(session: _Session, rng: np.random.Generator, kind: str = "random") -> tuple[dict, dict]:
-    """Small exact inputs: multiples of 1/2 in [-1, 1] (zeros and negatives included), so softmax
-    stays far from saturation; `zeros` and `negative` are the points where log, sqrt and
-    division by a tensor leave the reals."""
-    spec = session.spec
-    halves = np.array([sympy.Rational(k, 2) for k in range(-2, 3)], dtype=object)
-    fixed = {"zeros": sympy.Integer(0), "negative": sympy.Rational(-1, 2)}
-
-    def leaf(name):
-        shape = spec.concrete_shape(spec.tensors[name].shape)
-        if kind in fixed:
-            return np.full(shape, fixed[kind], dtype=object)
-        if kind == "sparse":  # half the entries 0: divisions by 0 meet numerators that are not
-            return np.where(rng.random(shape) < 0.5, sympy.Integer(0), rng.choice(halves, size=shape))
-        if kind == "zero scalars" and not shape:
-            return np.array(sympy.Integer(0), dtype=object)
-        return rng.choice(halves, size=shape)
-
-    values = {n: leaf(n) for n in spec.given}
-    nonzero = np.array([sympy.Rational(k, 2) for k in (-2, -1, 1, 2)], dtype=object)
-    upstream = {n: rng.choice(nonzero, size=spec.concrete_shape(spec.tensors[n].shape)) for n in spec.outputs}
-    return values, upstream
-
-
-def _same_float(a: float, b: float, gap: float) -> bool:
-    """Equal under float64 semantics: the same non-finite value, or finite and within `gap` (relative)."""
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return (math.isnan(a) and math.isnan(b)) or a == b
-    return abs(a - b) <= gap * max(1.0, abs(a), abs(b))
-
-
-def _float_of(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):  # a complex or symbolic leftover is NaN under float64
-        return math.nan
-
-
-def _search_counterexample(session: _Session, check: t.CheckInfo, points: int = POINTS,
-                           special: bool = False) -> Counterexample | None:
-    """Inputs at which plain float64 (the float64 evaluator on the spec's nodes, independent of
-    SymPy's algebra) shows the sides differ, confirmed by the same evaluation at 30 digits so
-    that rounding never refutes; None when no such point turns up. A difference in which side is
-    NaN or infinite must show at 30 digits as the same kind of difference."""
-    spec = session.spec
-    rng = np.random.default_rng(20261129)
-    kinds = ["random"] * points + (SPECIAL_POINTS if special else [])
-    shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
-    grads = _reads_grads(check)
-    for kind in kinds:
-        values, upstream = _rational_point(session, rng, kind)
-        subs = None
-        if session.derivation is None and grads:
-            subs = session.model.point(values, upstream, DIGITS)
-        ev = session.at_point(values, upstream, subs=subs, grads=grads)
-        left64 = np.broadcast_to(np.asarray(ev.evaluate(check.lhs), dtype=np.float64), shape)
-        right64 = np.broadcast_to(np.asarray(ev.evaluate(check.rhs), dtype=np.float64), shape)
-        indices = list(np.ndindex(*shape) if shape else [()])
-        candidates = [i for i in indices if not _same_float(float(left64[i]), float(right64[i]), FLOAT64_GAP)]
-        if not candidates:
-            continue
-        exact = session.at_point(values, upstream, DIGITS, subs=subs, grads=grads)
-        left = np.broadcast_to(np.asarray(exact.evaluate(check.lhs), dtype=object), shape)
-        right = np.broadcast_to(np.asarray(exact.evaluate(check.rhs), dtype=object), shape)
-        gaps = [i for i in candidates if not _same_float(_float_of(left[i]), _float_of(right[i]), SEPARATION)]
-        if not gaps:
-            i = candidates[0]
-            session.unreproduced = (f"float64 gives {float(left64[i]):.6g} and {float(right64[i]):.6g} at entry "
-                                    f"{list(i)}, but at {DIGITS} digits the sides agree there (rounding)")
-            continue
-
-        def size(i):
-            a, b = float(left64[i]), float(right64[i])
-            return math.inf if not (math.isfinite(a) and math.isfinite(b)) else abs(a - b)
-
-        index = max(gaps, key=size)
-        inputs = {n: _tolist(v) for n, v in values.items()}
-        inputs.update({f"grad({n})": _tolist(v) for n, v in upstream.items()})
-        where = "[" + ", ".join(str(i) for i in index) + "]"
-        return Counterexample(
-            sizes=dict(spec.sizes), inputs=inputs, lhs=_tolist(left64), rhs=_tolist(right64),
-            note=f"largest gap at entry {where} (0-based): left side {float(left64[index]):.6g}, "
-                 f"right side {float(right64[index]):.6g} in float64",
-        )
-    return None
-
-
-def _reads_grads(check: t.CheckInfo) -> bool:
-    return any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad)
-               for side in (check.lhs, check.rhs) for n in t.walk(side))
-
-
-def _refuted(check: t.CheckInfo, search: "_Session", counter: Counterexample) -> Verdict:
-    where = search.size_note or f"at {_sizes_text(search.spec)}"
-    return Verdict(check.line, check.text, "refuted",
-                   f"counterexample {where}: inputs that are multiples of 1/2, at which the "
-                   f"sides differ in plain float64 (and at {DIGITS} digits where both are finite)", counter)
-
-
-def _float64_contradicts(session: _Session, check: t.CheckInfo) -> str | None:
-    """Defence in depth for an element-level proof: evaluate both sides in float64 at three
-    points (zeros and negatives included) and say where they disagree, if they do."""
-    rng = np.random.default_rng(7)
-    for kind in ("random", "zeros", "negative"):
-        values, upstream = _rational_point(session, rng, kind)
-        try:
-            ev = session.at_point(values, upstream, grads=_reads_grads(check))
-            if ev is None:
-                return None
-            left = np.asarray(ev.evaluate(check.lhs), dtype=np.float64)
-            right = np.asarray(ev.evaluate(check.rhs), dtype=np.float64)
-        except SymAttnError:
-            return None  # a gradient the float64 evaluator cannot produce: nothing to compare
-        left, right = np.broadcast_arrays(left, right)
-        for index in np.ndindex(*left.shape):
-            if not _same_float(float(left[index]), float(right[index]), 1e-6):
-                return f"float64 gives {left[index]} and {right[index]} at entry {list(index)} ({kind} inputs)"
-    return None
-
-
 def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     spec = session.spec
     finiteness = session.finiteness
-    may_be_nan = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs)) == ANY
+    worst = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs))
+    may_be_nan, masked = worst == ANY, worst == MINUS_INF
     search = session.searcher()  # the spec itself, or at sizes the size guard picked
     if search is not session and reads_sizes(spec, [check.lhs, check.rhs]):
         search = None  # at other sizes the claim says something else: N - 1000000000 is not 0 at N = 59
@@ -381,14 +239,14 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     session.matrix_gave_up = ""
     # A difference at a concrete point settles it in milliseconds; the proofs are for claims that hold.
     if search is not None:
-        counter = _search_counterexample(search, check, points=1, special=may_be_nan)
+        counter = search_counterexample(search, check, points=1, special=may_be_nan, masked=masked)
         if counter is not None:
-            return _refuted(check, search, counter)
+            return refuted(check, search, counter)
     proof = _matrix_proof(session, check.lhs, check.rhs)
     if proof is not None:
         return Verdict(check.line, check.text, "proved", proof.method, steps=tuple(proof.steps))
     why = session.matrix_gave_up or "no matrix-level proof"
-    if _reads_grads(check) and session.derivation is None:
+    if reads_grads(check) and session.derivation is None:
         why = f"the derivation failed ({session.derive_error}), so no matrix-level proof"
     if not may_be_nan:
         try:
@@ -396,16 +254,20 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
         except SizeGuardError as err:
             return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
         same, unfolded = session.model.identical(lhs, rhs)
-        if same:
-            contradiction = _float64_contradicts(session, check)
+        cases = 0 if same else identical_in_every_case(
+            session.model, lambda m: (session.symbolic(check.lhs, m), session.symbolic(check.rhs, m)))
+        if same or cases:
+            contradiction = float64_contradicts(session, check)
             if contradiction is not None:  # a bug in the element level: never a proof
                 return Verdict(check.line, check.text, "unknown",
                                f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
                                f"{contradiction}; this is a bug in symattn, please report it")
-            how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+            how = f" after unfolding {', '.join(unfolded)}" if unfolded and same else ""
+            if cases:
+                how = f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
             return Verdict(check.line, check.text, "proved",
                            f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
-                           "(not shown for all sizes)")
+                           f"(not shown for all sizes: {_missing(session, check)})")
         why += f", no exact proof at {_sizes_text(spec)}"
     else:
         try:
@@ -413,21 +275,22 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
         except SizeGuardError as err:
             return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
         if cases.proved:
-            contradiction = _float64_contradicts(session, check)
+            contradiction = float64_contradicts(session, check)
             if contradiction is not None:  # a bug in the case analysis: never a proof
                 return Verdict(check.line, check.text, "unknown",
                                f"the case analysis at {_sizes_text(spec)} is contradicted by float64: "
                                f"{contradiction}; this is a bug in symattn, please report it")
-            return Verdict(check.line, check.text, "proved", _cases_method(spec, cases, _reads_grads(check)))
+            return Verdict(check.line, check.text, "proved",
+                           _cases_method(spec, cases, reads_grads(check), _missing(session, check)))
         why += f", and the element level's case analysis at {_sizes_text(spec)} did not settle it ({cases.reason})"
     if search is None:
         return Verdict(check.line, check.text, "unknown",
                        f"{why}; the spec's sizes are too large to search for a counterexample, and the claim reads "
                        "sizes as values (a dim, a mean, index values or sinusoidal(...)), so smaller sizes would "
                        "test another claim")
-    counter = _search_counterexample(search, check, special=may_be_nan)
+    counter = search_counterexample(search, check, special=may_be_nan, masked=masked)
     if counter is not None:
-        return _refuted(check, search, counter)
+        return refuted(check, search, counter)
     if search.unreproduced:
         return Verdict(check.line, check.text, "unknown", f"{why}; {search.unreproduced}")
     where = search.size_note or f"at {_sizes_text(spec)}"
@@ -436,24 +299,40 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
                    f"to {DIGITS} digits (agreement at points is not a proof)")
 
 
+def _missing(session: _Session, check: t.CheckInfo) -> str:
+    """Why the matrix level did not prove the claim for all sizes (`symattn.prove.missing_rules`)."""
+    if session.matrix_gave_up:
+        return session.matrix_gave_up
+    return missing_rule(session.spec, session.definitions(), session.finiteness, check.lhs, check.rhs)
+
+
 def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
     """The element level for a claim whose values may be NaN or infinite: exact, region by region
     (`symattn.symbolic.guarded`); raises SizeGuardError at sizes that would take minutes."""
     spec = session.spec
     guard(spec, session.force)
     gradients: dict[str, t.Node | None] = {}
-    if _reads_grads(check):
+    if reads_grads(check):
         if session.derivation is None:
             return CaseProof(False, 0, f"the derivation failed: {session.derive_error}")
         gradients = {n: g.expr for n, g in session.derivation.gradients.items() if n not in spec.outputs}
     shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
     try:
-        return compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
+        proof = compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
     except SymAttnError as err:
         return CaseProof(False, 0, f"the sides could not be evaluated: {err}")
+    free = generalized(spec) if not proof.proved and "cannot be told" in proof.reason else None
+    if free is not None:  # where a sum of squares of X @ W_q is 0 cannot be told; of a free Q it can
+        try:
+            stronger = compare_by_cases(free[0], check.lhs, check.rhs, shape, gradients)
+        except SymAttnError:
+            return proof
+        if stronger.proved:
+            return dataclasses.replace(stronger, freed=free[1])
+    return proof
 
 
-def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
+def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool, missing: str) -> str:
     """How a case-by-case proof was made, for the verdict."""
     text = (f"element level: exact identity of every entry at {_sizes_text(spec)} under float64 semantics "
             "(NaN and infinities included)")
@@ -466,9 +345,12 @@ def _cases_method(spec: t.TypedSpec, cases: CaseProof, grads: bool) -> str:
         count = len(cases.zero_sets)
         text += (f", and in the {count} region{'s' if count > 1 else ''} where one is 0 "
                  f"(such as {example} = 0), re-evaluated there")
+    if cases.freed:
+        text += (f", with {', '.join(cases.freed)} as free tensors (shown for every value of them, so for the "
+                 "values their definitions give)")
     if grads:
         text += "; gradients as the derived formulas compute them"
-    return text + " (not shown for all sizes)"
+    return text + f" (not shown for all sizes: {missing})"
 
 
 def _negate(verdict: Verdict) -> Verdict:
@@ -515,7 +397,7 @@ def _relative_all_sizes(session: _Session, check: t.CheckInfo) -> Verdict | None
     proof = prove_relative(check.lhs.x.x, session.spec, session.finiteness)  # lhs: B[..., 0:R-1, 0:C-1]
     if proof is None:
         return None
-    contradiction = _float64_contradicts(session, check)
+    contradiction = float64_contradicts(session, check)
     if contradiction is not None:  # a bug in the prover: never a proof
         return Verdict(check.line, check.text, "unknown", f"the proof at symbolic positions is contradicted "
                        f"by float64: {contradiction}; this is a bug in symattn, please report it")
@@ -572,10 +454,14 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
                 truth = model.ground_truth(name)
                 rational = grad.expr is not None and finiteness.deep(grad.expr) == ANY
                 ok, unfolded = model.identical(matrix, truth, unfold_grads=False, as_rational_functions=rational)
+                cases = 0 if ok or rational or grad.expr is None else identical_in_every_case(
+                    model, lambda m: (session.symbolic(grad.expr, m), m.ground_truth(name)), unfold_grads=False)
         except OutOfTime as err:
             out.append(GradientCheck(name, False, f"not checked: {err}"))
             continue
         how = f" after unfolding {', '.join(unfolded)}" if unfolded else ""
+        if cases:
+            ok, how = True, f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
         caveat = ""
         if rational:
             caveat = " (as rational functions: where an entry is NaN or infinite the formulas are not compared)"

@@ -12,7 +12,7 @@ deltas, index values, the number inf, fixed tensors, and the index maps
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import sympy
@@ -77,12 +77,21 @@ class Reference(Factor):
 @dataclass(frozen=True, slots=True)
 class Application(Factor):
     """An opaque function `op(arguments)`, the arguments keyed by their canonical forms with the
-    factor's own indices named by position (`$exp(...)`, `$recip(...)`, `$where<(...)`)."""
+    factor's own indices named by position (`$exp(...)`, `$recip(...)`, `$where<(...)`).
+
+    What rules inside opaque functions read (none of it is part of the factor's identity):
+    `parts`, each argument's index form (a tuple of terms; a typed node where the argument is
+    keyed by its expression) in the tokens `origin` (the factor's indices when it was made,
+    position by position; `renamed` leaves them, so `indices[k]` is what `origin[k]` became)
+    and the reduced tokens `local`."""
 
     op: str
     arguments: str
     indices: tuple[str, ...]
     risk: int
+    parts: tuple = field(default=(), compare=False)
+    origin: tuple[str, ...] = field(default=(), compare=False)
+    local: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> str:
@@ -92,7 +101,8 @@ class Application(Factor):
 @dataclass(frozen=True, slots=True)
 class SoftmaxApplication(Factor):
     """`softmax(x, axis)`, with what the row-sum rule needs: the axis, its size, and whether the
-    argument is finite (a fully masked row has softmax 0, not a row summing to 1)."""
+    argument's rows hold a finite entry (a fully masked row has softmax 0, not a row summing to 1);
+    `parts`, `origin` and `local` as for `Application` (x's form, its reduced token `local`)."""
 
     axis: int
     size: sympy.Expr
@@ -100,6 +110,9 @@ class SoftmaxApplication(Factor):
     arguments: str
     indices: tuple[str, ...]
     risk: int
+    parts: tuple = field(default=(), compare=False)
+    origin: tuple[str, ...] = field(default=(), compare=False)
+    local: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> str:

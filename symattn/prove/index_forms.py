@@ -10,10 +10,13 @@ the lower-triangular 0/1 factor `$tril`, `merge_heads`,
 (`b[j - i + N - 1]`) and a `Scatter` are sums against an index `Equation`
 (`symattn.prove.index_equations`), a `where` comparing an index of at most
 MAX_CASES values with an integer is split by that index's value, and everything nonlinear is an
-opaque factor keyed by the canonical forms of its arguments. A form that cannot
-be used soundly raises `Unsupported` (a possibly non-finite term multiplied by
-zero or distributed over a sum), one that grows past MAX_TERMS terms `TooBig`.
-A divisor whose zeros may be -0 is keyed by its expression (`Converter.plus_zero`).
+opaque factor keyed by the canonical forms of its arguments, after the identities
+of `symattn.prove.opaque_forms` (elementwise functions, divisions, `where`) and
+`symattn.prove.softmax_forms` (softmax, logsumexp, max and min along an axis). A
+form that cannot be used soundly raises `Unsupported` (a possibly non-finite term
+multiplied by zero or distributed over a sum), one that grows past MAX_TERMS terms
+`TooBig`. A divisor whose zeros may be -0 is keyed by its expression
+(`symattn.prove.opaque_forms.plus_zero`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import sympy
 from ..ir import affine
 from ..ir import typed as t
 from ..ir.shapes import same_dim
-from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, Finiteness, const_value, finite_real
-from .index_rules import rewrite
-from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Constant, Embed, Equation, Eye, IndexValue, Infinity,
-                          Mix, Reference, SoftmaxApplication, Term, TooBig, Unsupported, form_key)
+from ..symbolic.finiteness import FINITE, MINUS_INF, Finiteness, const_value, finite_real
+from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Constant, Embed, Equation, Eye, IndexValue, Infinity, Mix,
+                          Reference, Term, TooBig, Unsupported)
+from .opaque_forms import OpaqueForms, bcast as _bcast, mul_forms as _mul_forms, scale as _scale
+from .softmax_forms import SoftmaxForms
 
 __all__ = ["Converter"]
 
@@ -43,86 +47,7 @@ _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operato
 _MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
-def _bcast(sub_shape, shape, idx):
-    """The tokens of an operand broadcast into `shape` (right-aligned, size 1 -> ZERO_INDEX)."""
-    offset = len(shape) - len(sub_shape)
-    if offset < 0:
-        raise Unsupported("an operand has more axes than the result")
-    return tuple(ZERO_INDEX if d == 1 else idx[offset + k] for k, d in enumerate(sub_shape))
-
-
-
-def _mul_forms(a: list[Term], b: list[Term]) -> list[Term]:
-    if not a or not b:
-        if any(term.risky for term in a + b):
-            raise Unsupported("a possibly non-finite term would be multiplied by zero")
-        return []
-    if (len(a) > 1 and any(term.risky for term in b)) or (len(b) > 1 and any(term.risky for term in a)) \
-            or any(ta.sums and tb.risky or tb.sums and ta.risky for ta in a for tb in b):
-        # (A + B) * M is not A * M + B * M where M is -inf or 1/0: (1 + 0) * inf is inf while
-        # 1 * inf + 0 * inf is NaN; likewise a contracted sum, sum(X) / w vs sum(X / w).
-        raise Unsupported("a possibly non-finite factor would be distributed over a sum")
-    if len(a) * len(b) > MAX_TERMS:
-        raise TooBig("the expansion is too large")
-    return [ta.times(tb) for ta in a for tb in b]
-
-
-def _scale(form: list[Term], c) -> list[Term]:
-    return [term.scaled(c) for term in form]
-
-
-_PLUS_ZERO_FUNCTIONS = {"exp", "sigmoid", "abs"}  # f(x) >= 0, and f(x) == 0 only as +0
-
-
-def _untransposed(node: t.Node, idx: tuple[str, ...]) -> tuple[t.Node, tuple[str, ...]]:
-    """The node under any chain of transposes, at the tokens that address the same entries."""
-    while isinstance(node, t.Transpose):
-        node, idx = node.x, idx[:-2] + (idx[-1], idx[-2])
-    return node, idx
-
-
-def _plus_zero(node: t.Node, defs: Mapping[str, t.Node | None], seen: set) -> bool:
-    """See `Converter.plus_zero`: entries >= 0 (or NaN), zeros +0, shown from the node's structure."""
-    if isinstance(node, (t.Scalar, t.DimValue)) or (node.shape == () and isinstance(node, (t.Unary, t.Binary))):
-        value = const_value(node)
-        if value is None or value.has(sympy.zoo, sympy.nan):
-            return False
-        # a literal 0 is +0; a computed one may be -0 (-0, 0 * -1)
-        return value.is_positive is True or (isinstance(node, t.Scalar) and value.is_zero is True)
-    if isinstance(node, t.Tensor):
-        definition = defs.get(node.name)
-        if definition is None or node.name in seen:
-            return False
-        return _plus_zero(definition, defs, seen | {node.name})
-    if isinstance(node, t.Unary):
-        return node.fn in _PLUS_ZERO_FUNCTIONS or (node.fn == "sqrt" and _plus_zero(node.x, defs, seen))
-    if isinstance(node, t.Binary):
-        if node.op == "pow":
-            exponent = const_value(node.b)
-            if exponent is not None and exponent.is_integer and exponent.is_even and exponent.is_positive:
-                return True  # (-0) ^ 2 is +0
-            return _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
-        if node.op == "mul" and node.a == node.b:
-            return True  # x * x: (-0) * (-0) is +0
-        return node.op in ("add", "mul", "div") and _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
-    if isinstance(node, t.Softmax):
-        return True
-    if isinstance(node, t.Constant):
-        return node.kind in ("ones", "eye")
-    if isinstance(node, t.Reduce):
-        return node.kind in ("sum", "mean", "max", "min") and _plus_zero(node.x, defs, seen)
-    if isinstance(node, t.MatMul):
-        return _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
-    if isinstance(node, t.Where):
-        return _plus_zero(node.a, defs, seen) and _plus_zero(node.b, defs, seen)
-    if isinstance(node, (t.Transpose, t.Slice, t.SumTo, t.MergeHeads, t.SplitHeads, t.Scan)):
-        return _plus_zero(node.children[0], defs, seen)
-    if isinstance(node, t.Concat):
-        return all(_plus_zero(p, defs, seen) for p in node.parts)
-    return False
-
-
-class Converter:
+class Converter(SoftmaxForms, OpaqueForms):
     """Typed nodes -> index forms, with a fixed set of unfolded references."""
 
     def __init__(self, spec: t.TypedSpec, definitions: Mapping[str, t.Node | None],
@@ -278,12 +203,7 @@ class Converter:
         risk = MINUS_INF if node.kind == "causal_mask" else FINITE
         return [Term(ONE, (Constant(node.kind, tuple(node.args), tuple(idx), risk),))]
 
-    # elementwise ---------------------------------------------------------------
-    def _Unary(self, node, idx, env):
-        if node.fn == "neg":
-            return _scale(self.conv(node.x, idx, env), -ONE)
-        return self._opaque(f"${node.fn}", node, [(node.x, idx)], idx, env)
-
+    # elementwise (the nonlinear ones, opaque factors: `symattn.prove.opaque_forms`) ----
     def _Binary(self, node, idx, env):
         a, b, op = node.a, node.b, node.op
         ia, ib = _bcast(a.shape, node.shape, idx), _bcast(b.shape, node.shape, idx)
@@ -294,33 +214,10 @@ class Converter:
         if op == "mul":
             return _mul_forms(self.conv(a, ia, env), self.conv(b, ib, env))
         if op == "div":
-            value = const_value(b)
-            if value is not None and finite_real(value) and value.is_zero is False:
-                return _scale(self.conv(a, ia, env), 1 / value)
-            # 1/0 is inf; 1/(+0) and 1/(-0) are inf and -inf, so the divisor is keyed by its expression
-            # unless its zeros are all +0 (0 * X and 0 * Y, X - X and 0 * X have one form, not one sign)
-            structural = not self.plus_zero(b)
-            if structural:  # a transpose moves entries without changing one bit: key the tensor it moves
-                b, ib = _untransposed(b, ib)
-            recip = self._opaque("$recip", b, [(b, ib)], ib, env, risk=ANY, structural=structural)
-            return _mul_forms(self.conv(a, ia, env), recip)
+            return self._divide(node, idx, env)
         if op == "pow":
-            value = const_value(b)
-            if value is not None and value.is_Integer and 0 <= value <= 6:
-                form = [Term(ONE)]
-                for _ in range(int(value)):
-                    form = _mul_forms(form, self.conv(a, ia, env))
-                return form
-            # (-0) ^ -1 is -inf, (+0) ^ -1 inf: the base is keyed by its expression, as a divisor is
-            exponent = const_value(b)
-            signless = self.plus_zero(a) or (exponent is not None and exponent.is_positive is True)
-            return self._opaque("$pow", node, [(a, ia), (b, ib)], idx, env, structural=not signless)
+            return self._power(node, idx, env)
         raise Unsupported(f"elementwise {op}")
-
-    def _Compare(self, node, idx, env):
-        a, b = node.a, node.b
-        return self._opaque(f"$cmp{node.op}", node,
-                            [(a, _bcast(a.shape, node.shape, idx)), (b, _bcast(b.shape, node.shape, idx))], idx, env)
 
     def _Where(self, node, idx, env):
         c = node.cond
@@ -336,9 +233,7 @@ class Converter:
                 case = Term(ONE, (Equation((1,), -sympy.Integer(u), (token,)),))
                 out += _mul_forms([case], branches[0 if pick else 1])
             return out
-        args = [(c.a, _bcast(c.a.shape, node.shape, idx)), (c.b, _bcast(c.b.shape, node.shape, idx)),
-                (node.a, _bcast(node.a.shape, node.shape, idx)), (node.b, _bcast(node.b.shape, node.shape, idx))]
-        return self._opaque(f"$where{c.op}", node, args, idx, env)
+        return self._opaque_where(node, idx, env)
 
     def _index_cases(self, cond, env):
         """(token, [(u, condition at u)]) when `cond` compares one index variable of index notation
@@ -396,7 +291,11 @@ class Converter:
         axes = list(range(len(x.shape))) if node.axis is None else [node.axis]
         inner, fresh = self._reduced(x.shape, axes, idx)
         if node.kind in ("logsumexp", "max", "min"):
-            return self._opaque(f"${node.kind}{axes}", node, [(x, inner)], idx, env, local=fresh)
+            return self.extreme(node, idx, env)  # `symattn.prove.softmax_forms`
+        if node.kind == "sum":
+            logspace = self.sum_of_exps(node, idx, env)  # `symattn.prove.opaque_forms`
+            if logspace is not None:
+                return logspace
         form = self.conv(x, inner, env)
         sums = tuple((tok, self.ranges[tok]) for tok in fresh)
         form = [term.summed(sums) for term in form]
@@ -442,14 +341,6 @@ class Converter:
                 inner.append(ZERO_INDEX if d == 1 else idx[k - lead])
         form = self.conv(x, tuple(inner), env)
         return [term.summed(tuple(sums)) for term in form]
-
-    def _Softmax(self, node, idx, env):
-        inner, fresh = self._reduced(node.x.shape, [node.axis], idx)
-        arguments, indices, risks = self._arguments(f"$softmax[{node.axis}]", [(node.x, inner)], idx, env, fresh)
-        # what the row-sum rule needs: the axis, its size, and whether the argument is finite
-        factor = SoftmaxApplication(node.axis, node.shape[node.axis], risks[0] == FINITE, arguments, indices,
-                                    self.risk.node(node))
-        return [Term(ONE, (factor,))]
 
     # index maps ------------------------------------------------------------------
     def _MergeHeads(self, node, idx, env):
@@ -518,72 +409,3 @@ class Converter:
         if token == ZERO_INDEX:
             return form
         return [term.summed(((token, self.ranges[token]),)) for term in form]
-
-    # zeros and their signs -----------------------------------------------------------
-    def plus_zero(self, node: t.Node) -> bool:
-        """Whether every entry of `node` is >= 0 or NaN, a zero always being +0: then two nodes with
-        one canonical form have zeros of one sign, and 1 / x is the same infinity for both. False
-        means not shown (X * 0 is -0 where X < 0, X - X is +0: one form, two signs)."""
-        return _plus_zero(node, self.defs, set())
-
-    # opaque factors --------------------------------------------------------------
-    def _opaque(self, op: str, node: t.Node, args, idx, env, local=(), risk: int | None = None,
-                structural: bool = False) -> list[Term]:
-        """One factor `op(args)` at tokens `idx` (see `_arguments`); its risk is the node's unless given.
-        `structural`: the first argument is keyed by its expression, not its canonical form."""
-        arguments, indices, _ = self._arguments(op, args, idx, env, local, structural)
-        risk = self.risk.node(node) if risk is None else risk
-        return [Term(ONE, (Application(op, arguments, indices, risk),))]
-
-    def _arguments(self, op: str, args, idx, env, local, structural: bool = False) -> tuple[str, tuple[str, ...], list[int]]:
-        """(arguments text, indices, risk of each argument) of a factor `op(args)` at tokens `idx`:
-        each argument is keyed by its canonical form with the factor's tokens named by position
-        (`local` tokens: the reduced axes; tokens of the arguments' own become extra indices)."""
-        names: dict[str, str] = {ZERO_INDEX: ZERO_INDEX}
-        for k, token in enumerate(idx):
-            names.setdefault(token, f"p{k}")
-        for k, token in enumerate(local):
-            names[token] = f"r{k}"
-        # each argument as its index form, or as the node itself when it may be NaN or inf:
-        # then only the same node is the same argument
-        forms: list[list[Term] | t.Node] = []
-        risks = []
-        for number, (arg, arg_idx) in enumerate(args):
-            arg_risk = self.risk.node(arg)
-            risks.append(arg_risk)
-            if arg_risk == ANY or (structural and number == 0):
-                if env:
-                    raise Unsupported("a possibly non-finite argument inside index notation")
-                forms.append(arg)
-                # references it reads can still be unfolded, for the same-expression comparison
-                self.seen.update(f"grad({n.name})" if isinstance(n, t.Grad) else n.name
-                                 for n in t.walk(arg) if isinstance(n, (t.Tensor, t.Grad)))
-            else:
-                forms.append(rewrite(self.conv(arg, arg_idx, env)))  # keyed modulo the identities
-        extras: list[str] = []
-        for form in forms:
-            if not isinstance(form, t.Node):
-                for term in form:
-                    bound = {tok for tok, _ in term.sums}
-                    for f in term.factors:
-                        for token in f.indices:
-                            if token not in names and token not in bound and token not in extras:
-                                extras.append(token)
-        best = None
-        orders = itertools.permutations(extras) if len(extras) <= 4 else [tuple(extras)]
-        for order in orders:
-            mapping = dict(names)
-            for k, token in enumerate(order):
-                mapping[token] = f"p{len(idx) + k}"
-            keys = []
-            for form in forms:
-                if isinstance(form, t.Node):
-                    keys.append("node:" + repr(form))
-                else:
-                    keys.append(form_key(form, mapping, self.ranges))
-            arguments = "; ".join(keys)
-            key = f"{op}({arguments})"
-            if best is None or key < best[0]:
-                best = (key, arguments, order)
-        _, arguments, order = best
-        return arguments, tuple(idx) + tuple(order), risks

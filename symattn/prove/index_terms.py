@@ -15,16 +15,33 @@ terms into `{canonical text: Collected(coefficient, risky)}`, never cancelling
 terms that may be non-finite (`Unsupported` says so); `form_key` is the text of
 a whole form (how function applications are keyed by their arguments),
 `display` its readable rendering.
+
+Keys of opaque factors: `keyed(op, forms, idx, local, ranges)` names a factor
+`op(arguments)` at index tokens `idx`: each argument (an index form, or a typed
+node keyed by its expression) written with the factor's tokens named by
+position (`p0`, `p1`, ...), its reduced tokens `local` as `r0`, ..., and tokens
+of the arguments' own that are neither appended as extra indices, in the order
+whose key is least; it returns `(arguments, indices)`. Two factors with one key
+and the same indices are the same value. `instantiated(form, origin, indices)`
+is a form written in the tokens `origin` moved to `indices`, position by
+position (all at once, so a permutation is safe), as the rules inside opaque
+functions read a factor's stored arguments; `mentions(term, token)` and
+`free_tokens(form)` say which tokens a term or form reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import sympy
 
+from ..ir import typed as t
+from ..ir.affine import nonnegative
 from ..ir.shapes import same_dim
 from ..symbolic.finiteness import FINITE
 from .index_equations import equation_rule, equation_text
@@ -35,7 +52,7 @@ from .index_factors import (MAX_LABELLINGS, MAX_TERMS, ONE, ZERO_INDEX, Applicat
 __all__ = ["Unsupported", "TooBig", "ONE", "ZERO_INDEX", "MAX_TERMS", "MAX_LABELLINGS",
            "Factor", "Reference", "Application", "SoftmaxApplication", "Delta", "Eye", "IndexValue",
            "Infinity", "Constant", "Mix", "Embed", "Equation", "Term", "Collected",
-           "collect", "form_key", "display", "is_zero"]
+           "collect", "form_key", "display", "is_zero", "keyed", "instantiated", "mentions", "free_tokens"]
 
 MAX_RULE_ROUNDS = 10000  # rules applied to one term
 
@@ -117,12 +134,24 @@ def _normalize(term: Term, ranges):
                         break
                 if changed:
                     break
-            elif isinstance(f, SoftmaxApplication) and f.finite_argument:
-                # sum over its axis of the softmax of a finite argument is 1
+            elif isinstance(f, SoftmaxApplication):
+                # sum over its axis of the softmax of an argument whose rows hold a finite entry is 1; so
+                # is it beside another weight of the same row, which is 0 where the row is empty (and
+                # NaN where it holds NaN), making the term 0 (NaN) with the sum or without it
                 token = f.indices[f.axis]
-                if token in sums and _occurrences(factors, token) == 1 and same_dim(sums[token], f.size):
+                if token in sums and _occurrences(factors, token) == 1 and same_dim(sums[token], f.size) and (
+                        f.finite_argument or _same_row_weight(factors, n)):
                     del factors[n]
                     del sums[token]
+                    changed = True
+                    break
+            elif isinstance(f, Embed) and f.indices[0] in sums and _occurrences(factors, f.indices[0]) == 1:
+                # sum over m of [m == c + offset] is 1 where c + offset stays in m's range for every c
+                m, c = f.indices
+                if rng(c) is not None and nonnegative(f.offset).holds is True and \
+                        nonnegative(sums[m] - f.offset - rng(c)).holds is True:
+                    del factors[n]
+                    del sums[m]
                     changed = True
                     break
             elif isinstance(f, Embed) and f.offset == 0:
@@ -145,6 +174,14 @@ def _normalize(term: Term, ranges):
     for token in [tok for tok in sums if tok not in used]:
         coef = coef * sums.pop(token)
     return coef, factors, sums
+
+
+def _same_row_weight(factors, n) -> bool:
+    """Whether another factor is a weight of the same softmax row as factors[n]."""
+    f = factors[n]
+    return any(k != n and isinstance(g, SoftmaxApplication) and g.key == f.key and len(g.indices) == len(f.indices)
+               and all(a == b for j, (a, b) in enumerate(zip(g.indices, f.indices)) if j != f.axis)
+               for k, g in enumerate(factors))
 
 
 def _pair_rule(factors, sums, rng):
@@ -291,6 +328,7 @@ def is_zero(c) -> bool:
     return sympy.expand(c) == 0
 
 
+@functools.lru_cache(maxsize=4096)
 def _coef_text(c) -> str:
     c = sympy.expand(c) if c.has(sympy.Add) else c
     return str(c)
@@ -317,3 +355,66 @@ def display(collected: dict) -> str:
         else:
             text += f" - {term}" if negative else f" + {term}"
     return text
+
+
+# --- keys of opaque factors ----------------------------------------------------------
+
+MAX_EXTRA_ORDERS = 4  # extra indices up to this many are tried in every order, more in one
+
+
+def free_tokens(form: Sequence[Term]) -> list[str]:
+    """Tokens the terms of a form read and do not sum over, in order of first appearance."""
+    found: list[str] = []
+    for term in form:
+        bound = {tok for tok, _ in term.sums}
+        for f in term.factors:
+            for token in f.indices:
+                if token != ZERO_INDEX and token not in bound and token not in found:
+                    found.append(token)
+    return found
+
+
+def keyed(op: str, forms: Sequence, idx: Sequence[str], local: Sequence[str],
+          ranges: Mapping) -> tuple[str, tuple[str, ...]]:
+    """(arguments text, indices) of a factor `op(forms)` at tokens `idx` (see the module docstring)."""
+    names: dict[str, str] = {ZERO_INDEX: ZERO_INDEX}
+    for k, token in enumerate(idx):
+        names.setdefault(token, f"p{k}")
+    for k, token in enumerate(local):
+        names[token] = f"r{k}"
+    extras: list[str] = []
+    for form in forms:
+        if not isinstance(form, t.Node):
+            extras += [tok for tok in free_tokens(form) if tok not in names and tok not in extras]
+    best = None
+    orders = itertools.permutations(extras) if len(extras) <= MAX_EXTRA_ORDERS else [tuple(extras)]
+    for order in orders:
+        mapping = dict(names)
+        for k, token in enumerate(order):
+            mapping[token] = f"p{len(idx) + k}"
+        keys = ["node:" + repr(form) if isinstance(form, t.Node) else form_key(list(form), mapping, ranges)
+                for form in forms]
+        arguments = "; ".join(keys)
+        if best is None or arguments < best[0]:
+            best = (arguments, order)
+    arguments, order = best
+    return arguments, tuple(idx) + tuple(order)
+
+
+def _moved(term: Term, mapping: Mapping[str, str]) -> Term:
+    factors = tuple(dataclasses.replace(f, indices=tuple(mapping.get(x, x) for x in f.indices))
+                    if any(x in mapping for x in f.indices) else f for f in term.factors)
+    return Term(term.coef, factors, term.sums)
+
+
+def instantiated(form: Sequence[Term], origin: Sequence[str], indices: Sequence[str]) -> list[Term]:
+    """`form`, written in the tokens `origin`, in the tokens `indices` (position by position)."""
+    mapping = {a: b for a, b in zip(origin, indices) if a != b and a != ZERO_INDEX}
+    if not mapping:
+        return list(form)
+    return [_moved(term, mapping) for term in form]
+
+
+def mentions(term: Term, token: str) -> bool:
+    """Whether a factor of `term` reads `token`."""
+    return any(token in f.indices for f in term.factors)

@@ -124,9 +124,14 @@ def guard(spec: t.TypedSpec, force: bool = False) -> None:
 class ElementModel:
     """Explicit entries of every tensor of a spec at its concrete sizes."""
 
-    def __init__(self, spec: t.TypedSpec, force: bool = False, progress: bool | None = None) -> None:
+    def __init__(self, spec: t.TypedSpec, force: bool = False, progress: bool | None = None,
+                 case: Mapping | None = None) -> None:
         guard(spec, force)
         self.spec = spec
+        # A mask case (`symattn.symbolic.element_cases`): each comparison of buffers that masks an entry
+        # decided, so masks are exact 0 or -oo; entries that are -oo are then read as -oo, constants, by
+        # the local formulas too (a fully masked softmax row is the constant 0, with no derivative).
+        self.case = dict(case or {})
         self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
         self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.given}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
@@ -149,12 +154,15 @@ class ElementModel:
                 continue
             shape = spec.concrete_shape(info.shape)
             checkpoint()
-            self.local[name] = np.asarray(slotted.evaluate(info.expr), dtype=object).reshape(shape)
+            self.local[name] = self._decided(np.asarray(slotted.evaluate(info.expr), dtype=object).reshape(shape))
             reads_risky = any(r in self.risky for r in t.tensors_read(info.expr))
-            self.forward[name] = (np.asarray(exact.evaluate(info.expr), dtype=object).reshape(shape)
+            self.forward[name] = (self._decided(np.asarray(exact.evaluate(info.expr), dtype=object).reshape(shape))
                                   if reads_risky else self.local[name])
             if name in self.risky:
                 exact.values[name] = self.forward[name]
+                if self.case:
+                    masked = np.vectorize(lambda v: v == -sympy.oo, otypes=[bool])(self.forward[name])
+                    slotted.values[name] = np.where(masked, -sympy.oo, self.slot[name])
         self.exact_values = {s: v for n in self.risky for s, v in zip(self.slot[n].flat, self.forward[n].flat)}
         # Each definition's symbols once (not once per tensor it might read): the same consumers.
         reads = {c: set().union(*(free_symbols(e) for e in entries.flat if isinstance(e, sympy.Basic)))
@@ -167,6 +175,13 @@ class ElementModel:
                 self.live.add(name)
         self._truth: dict[str, np.ndarray] = {}
         self._adjoint: dict[str, np.ndarray] = {}
+
+    def _decided(self, entries: np.ndarray) -> np.ndarray:
+        """Entries with the case's comparisons decided (no case: as they are)."""
+        if not self.case:
+            return entries
+        return np.vectorize(lambda v: v.xreplace(self.case) if isinstance(v, sympy.Basic) else v,
+                            otypes=[object])(entries)
 
     def values_of(self, name: str) -> np.ndarray:
         """The symbols standing for a tensor's entries (leaf symbols or slots)."""

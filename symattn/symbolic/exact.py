@@ -37,7 +37,7 @@ from sympy.functions.elementary.piecewise import ExprCondPair
 from ..budget import checkpoint
 from ..ir.functions import mpmath_table
 from .polyzero import expands_to_zero
-from .relations import angle_atoms, angle_of, atom_values, reduces_to_zero, relations, root_of
+from .relations import angle_of, angle_sum, atom_values, reduces_to_zero, relations, root_of
 
 __all__ = ["zero_test", "same_entry", "settled", "shared_xreplace", "entry_diff", "extreme_diff", "mp_value",
            "free_symbols", "holds"]
@@ -159,7 +159,7 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
             e2 = sympy.exp(2 * node.args[0])
             return walk((e2 - 1) / (e2 + 1))
         if isinstance(node, (sympy.sin, sympy.cos)):
-            sine, cosine = _angle_sum(walk(node.args[0]))
+            sine, cosine = angle_sum(walk(node.args[0]))
             return sine if isinstance(node, sympy.sin) else cosine
         if node.func is sympy.exp:
             result = sympy.Integer(1)
@@ -179,43 +179,6 @@ def _atomize(expr: sympy.Expr) -> sympy.Expr:
         return rebuilt
 
     return walk(expr)
-
-
-# sin(a + b) is expanded by angle addition only for angles of a few terms (sin of a matrix product's
-# entry would expand into 2^d terms), and n * x by repeated addition, at most _MAX_MULTIPLE base
-# angles in all; a larger angle is one base angle of its own. A rational angle p/q is p times 1/q.
-_MAX_ANGLE_TERMS = 4
-_MAX_MULTIPLE = 6
-
-
-def _base_angles(angle: sympy.Expr) -> list[tuple[sympy.Expr, int]]:
-    """angle = sum of count * base, or the angle itself as one base when that would be too long."""
-    out = []
-    for term in sympy.Add.make_args(sympy.expand(angle)):
-        if term == 0:
-            continue
-        coeff, rest = term.as_coeff_Mul()
-        if term.is_Rational:  # p/q = p * (1/q): cos(2) and cos(1) share the base 1, as cos(3/100) and cos(1/100)
-            out.append((sympy.Rational(1, term.q), int(term.p)))
-        elif term.is_number or not coeff.is_Integer:
-            out.append((term, 1))
-        else:
-            out.append((rest, int(coeff)))
-    if len(out) > _MAX_ANGLE_TERMS or sum(abs(count) for _, count in out) > _MAX_MULTIPLE:
-        return [(angle, 1)]
-    return out
-
-
-def _angle_sum(angle: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
-    """(sin(angle), cos(angle)) as polynomials in the atoms of its base angles."""
-    sine, cosine = sympy.Integer(0), sympy.Integer(1)
-    for base, count in _base_angles(angle):
-        s, c = angle_atoms(base)
-        if count < 0:  # sin(-x) = -sin(x), cos(-x) = cos(x)
-            s, count = -s, -count
-        for _ in range(count):  # cos + i sin of a sum is the product of cos + i sin of its terms
-            sine, cosine = sine * c + cosine * s, cosine * c - sine * s
-    return sympy.expand(sine), sympy.expand(cosine)
 
 
 def _mp_pow(base, exponent):

@@ -29,10 +29,9 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS, table
+from .row_facts import ANY, FINITE, MINUS_INF, RowFacts
 
 __all__ = ["FINITE", "MINUS_INF", "ANY", "Finiteness", "const_value", "finite_real"]
-
-FINITE, MINUS_INF, ANY = 0, 1, 2  # what a node's entries may be, for finite inputs
 
 
 # --- constants ------------------------------------------------------------------
@@ -113,6 +112,15 @@ class Finiteness:
         self.defs = definitions
         self.memo: dict[int, tuple[t.Node, int]] = {}
         self.named: dict[str, int] = {}
+        self.rows = RowFacts(self.node, self.definition)
+
+    def definition(self, name: str) -> t.Node | None:
+        """A tensor's forward definition (None for a given tensor)."""
+        info = self.spec.tensors.get(name)
+        if info is not None and info.expr is not None:
+            return info.expr
+        value = self.defs.get(name) if (info is None or info.kind == "intermediate") else None
+        return value if isinstance(value, t.Node) else None
 
     def tensor(self, name: str) -> int:
         if name not in self.named:
@@ -189,6 +197,12 @@ class Finiteness:
             x = self.node(n.x)
             function = FUNCTIONS.get(n.fn)  # None: neg
             if function is not None and not function.total:  # log, sqrt
+                if n.fn == "log" and self.rows.positive(n.x):
+                    return FINITE
+                if n.fn == "log" and self.rows.nonnegative(n.x):
+                    return MINUS_INF  # log(0) = -inf, never NaN
+                if n.fn == "sqrt" and self.rows.nonnegative(n.x):
+                    return FINITE
                 return ANY
             if function is not None and function.absorbs_minus_inf:  # exp(-inf) = 0, tanh(-inf) = -1, ...
                 return FINITE if x <= MINUS_INF else ANY
@@ -208,7 +222,8 @@ class Finiteness:
                             return other
                         return FINITE if other == FINITE else ANY
                 if n.op == "div":
-                    return ANY
+                    # a finite positive divisor keeps -inf and finite values as they are
+                    return a if self.rows.positive(n.b) else ANY
                 return FINITE if a == b == FINITE else ANY
             if n.op == "pow":
                 exponent = const_value(n.b)
@@ -217,11 +232,19 @@ class Finiteness:
                 base = const_value(n.a)  # a positive number to a finite power: 10000^(-c / h)
                 if base is not None and finite_real(base) and base.is_positive and b == FINITE:
                     return FINITE
+                if self.rows.positive(n.a) and b == FINITE:
+                    return FINITE  # x ^ y for x > 0
+                if exponent is not None and finite_real(exponent) and exponent.is_positive and \
+                        self.rows.nonnegative(n.a):
+                    return FINITE  # x ^ p for x >= 0 and p > 0: 0 ^ p = 0
                 return ANY
         if isinstance(n, t.MatMul):
             return FINITE if self.node(n.a) == self.node(n.b) == FINITE else ANY
         if isinstance(n, t.Reduce):
             x = self.node(n.x)  # sums, maxima and minima of finite and -inf values are finite or -inf
+            if x == MINUS_INF and n.kind in ("max", "logsumexp") and n.axis is not None and \
+                    self.rows.nonempty(n.x, n.axis):
+                return FINITE  # every line holds a finite entry: its max and logsumexp are finite
             return x
         if isinstance(n, t.Softmax):
             return FINITE if self.node(n.x) <= MINUS_INF else ANY

@@ -58,7 +58,7 @@ __all__ = ["Value", "Guard", "CaseProof", "compare_by_cases", "MAX_CASES"]
 
 FINITE, NAN, INF, NEG_INF, NONFINITE, UNKNOWN = "finite", "nan", "inf", "-inf", "inf or nan", "unknown"
 _INFINITE = (INF, NEG_INF, NONFINITE)
-MAX_CASES = 64      # regions (sets of symbols set to 0) evaluated per claim
+MAX_CASES = 128     # regions (sets of symbols set to 0) evaluated per claim (QK-norm backward at N = 4: 80)
 MAX_DENOMINATOR = 12  # x ^ (p/q) with a larger q is not followed
 
 
@@ -462,6 +462,7 @@ class CaseProof:
     reason: str = ""
     zero_sets: list[frozenset] = field(default_factory=list)
     guarded: bool = True
+    freed: tuple[str, ...] = ()  # intermediates compared as free tensors (`symattn.symbolic.element_cases`)
 
 
 class _TooManyCases(Exception):

@@ -8,7 +8,10 @@ expand, with one polynomial relation that holds wherever the atom is defined:
   evaluator of `symattn.symbolic.guarded` does, case by case); the relation is
   then true arithmetic: r is the float64 value of sqrt / the rational power;
 - `angle_atoms(angle)`: (s, c) = (sin(angle), cos(angle)) with s**2 + c**2 = 1,
-  true for every real angle.
+  true for every real angle; `angle_sum(angle)` is (sin(angle), cos(angle)) as
+  polynomials in the atoms of its base angles (angle addition, n * x by repeated
+  addition, a number p/q as p times 1/q with q sharing the other terms'
+  denominators).
 
 `relations(symbols)` lists the relations of the atoms among `symbols` (and the
 atoms their radicands read), each as a `Relation` whose head is the atom of
@@ -33,7 +36,7 @@ import mpmath
 import sympy
 from sympy.polys.polyerrors import BasePolynomialError
 
-__all__ = ["radicals_as_roots", "Root", "Angle", "Relation", "root_atom", "angle_atoms", "angle_of", "root_of", "relations", "reduces_to_zero",
+__all__ = ["radicals_as_roots", "Root", "Angle", "Relation", "root_atom", "angle_atoms", "angle_of", "angle_sum", "root_of", "relations", "reduces_to_zero",
            "atom_values"]
 
 
@@ -117,6 +120,45 @@ def angle_atoms(angle: sympy.Expr) -> tuple[sympy.Dummy, sympy.Dummy]:
         _ANGLE_OF[pair.sine] = _ANGLE_OF[pair.cosine] = pair
     found = _ANGLES[angle]
     return found.sine, found.cosine
+
+
+# sin(a + b) is expanded by angle addition only for angles of a few terms (sin of a matrix product's
+# entry would expand into 2^d terms), and n * x by repeated addition, at most _MAX_MULTIPLE base
+# angles in all; a larger angle is one base angle of its own. A rational angle p/q is p times 1/q.
+_MAX_ANGLE_TERMS = 4
+_MAX_MULTIPLE = 6
+
+
+def _base_angles(angle: sympy.Expr) -> list[tuple[sympy.Expr, int]]:
+    """angle = sum of count * base, or the angle itself as one base when that would be too long."""
+    out, terms = [], [term for term in sympy.Add.make_args(sympy.expand(angle)) if term != 0]
+    # with the other terms' denominators: j/100 + 1/25 is j/100 + 4 * (1/100), so a key position shifted by
+    # one, sin(j/100 + 1/25), and sin(j/100 + 3/100) share the base 1/100
+    common = sympy.ilcm(1, 1, *[c.q for c, _ in (t.as_coeff_Mul() for t in terms if not t.is_number) if c.is_Rational])
+    for term in terms:
+        coeff, rest = term.as_coeff_Mul()
+        if term.is_Rational:  # p/q = p * (1/q): cos(2) and cos(1) share the base 1, as cos(3/100) and cos(1/100)
+            q = sympy.ilcm(term.q, common)
+            out.append((sympy.Rational(1, q), int(term * q)))
+        elif term.is_number or not coeff.is_Integer:
+            out.append((term, 1))
+        else:
+            out.append((rest, int(coeff)))
+    if len(out) > _MAX_ANGLE_TERMS or sum(abs(count) for _, count in out) > _MAX_MULTIPLE:
+        return [(angle, 1)]
+    return out
+
+
+def angle_sum(angle: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """(sin(angle), cos(angle)) as polynomials in the atoms of its base angles."""
+    sine, cosine = sympy.Integer(0), sympy.Integer(1)
+    for base, count in _base_angles(angle):
+        s, c = angle_atoms(base)
+        if count < 0:  # sin(-x) = -sin(x), cos(-x) = cos(x)
+            s, count = -s, -count
+        for _ in range(count):  # cos + i sin of a sum is the product of cos + i sin of its terms
+            sine, cosine = sine * c + cosine * s, cosine * c - sine * s
+    return sympy.expand(sine), sympy.expand(cosine)
 
 
 def _roots_among(symbols) -> list[Root]:

@@ -158,6 +158,10 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("softcap", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
     ("stable_softmax", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
     ("kv_cache_decode", "O", "K_cache", True, "refuted", None),  # keys reordered without their values
+    # online softmax: the queries permute the outputs; a block's keys moved without their values do not
+    ("online_softmax", "O", "Q", False, "proved", "O(Pi Q) = Pi O(Q)"),
+    ("online_softmax", "O", "K1", True, "refuted", None),
+    ("online_softmax_masked", "O", "V1", True, "refuted", None),  # values reordered without their weights
 ]
 
 

@@ -110,13 +110,11 @@ def sample(spec, seed: int = 0) -> tuple[dict, dict]:
 
 # --- (a) exact, element level --------------------------------------------------------
 
-# Gradients the element level leaves unsettled (never wrong): a mask computed from a buffer is -inf
-# at entries that depend on the buffer's symbolic values, and the element level does not compare
-# entries that hold -inf inside expressions (`symattn.symbolic.element`). The matrix level proves
-# these (key_padding.attn states grad(S) as a check), and (b) and (c) below check them in float64.
-# (stable_softmax's grad(S), through max(S, axis=-1), is settled: the element level differentiates
-# a max of one tensor's entries with ties sharing equally, tests/symbolic/test_max_ties.py.)
-UNSETTLED = {"key_padding": {"S"}}
+# Gradients the element level leaves unsettled (never wrong): none. A mask computed from a buffer
+# is settled in each case of its comparisons (`symattn.symbolic.element_cases`: key_padding's grad(S)),
+# and stable_softmax's grad(S), through max(S, axis=-1), by differentiating a max of one tensor's
+# entries with ties sharing equally (tests/symbolic/test_max_ties.py).
+UNSETTLED: dict[str, set[str]] = {}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=IDS)
