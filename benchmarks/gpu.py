@@ -366,6 +366,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sdpa-backend", nargs="+", choices=sorted(gc.SDPA_BACKENDS), default=["flash"],
                         help="SDPA backends to pin, one row each (default flash)")
     parser.add_argument("--no-triton", action="store_true", help="skip the generated Triton module")
+    parser.add_argument("--variants", nargs="*", metavar="SPEC", default=None,
+                        help="also the attention plan's variants (derivations/ specs; default with no names: "
+                             "T5 bias, relative bias, GQA, MQA, learned ALiBi, padding, MLA, bottom-right causal): "
+                             "each one's Triton module against the same attention written densely in torch")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (median)")
     parser.add_argument("--arch", default=None, help="nvcc -arch (default: the device's, e.g. sm_90)")
     parser.add_argument("--keep", metavar="DIR", help="emit and build here instead of a temporary directory")
@@ -402,6 +406,10 @@ def main(argv=None) -> int:
                 ok = ok and gate.ok
             print("planned cases: " + ", ".join(f"B={c.batch} H={c.heads} N={c.n} d={c.d} {c.label}"
                                                 for c in cases))
+            if args.variants is not None:
+                from gpu_variants import DEFAULT
+
+                print("planned variants: " + ", ".join(args.variants or DEFAULT))
             return 0 if ok else 1
         reason = missing()
         if reason:
@@ -427,6 +435,13 @@ def main(argv=None) -> int:
             lines += measure_case(case, kernels_for(case, emitted, triton, args.sdpa_backend, torch, tensor_cores),
                                   torch, args.repeat)
             print(f"  {case}: done", flush=True)
+        if args.variants is not None:
+            from gpu_variants import DEFAULT, variant_rows
+
+            lines += ["", "The attention plan's variants, bf16 (Triton module against the dense torch attention):"]
+            for n in args.sizes:
+                lines += variant_rows(args.variants or DEFAULT, n, args.head_dims[0], args.batch, args.heads,
+                                      args.repeat, torch)
         print("\n".join(lines))
     return 0
 

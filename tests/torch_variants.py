@@ -212,6 +212,82 @@ def online_softmax_masked(Q, K1, K2, V1, V2, keep1, keep2, keep=None):
     return O
 
 
+def mqa(X, W_q, W_k, W_v, keep=None):
+    d_k = W_q.shape[-1]
+    Q = X @ W_q                                                          # [h, N, d_k]
+    V = _keep(keep, "V", X @ W_v)                                        # [1, N, d_k]
+    K = (X @ W_k).expand_as(Q)                                           # the one key/value head for every head
+    P = _keep(keep, "P", torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(d_k), dim=-1))
+    return P @ V.expand_as(Q)
+
+
+def t5_bias(X, W_q, W_k, W_v, Bt, keep=None):
+    n = X.shape[0]
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v                                  # [h, N, d_k]
+    offset = torch.arange(n)[None, :] - torch.arange(n)[:, None] + n - 1
+    S = _keep(keep, "S", Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1]) + Bt[:, offset] + _causal_bias(n, X.dtype))
+    return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
+
+
+def alibi_learned(X, W_q, W_k, W_v, m, keep=None):
+    n = X.shape[0]
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().to(X.dtype)
+    B = -m[:, None, None] * distance + _causal_bias(n, X.dtype)
+    S = _keep(keep, "S", Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1]) + B)
+    return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
+
+
+def padding_qk(X, W_q, W_k, W_v, real, keep=None):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    real = real > 0
+    S = Q @ K.T / math.sqrt(Q.shape[-1])
+    S = torch.where(real[None, :] & real[:, None], S, torch.full_like(S, float("-inf")))
+    return _keep(keep, "P", _masked_softmax(S)) @ V
+
+
+def mla(X, W_qc, W_kc, W_qr, W_kr, W_v, keep=None):
+    Qc, Kc, Qr, Kr, V = (X @ w for w in (W_qc, W_kc, W_qr, W_kr, W_v))
+    S = _keep(keep, "S", (Qc @ Kc.transpose(-1, -2) + Qr @ Kr.transpose(-1, -2))
+              / math.sqrt(W_qc.shape[-1] + W_qr.shape[-1]))
+    return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
+
+
+def lse_output(Q, K, V, keep=None):
+    S = _keep(keep, "S", Q @ K.T / math.sqrt(Q.shape[-1]))
+    _keep(keep, "L", _lse(S))
+    return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
+
+
+def dropout_mask(X, W_q, W_k, W_v, Z, keep=None):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    P = _keep(keep, "P", torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1))
+    D = _keep(keep, "D", P * Z / 0.9)
+    return D @ V
+
+
+def prefix_lm(X, W_q, W_k, W_v, keep=None, prefix=2):
+    n = X.shape[0]
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    visible = (torch.arange(n)[None, :] <= torch.arange(n)[:, None]) | (torch.arange(n)[None, :] < prefix)
+    S = Q @ K.T / math.sqrt(Q.shape[-1])
+    S = torch.where(visible, S, torch.full_like(S, float("-inf")))
+    return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
+
+
+def causal_bottom_right(Q, K, V, keep=None):
+    n, m = Q.shape[0], K.shape[0]
+    visible = torch.arange(m)[None, :] <= torch.arange(n)[:, None] + m - n
+    S = Q @ K.T / math.sqrt(Q.shape[-1])
+    S = torch.where(visible, S, torch.full_like(S, float("-inf")))
+    return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
+
+
+# outputs other than the first, read by the callers from `keep` (lse_output's L)
+EXTRA_OUTPUTS = {"lse_output": ("L",)}
+
+
 FORWARDS = {f.__name__: f for f in (kv_cache_decode, alibi, causal_linear, cosine, differential, gqa, sigmoid, sliding_window,
                                     softcap, stable_softmax, relative_bias, rope_half, rope_interleaved, online_softmax,
-                                    online_softmax_masked)}
+                                    online_softmax_masked, mqa, t5_bias, alibi_learned, padding_qk, mla, lse_output,
+                                    dropout_mask, prefix_lm, causal_bottom_right)}

@@ -334,7 +334,16 @@ def test_derived_gradients_are_exact_at_the_element_level():
 
 
 def test_relative_bias_cuda_reads_and_scatters_with_index_arithmetic():
-    code = symattn.load(RELATIVE_BIAS).emit("cuda")
+    """The fused kernels read the table at j - i + N - 1 in the score and add dS there atomically; the generic
+    kernels (the spec unfused) gather B and scatter grad(b) by solving the subscript for each entry."""
+    from symattn.codegen.cuda import emit_cuda
+
+    fused = symattn.load(RELATIVE_BIAS).emit("cuda")
+    assert fused.path == "fused"
+    text = fused.files[fused.source_name]
+    assert "+ b[((j_ - i_ + N - 1))];" in text
+    assert "atomicAdd(&grad_b_per_entry[b_ * (long long)(-1 + (2 * N)) + ((j_ - i_ + N - 1))], dsc_ * " in text
+    code = emit_cuda(symattn.load(RELATIVE_BIAS), fused=False)
     source = code.files[code.source_name]
     assert "B[e_] = b[((j - i + N - 1))];" in source  # the gather: one read per entry
     # the scatter in its gather form: each entry of grad(b) sums one diagonal, j = l + i - N + 1 solved

@@ -190,6 +190,8 @@ NEGATED_SIDES = {
     ("causal_linear", 34): lambda r: (r["O"], r["num"] / (r["Fq"] * r["Fk"]).sum(-1, keepdims=True)),
     ("cosine", 19): lambda r: (r["grad(Q)"], r["grad(Qn)"] / np.sqrt((r["Q"] * r["Q"]).sum(-1, keepdims=True))),
     ("gqa", 21): lambda r: (r["grad(K)"], (np.swapaxes(r["grad(S)"], -1, -2) @ r["Q"]).sum(-3, keepdims=True)),
+    ("mqa", 22): lambda r: (r["grad(V)"], (np.swapaxes(r["P"], -1, -2) @ r["grad(O)"]).sum(-3, keepdims=True)
+                            / r["P"].shape[-3]),
     ("sigmoid", 19): lambda r: (r["grad(S)"],
                                 r["P"] * (r["grad(P)"] - (r["grad(P)"] * r["P"]).sum(-1, keepdims=True))),
     ("softcap", 20): lambda r: (r["grad(S)"], r["grad(R)"]),

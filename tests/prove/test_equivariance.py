@@ -162,6 +162,17 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("online_softmax", "O", "Q", False, "proved", "O(Pi Q) = Pi O(Q)"),
     ("online_softmax", "O", "K1", True, "refuted", None),
     ("online_softmax_masked", "O", "V1", True, "refuted", None),  # values reordered without their weights
+    # the attention plan's peer variants: positions in a bias or a mask tie the outputs to them; a key and
+    # value head shared by every query head (MQA) and two products summed (MLA) keep the chain
+    ("mqa", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("mla", "O", "X", False, "proved", "O(Pi X) = Pi O(X)"),
+    ("t5_bias", "O", "X", False, "refuted", None),
+    ("alibi_learned", "O", "X", False, "refuted", None),
+    ("padding_qk", "O", "X", False, "refuted", None),  # real stays put; the group (X, real) is the spec's check
+    ("lse_output", "O", "Q", False, "proved", "O(Pi Q) = Pi O(Q)"),
+    ("dropout_mask", "O", "X", False, "refuted", None),  # Z stays put
+    ("prefix_lm", "O", "X", False, "refuted", None),
+    ("causal_bottom_right", "O", "K", True, "refuted", None),  # keys reordered without their values
 ]
 
 

@@ -63,6 +63,13 @@ def _t5(t):
     return {"O": _softmax(_masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias, _causal(n, n))) @ v}
 
 
+def _relative(t):
+    q, k, v = (t["X"] @ t[w] for w in ("W_q", "W_k", "W_v"))
+    n = q.shape[-2]
+    bias = t["b"][torch.arange(n)[None, :] - torch.arange(n)[:, None] + n - 1]  # [N, N]
+    return {"O": _softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias) @ v}
+
+
 def _alibi_learned(t):
     q, k, v = (_heads(t["X"], t[w]) for w in ("W_q", "W_k", "W_v"))
     n = q.shape[-2]
@@ -73,7 +80,7 @@ def _alibi_learned(t):
 
 def _padding(t):
     q, k, v = (t["X"] @ t[w] for w in ("W_q", "W_k", "W_v"))
-    real = t["keep"] > 0  # [b, N]
+    real = t["real"] > 0  # [b, N]
     keep = real[:, None, :] & real[:, :, None]  # key j and query i both real
     return {"O": _softmax(_masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), keep)) @ v}
 
@@ -118,9 +125,10 @@ VARIANTS = {
     "mqa": ({"X": (N, 8), "W_q": (3, 8, 4), "W_k": (1, 8, 4), "W_v": (1, 8, 4)}, _mqa, {}),
     "gqa": ({"X": (N, 8), "W_q": (2, 2, 8, 4), "W_k": (2, 1, 8, 4), "W_v": (2, 1, 8, 4)}, _gqa, {}),
     "t5_bias": ({"X": (N, 6), "W_q": (2, 6, 4), "W_k": (2, 6, 4), "W_v": (2, 6, 4), "Bt": (2, 2 * N - 1)}, _t5, {}),
+    "relative_bias": ({"X": (N, 5), "W_q": (5, 4), "W_k": (5, 4), "W_v": (5, 4), "b": (2 * N - 1,)}, _relative, {}),
     "alibi_learned": ({"X": (N, 6), "W_q": (2, 6, 4), "W_k": (2, 6, 4), "W_v": (2, 6, 4), "m": (2,)},
                       _alibi_learned, {}),
-    "padding_qk": ({"X": (N, 5), "W_q": (5, 4), "W_k": (5, 4), "W_v": (5, 4), "keep": (N,)}, _padding, {}),
+    "padding_qk": ({"X": (N, 5), "W_q": (5, 4), "W_k": (5, 4), "W_v": (5, 4), "real": (N,)}, _padding, {}),
     "mla": ({"X": (N, 6), **{w: (2, 6, 3) for w in ("W_qc", "W_kc", "W_qr", "W_kr", "W_v")}}, _mla, {}),
     "lse_output": ({"Q": (N, 5), "K": (M, 5), "V": (M, 5)}, _lse, {}),
     "dropout_mask": ({"X": (N, 5), "W_q": (5, 4), "W_k": (5, 4), "W_v": (5, 4), "Z": (N, N)}, _dropout, {}),
@@ -143,7 +151,7 @@ def _leaves(name, seed=0):
         info = spec.tensors[leaf]
         batch = (B,) if info.kind != "param" else ()
         value = rng.standard_normal(batch + shape)
-        if leaf == "keep":  # padding, one batch entry with a fully padded stretch, every row kept by one key
+        if leaf == "real":  # padding, one batch entry with a fully padded stretch, every row kept by one key
             value = np.where(rng.random(batch + shape) < 0.3, -1.0, 1.0)
             value[1, 10:20] = -1.0
         if leaf == "Z":
