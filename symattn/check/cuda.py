@@ -406,7 +406,11 @@ def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch
     p = code.plan
     arrays: dict[int, np.ndarray] = {}
     for b in (*p.inputs, *p.upstream):
-        arrays[id(b)] = rng.standard_normal(_concrete(b, sizes, batch)).astype(np.float32)
+        shape = _concrete(b, sizes, batch)
+        # A weight matrix is drawn as it is initialised (LeCun: std 1/sqrt(fan-in)), so that scores stay
+        # O(sqrt(d)) rather than O(d^1.5) and a float32 kernel is not held to an ill-conditioned softmax.
+        scale = 1.0 / np.sqrt(shape[-2]) if b.kind == "param" and len(shape) >= 2 else 1.0
+        arrays[id(b)] = (scale * rng.standard_normal(shape)).astype(np.float32)
     for b in (*p.outputs, *p.gradients):
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
     leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}

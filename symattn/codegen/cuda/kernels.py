@@ -371,10 +371,13 @@ def matmul_kernel(name, comment, out: Buffer, reads, dims, lead_coords, lead_sha
               "    const int tid_ = threadIdx.y * SA_TILE_THREADS + threadIdx.x;",
               "    __shared__ float a_tile_[SA_TILE][SA_TILE_K + 1];",
               "    __shared__ float b_tile_[SA_TILE_K][SA_TILE + 1];"]
+    declared = set()
     for term in terms:
         acc = term.acc
-        lines += [f"    // {acc} = {term.formula}",
-                  f"    float {acc}[SA_MICRO][SA_MICRO] = {{}};"]
+        lines.append(f"    // {acc} {'+' if acc in declared else ''}= {term.formula}")
+        if acc not in declared:
+            lines.append(f"    float {acc}[SA_MICRO][SA_MICRO] = {{}};")
+            declared.add(acc)
         lines += [f"    for (int {coord} = 0; {coord} < {size}; ++{coord})  // summed leading axis"
                   for coord, size in term.outer]
         lines += [f"    for (int k0_ = 0; k0_ < {term.inner}; k0_ += SA_TILE_K) {{",

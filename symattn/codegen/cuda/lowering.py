@@ -211,7 +211,10 @@ class Lowering:
                                        "or [n, 1] matrix")
         lead_shape = tuple(out.shape[:-2])
         lead = _coords("z", lead_shape)
-        special = {m: f"acc{k}_[r_][c_]" for k, m in enumerate(accumulators)}
+        # A plain sum of products (grad(X) through several projections) shares one accumulator: one set of
+        # SA_MICRO^2 registers a thread rather than one per product, which spilled.
+        shared = _sum_of(expr, accumulators)
+        special = {m: f"acc{0 if shared else k}_[r_][c_]" for k, m in enumerate(accumulators)}
         scope = _Scope(self)
         printer = CPrinter(self.names, scope, special=special)
         terms = []
@@ -229,14 +232,26 @@ class Lowering:
                 m = node
             a_lead = align(m.a.shape[:-2], m_lead_shape, m_lead)
             b_lead = align(m.b.shape[:-2], m_lead_shape, m_lead)
-            terms.append(MatmulTerm(f"acc{k}_", grad_text(node, self.order), dim_c(m.a.shape[-1], self.names),
+            terms.append(MatmulTerm(f"acc{0 if shared else k}_", grad_text(node, self.order), dim_c(m.a.shape[-1], self.names),
                                     printer.entry(m.a, (*a_lead, "row_", "k_")),
                                     printer.entry(m.b, (*b_lead, "k_", "col_")), outer))
-        value = printer.entry(expr, (*lead, "row_", "col_"))
+        value = "acc0_[r_][c_]" if shared else printer.entry(expr, (*lead, "row_", "col_"))
         _no_statements(printer)
         self._emit(matmul_kernel(self._kernel_name(out), comment, out, scope.reads, self.dims, lead, lead_shape,
                                  dim_c(out.shape[-2], self.names), dim_c(out.shape[-1], self.names), terms, value,
                                  self.names, self.batch, self.phase))
+
+def _sum_of(expr: t.Node, accumulators) -> bool:
+    """Whether `expr` is acc0 + acc1 + ... with every accumulator once, each of the result's shape."""
+    leaves: list = []
+
+    def visit(node) -> bool:
+        if isinstance(node, t.Binary) and node.op == "add" and node.shape == expr.shape:
+            return visit(node.a) and visit(node.b)
+        leaves.append(node)
+        return node.shape == expr.shape
+    return len(accumulators) > 1 and visit(expr) and sorted(map(id, leaves)) == sorted(map(id, accumulators))
+
 
 def grad_text(expr: t.Node, order) -> str:
     """A gradient formula as spec text; a fused kernel's result reads d<operand>_via_<core>."""

@@ -210,8 +210,9 @@ class _Planner(Lowering):
         self.lead_names[core.output] = lead
         self.helpers.append(text)
         out = self.tensor_buffer(core.output)
-        if core.lse is not None and ("tensor", core.lse) not in self.buffers and self._needed(core.lse):
-            lse = self.tensor_buffer(core.lse)  # the spec's own tensor is the row log-sum-exp
+        existing = self.buffers.get(("tensor", core.lse)) if core.lse is not None else None
+        if core.lse is not None and (existing.kind == "output" if existing else self._needed(core.lse)):
+            lse = self.tensor_buffer(core.lse)  # the spec's own tensor (an output, or kept) is the row log-sum-exp
         else:
             lse = self._workspace(f"{out.name}_lse", (*core.lead, core.n_q),
                                   f"row logsumexp of the scores of {core.output} (forward, kept for the backward)")

@@ -242,27 +242,27 @@ def test_cuda_kernels_against_the_dense_reference(name, tmp_path):
     assert code.path == "fused"
     p = code.plan
     lib = ctypes.CDLL(str(build_cpu(code, tmp_path)))
-    given = {x: np.ascontiguousarray(leaves[x], dtype=np.float32) for x in spec.typed.given}
-    dims = {**{d: int(spec.typed.sizes[d]) for d in spec.typed.dims}, **sizes}
-    shapes = {**{x: leaves[x].shape for x in leaves}}
+    dims = {**{d: int(spec.typed.sizes[d]) for d in p.dims}, **sizes}
     for x in spec.typed.given:  # every dim from the arrays: a param's axes, or an input's after its batch axis
-        info = spec.typed.tensors[x]
-        for axis, d in zip(shapes[x][len(shapes[x]) - len(info.shape):], info.shape):
+        shape = leaves[x].shape
+        for axis, d in zip(shape[len(shape) - len(spec.typed.tensors[x].shape):], spec.typed.tensors[x].shape):
             if str(d) in dims:
                 dims[str(d)] = axis
-    ints = [dims[d] for d in spec.typed.dims] + [B]
-    outs = {o: np.zeros(upstream[f"grad_{o}"].shape, np.float32) for o in spec.typed.outputs}
-    grads = {x: np.zeros(np.broadcast_shapes((B,) if spec.typed.tensors[x].kind == "input" else (),
-                                             leaves[x].shape), np.float32) for x in spec.typed.differentiable}
+    ints = [*map(ctypes.c_int, [dims[d] for d in p.dims] + [B])]
+    arrays = {}
+    for b in (*p.inputs, *p.upstream):
+        arrays[b.name] = np.ascontiguousarray((leaves if b.kind != "upstream" else upstream)[b.name], np.float32)
+    for b in (*p.outputs, *p.gradients):
+        source = upstream[f"grad_{b.name}"] if b.kind == "output" else leaves[b.name[len("grad_"):]]
+        arrays[b.name] = np.zeros(source.shape, np.float32)
+    ptrs = lambda buffers: [ctypes.c_void_p(arrays[b.name].ctypes.data) for b in buffers]  # noqa: E731
     for fn in ("workspace_bytes", "forward", "backward"):
         getattr(lib, f"{p.prefix}_{fn}").restype = ctypes.c_size_t if fn == "workspace_bytes" else ctypes.c_int
-    workspace = np.zeros(getattr(lib, f"{p.prefix}_workspace_bytes")(*map(ctypes.c_int, ints)) // 4 + 1, np.float32)
-    arrays = [given[x].ctypes.data for x in spec.typed.given]
-    out_ptrs = [outs[o].ctypes.data for o in spec.typed.outputs]
-    up = {o: np.ascontiguousarray(upstream[f"grad_{o}"], dtype=np.float32) for o in spec.typed.outputs}
-    args = [*map(ctypes.c_int, ints), None]
-    assert getattr(lib, f"{p.prefix}_forward")(*arrays, *out_ptrs, workspace.ctypes.data, *args) == 0
-    assert getattr(lib, f"{p.prefix}_backward")(*arrays, *out_ptrs, *[up[o].ctypes.data for o in spec.typed.outputs],
-                                                *[grads[x].ctypes.data for x in spec.typed.differentiable],
-                                                workspace.ctypes.data, *args) == 0
+    workspace = np.zeros(getattr(lib, f"{p.prefix}_workspace_bytes")(*ints) // 4 + 1, np.float32)
+    assert getattr(lib, f"{p.prefix}_forward")(*ptrs((*p.inputs, *p.outputs)), ctypes.c_void_p(workspace.ctypes.data), *ints,
+                                               None) == 0
+    assert getattr(lib, f"{p.prefix}_backward")(*ptrs((*p.inputs, *p.outputs, *p.upstream, *p.gradients)),
+                                                ctypes.c_void_p(workspace.ctypes.data), *ints, None) == 0
+    outs = {b.name: arrays[b.name] for b in p.outputs}
+    grads = {b.name[len("grad_"):]: arrays[b.name] for b in p.gradients}
     _check(name, outs, grads, *want, 1e-5, "cuda")
