@@ -58,6 +58,24 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subpro
     )
 
 
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    """`symattn ARGS` in this process (`symattn.cli.main`), for tests that run a command once per
+    spec: the same code and output as `run_cli` without starting an interpreter each time (the
+    commands in fresh interpreters are tested by `run_cli`'s users and tests/cli/test_cli_exit.py)."""
+    import contextlib
+    import io
+
+    from symattn.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as done:  # argparse: --help, a usage error
+            code = done.code if isinstance(done.code, int) else 2
+    return subprocess.CompletedProcess(["symattn", *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def example(request) -> Path:
     """Each example spec in derivations/."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import symattn
-from conftest import EXAMPLES, run_cli
+from conftest import EXAMPLES, run_cli, run_main
 
 NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 BRACKET = r"\[[^\]]*\]"
@@ -224,8 +224,9 @@ def check_show(stdout: str, facts: Facts, sizes: dict[str, int]) -> None:
 
 @functools.lru_cache(maxsize=None)
 def show_at_default_sizes(example: Path):
-    """`symattn show EXAMPLE`, run once per example: two tests read it."""
-    return run_cli("show", str(example))
+    """`symattn show EXAMPLE`, run once per example: two tests read it (in process: 20 fresh
+    interpreters would cost more than the rest of this file; the by-hand cases below start one)."""
+    return run_main("show", str(example))
 
 
 def test_show_lists_every_tensor(example):
@@ -239,7 +240,7 @@ def test_show_lists_every_tensor(example):
 def test_show_dim_override(example):
     facts = FACTS[example]
     first = next(iter(facts.dims))
-    result = run_cli("show", "--dim", f"{first}=8", str(example))
+    result = run_main("show", "--dim", f"{first}=8", str(example))
     assert result.returncode == 0, result.stderr
     sizes = {**facts.dims, first: 8}
     check_show(result.stdout, facts, sizes)

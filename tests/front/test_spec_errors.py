@@ -20,7 +20,7 @@ from symattn.errors import (
     SymAttnError,
     UsageError,
 )
-from conftest import run_cli
+from conftest import REPO, run_cli, run_main
 
 # Two dims that differ (d, e) and two tensors whose shapes clash.
 BASE = "dim N = 4, d = 3, e = 2\ninput X[N, d], Y[e, d]\n"  # lines 1 and 2
@@ -319,7 +319,7 @@ CLI_CASES = [c for c in CASES if c[0] in (
 def test_cli_reports_spec_errors(tmp_path, name, text, cls, line, column, message):
     path = tmp_path / f"{name}.attn"
     path.write_text(text, encoding="utf-8")
-    result = run_cli("show", str(path))
+    result = run_main("show", str(path))  # in process; test_not_utf8_cli runs a fresh interpreter
     assert result.returncode == 2
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
@@ -344,8 +344,9 @@ def test_cli_reports_spec_errors(tmp_path, name, text, cls, line, column, messag
     pytest.param(["show"], r"required: SPEC|the following arguments are required", id="no_spec"),
     pytest.param(["frobnicate"], r"invalid choice", id="unknown_command"),
 ])
-def test_cli_usage_errors(args, stderr):
-    result = run_cli(*args)
+def test_cli_usage_errors(monkeypatch, args, stderr):
+    monkeypatch.chdir(REPO)
+    result = run_main(*args)  # in process: the same main(); tests/cli runs such mistakes in fresh interpreters
     assert result.returncode == 2
     assert re.search(stderr, result.stderr, re.M), result.stderr
     assert "Traceback" not in result.stderr

@@ -50,6 +50,21 @@ def _run(*args, cwd: Path, timeout: float = 300, env: dict | None = None) -> sub
                           env=env if env is not None else _clean_env())
 
 
+def _see_these_site_packages(python: Path, cwd: Path) -> None:
+    """Let the venv import this interpreter's packages (lark, sympy, numpy) after its own.
+    `--system-site-packages` alone does not when this interpreter is itself a venv (CI's is):
+    that flag shows the base interpreter's site-packages, not this venv's. A .pth line only
+    adds the directory to sys.path (the .pth files in it, such as an editable install's, are
+    not run), so `import symattn` still finds the wheel first."""
+    found = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=cwd)
+    assert found.returncode == 0, found.stderr
+    import site
+
+    outer = [*site.getsitepackages(), site.getusersitepackages()]
+    (Path(found.stdout.strip()) / "_symattn_test_outer.pth").write_text(
+        "".join(f"{d}\n" for d in outer if Path(d).is_dir()), encoding="utf-8")
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> dict[str, Path]:
     if importlib.util.find_spec("pip") is None:
@@ -85,6 +100,7 @@ def venv(tmp_path_factory) -> dict[str, Path]:
         assert made.returncode == 0, made.stderr
         installed = _run(python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel, cwd=root)
     assert installed.returncode == 0, installed.stderr
+    _see_these_site_packages(python, root)
     outside = root / "elsewhere"
     outside.mkdir()
     return {"wheel": wheel, "env": env, "python": python, "cwd": outside, "log": built.stdout + built.stderr}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import symattn
-from conftest import COSINE_SELF_ATTENTION, REPO, run_cli
+from conftest import COSINE_SELF_ATTENTION, REPO, run_cli, run_main
 
 ROOT = REPO
 SPECS = sorted((ROOT / "derivations").glob("*.attn")) + [COSINE_SELF_ATTENTION]
@@ -30,7 +30,9 @@ KNOWN_UNPROVED: dict[tuple[str, str], str] = {}
 
 
 def printout(path: Path) -> str:
-    run = run_cli("derive", str(path), "--gradients")
+    """`symattn derive PATH --gradients`, in process (once per spec: fresh interpreters would cost
+    more than the proofs; tests/cli covers the command in one)."""
+    run = run_main("derive", str(path), "--gradients")
     assert run.returncode == 0, run.stderr
     return run.stdout
 
