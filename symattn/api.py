@@ -25,7 +25,7 @@ from .ir.position import NOWHERE
 from .errors import SpecSyntaxError, UnknownTensorError, UsageError
 from .front.parse import parse
 from .ir.printing import to_spec
-from .ir.shapes import format_shape
+from .ir.shapes import format_dim, format_shape
 from .front.validate import validate
 
 __all__ = ["load", "Spec", "read_spec_file", "spec_file", "example_path", "example_text"]
@@ -366,6 +366,9 @@ def format_typed(spec: t.TypedSpec) -> str:
         shape = format_shape(info.shape, order)
         sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
         definition = definition_text(spec, name)
+        if info.integer:  # an integer buffer: its range, as declared, and at these sizes
+            low, high = (format_dim(v, order) for v in info.values)
+            definition = f"integers in {low}:{high} ({':'.join(map(str, spec.integer_range(name)))} here)"
         rows.append((name, info.role, shape, sizes, f"line {info.pos.line}", definition))
     widths = [max(len(r[k]) for r in rows) for k in range(5)] if rows else [0] * 5
     for row in rows:
@@ -404,8 +407,8 @@ def load(path_or_text: str | Path, dims: Mapping[str, int] | None = None, *, fil
     else:
         raise UsageError(f"load() takes a path or spec text, not {type(path_or_text).__name__}")
     for key, value in (dims or {}).items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise UsageError(f"dim {key}={value!r}: sizes are positive integers")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:  # 0: a dim used only as a number
+            raise UsageError(f"dim {key}={value!r}: sizes are positive integers (0 only for a dim no shape uses)")
     program = parse(source, name)
     return Spec(validate(program, name, source, dims))
 

@@ -283,6 +283,79 @@ def causal_bottom_right(Q, K, V, keep=None):
     return _keep(keep, "P", torch.softmax(S, dim=-1)) @ V
 
 
+# The mask language: integer buffers arrive as float tensors of integers (their values, never differentiated).
+def _ints(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().round().long()
+
+
+def _attend(q, k, v, keep_mask=None, bias=0.0, keep=None):
+    s = _keep(keep, "S", q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias)
+    if keep_mask is not None:
+        s = _keep(keep, "S", torch.where(keep_mask, s, torch.full_like(s, float("-inf"))))
+    return _keep(keep, "P", _masked_softmax(s)) @ v
+
+
+def document_offsets(Q, K, V, doc, offsets, slope, keep=None):
+    """attention-gym's document mask in each document's own positions q_idx - offsets[document_id[q_idx]]."""
+    doc, off = _ints(doc), _ints(offsets)
+    n = Q.shape[0]
+    pos = torch.arange(n) - off[doc]
+    visible = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+    bias = torch.where(visible, -slope * (pos[:, None] - pos[None, :]), torch.full((n, n), float("-inf"),
+                                                                                    dtype=Q.dtype))
+    return _attend(Q, K, V, None, bias, keep)
+
+
+def dilated_window(Q, K, V, keep=None, w=2, r=2):
+    n = Q.shape[0]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return _attend(Q, K, V, ((i - j) % r == 0) & ((i - j).abs() <= w * r), keep=keep)
+
+
+def window_zero_side(Q, K, V, keep=None, w=3, right=0):
+    n = Q.shape[0]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return _attend(Q, K, V, (j >= i - w) & (j <= i + right), keep=keep)
+
+
+def alibi_exp2(Q, K, V, keep=None):
+    h, n = Q.shape[0], Q.shape[1]
+    slopes = torch.tensor([2.0 ** (-8 * (g + 1) / h) for g in range(h)], dtype=Q.dtype)[:, None, None]
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()
+    return _attend(Q, K, V, None, -slopes * distance, keep)
+
+
+def natten_2d(Q, K, V, keep=None, height=3, width=4, radius=1):
+    t = torch.arange(height * width)
+    row, col = t // width, t % width
+    centre_row = row.clamp(radius, height - 1 - radius)[:, None]
+    centre_col = col.clamp(radius, width - 1 - radius)[:, None]
+    visible = ((row[None, :] - centre_row).abs() <= radius) & ((col[None, :] - centre_col).abs() <= radius)
+    return _attend(Q, K, V, visible, keep=keep)
+
+
+def flamingo_intervals(X, Y, W_q, W_k, W_v, last, lo, hi, keep=None):
+    last, lo, hi = _ints(last), _ints(lo), _ints(hi)
+    j = torch.arange(Y.shape[0])[None, :]
+    visible = (j >= lo[last][:, None]) & (j < hi[last][:, None])
+    return _attend(X @ W_q, Y @ W_k, Y @ W_v, visible, keep=keep)
+
+
+def t5_buckets(Q, K, V, Bt, keep=None):
+    n, nb = Q.shape[0], Bt.shape[0]
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()
+    bucket = torch.floor(torch.log2(distance.double() + 1)).long().clamp(0, nb - 1)
+    return _attend(Q, K, V, None, _keep(keep, "B", Bt[bucket]), keep)
+
+
+def paged_decode(q, Kc, Vc, table, seqlen, keep=None):
+    table, seqlen = _ints(table), int(_ints(seqlen))
+    size = Kc.shape[1]
+    p = torch.arange(table.shape[0] * size)
+    k, v = Kc[table[p // size], p % size], Vc[table[p // size], p % size]
+    return _attend(q, k, v, (p < seqlen)[None, :], keep=keep)
+
+
 # outputs other than the first, read by the callers from `keep` (lse_output's L)
 EXTRA_OUTPUTS = {"lse_output": ("L",)}
 
@@ -290,4 +363,6 @@ EXTRA_OUTPUTS = {"lse_output": ("L",)}
 FORWARDS = {f.__name__: f for f in (kv_cache_decode, alibi, causal_linear, cosine, differential, gqa, sigmoid, sliding_window,
                                     softcap, stable_softmax, relative_bias, rope_half, rope_interleaved, online_softmax,
                                     online_softmax_masked, mqa, t5_bias, alibi_learned, padding_qk, mla, lse_output,
-                                    dropout_mask, prefix_lm, causal_bottom_right)}
+                                    dropout_mask, prefix_lm, causal_bottom_right, document_offsets, dilated_window,
+                                    window_zero_side, alibi_exp2, natten_2d, flamingo_intervals, t5_buckets,
+                                    paged_decode)}

@@ -410,7 +410,7 @@ def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch
         # A weight matrix is drawn as it is initialised (LeCun: std 1/sqrt(fan-in)), so that scores stay
         # O(sqrt(d)) rather than O(d^1.5) and a float32 kernel is not held to an ill-conditioned softmax.
         scale = 1.0 / np.sqrt(shape[-2]) if b.kind == "param" and len(shape) >= 2 else 1.0
-        arrays[id(b)] = (scale * rng.standard_normal(shape)).astype(np.float32)
+        arrays[id(b)] = np.asarray(scale * rng.standard_normal(shape), dtype=np.float32)
     for b in (*p.outputs, *p.gradients):
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
     leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}

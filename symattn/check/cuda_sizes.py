@@ -24,14 +24,15 @@ BUDGET = 16_000_000           # entries of the spec's arrays: above it the size 
 
 
 def verify_sizes(spec: t.TypedSpec) -> dict[str, int]:
-    """Sizes for verification: sequence dims (first axis of an input) 67, 45, ...; others small.
+    """Sizes for verification: sequence dims (the rows of an input: its axis -2, or its one axis) 67, 45, ...;
+    others small (heads in front of the rows, `Q[H, N, d_k]`, among them).
 
     None is a multiple of a tile size (16, 32, 64), and 67 spans more than one tile of every kernel.
     A dim the user overrode (--dim) keeps the user's size.
     """
     sequence, other = iter([67, 45, 29, 23]), iter([5, 3, 6, 7, 9, 11, 13, 4])
-    firsts = {spec.tensors[x].shape[0] for x in spec.given  # inputs and buffers (a KV cache's T)
-              if spec.tensors[x].kind != "param" and spec.tensors[x].shape}
+    firsts = {spec.tensors[x].shape[-2 if len(spec.tensors[x].shape) >= 2 else 0] for x in spec.given
+              if spec.tensors[x].kind != "param" and spec.tensors[x].shape}  # inputs and buffers (a KV cache's T)
     sizes = {}
     chosen = []
     for name, info in spec.dims.items():

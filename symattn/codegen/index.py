@@ -37,7 +37,7 @@ import sympy
 
 from ..ir import build as b
 from ..ir import typed as t
-from ..ir.affine import renamed as renamed_subscript
+from ..ir.integers import renamed as renamed_subscript
 from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError
 
@@ -77,8 +77,9 @@ class LEntry(LNode):
 
 @dataclass(frozen=True, slots=True)
 class LGather(LEntry):
-    """Entries of `var` at computed subscripts: `indices` holds an index name or an `Affine` per
-    axis, `labels` the distinct index names they read, `ranges` the range of each label."""
+    """Entries of `var` at computed subscripts: `indices` holds an index name, an `Affine` or a lowered
+    integer value (an `LNode`: `table[j // S]`) per axis, `labels` the distinct index names they read,
+    `ranges` the range of each label."""
 
     ranges: tuple[sympy.Expr, ...]
 
@@ -106,7 +107,8 @@ class LScalarTensor(LNode):
 
 @dataclass(frozen=True, slots=True)
 class LOp(LNode):
-    """An elementwise operation; `kind` is unary, binary, compare or where; `op` the function or operator."""
+    """An elementwise operation; `kind` is unary, binary, compare, where, logical (`op`: and, or, not) or apply
+    (`op`: a `functions.OPERATIONS` record, `min`, `//`, ...); `op` the function or operator."""
 
     kind: str
     op: str
@@ -158,6 +160,10 @@ def _rename(node: t.Node, mapping: dict[str, str]) -> t.Node:
         return type(node)(node.op, _rename(node.a, mapping), _rename(node.b, mapping), ())
     if isinstance(node, t.Where):
         return t.Where(_rename(node.cond, mapping), _rename(node.a, mapping), _rename(node.b, mapping), ())
+    if isinstance(node, t.Logical):
+        return t.Logical(node.op, tuple(_rename(a, mapping) for a in node.args), ())
+    if isinstance(node, t.Apply):
+        return t.Apply(node.fn, tuple(_rename(a, mapping) for a in node.args), ())
     return node
 
 
@@ -204,7 +210,7 @@ def _depends_on_data(node: t.Node) -> bool:
 
 
 def _worth_sharing(node: t.Node) -> bool:
-    return isinstance(node, (t.Unary, t.Binary, t.Where, t.IndexSum)) and _depends_on_data(node) \
+    return isinstance(node, (t.Unary, t.Binary, t.Where, t.Apply, t.IndexSum)) and _depends_on_data(node) \
         and bool(free_indices(node))
 
 
@@ -316,7 +322,9 @@ class IndexLowering:
                 return LScalarTensor((), var)
             if not all(isinstance(i, str) for i in node.indices):
                 labels = cx.sort(t.entry_names(node))
-                return LGather(labels, var, node.indices, tuple(cx.ranges[n] for n in labels))
+                # an integer subscript that is not affine (`table[j // S]`) is lowered like any value
+                at = tuple(self.lower(i, cx) if isinstance(i, t.Node) else i for i in node.indices)
+                return LGather(labels, var, at, tuple(cx.ranges[n] for n in labels))
             return LEntry(tuple(dict.fromkeys(node.indices)), var, node.indices)
         if isinstance(node, (t.Tensor, t.Grad)):
             if node.shape:
@@ -334,9 +342,20 @@ class IndexLowering:
         if isinstance(node, t.Where):
             args = (self.lower(node.cond, cx), self.lower(node.a, cx), self.lower(node.b, cx))
             return LOp(_result_labels(args, cx), "where", "where", args)
+        if isinstance(node, (t.Logical, t.Apply)):
+            args = tuple(self.lower(a, cx) for a in node.args)
+            kind, op = ("logical", node.op) if isinstance(node, t.Logical) else ("apply", node.fn)
+            return LOp(_result_labels(args, cx), kind, op, args)
         if isinstance(node, t.IndexSum):
             return self._lower_sum(node, cx)
         raise SymbolicError(f"no index-notation lowering for {type(node).__name__}")
+
+    def lower_subscripts(self, subscripts: tuple, box: tuple[t.Index, ...]) -> tuple:
+        """The subscripts of a scatter over the index `box`, an integer node among them lowered on its grid."""
+        if all(not isinstance(s, t.Node) for s in subscripts):
+            return subscripts
+        cx = _Context(t.IndexDef(box, t.Scalar(sympy.Integer(0)), tuple(i.range for i in box)))
+        return tuple(self.lower(s, cx) if isinstance(s, t.Node) else s for s in subscripts)
 
     def _lower_sum(self, node: t.IndexSum, cx: _Context) -> LNode:
         summed: list[str] = []

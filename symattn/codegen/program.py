@@ -195,6 +195,9 @@ class _Builder:
     def _lower_inner(self, node: t.Node) -> t.Node:
         if isinstance(node, t.IndexDef):
             return self.index.lower_def(node)
+        if isinstance(node, t.Scatter) and any(isinstance(s, t.Node) for s in node.targets):
+            targets = self.index.lower_subscripts(node.targets, node.x.indices)
+            return dataclasses.replace(rebuild(node, self.lower), targets=targets)
         if isinstance(node, t.Softmax) and isinstance(node.x, t.Binary):
             # the scores get a buffer of their own, so `+ M` and the softmax can work in place
             return dataclasses.replace(node, x=self.hoist(node.x, "scores"))

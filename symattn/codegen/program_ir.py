@@ -29,7 +29,7 @@ from ..errors import CodegenError
 from ..ir import typed as t
 from ..ir.printing import to_spec
 from ..symbolic.derive import Derivation
-from .index import IndexArray, LContract, LOp, LSum
+from .index import IndexArray, LContract, LGather, LNode, LOp, LSum
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "FusedAttention", "FusedAttentionGrad", "FusedPart", "FusedLse",
            "Definition", "Stmt", "Program", "Namer", "spec_text", "rebuild", "unrewrite", "RETURNED", "walk_labelled"]
@@ -159,7 +159,7 @@ _CHILD_FIELDS = {
     t.SplitHeads: ("x",), t.SumTo: ("x",), t.Slice: ("x",), t.Scan: ("x",), SoftmaxGrad: ("p", "g", "rowdot"),
     t.Scatter: ("x",), FusedAttention: ("q", "k", "v", "operands"),
     FusedAttentionGrad: ("q", "k", "v", "o", "do", "dlse", "operands"), FusedPart: ("x",), FusedLse: ("x",),
-    t.Logical: ("args",),
+    t.Logical: ("args",), t.Apply: ("args",),
 }
 
 
@@ -275,5 +275,9 @@ def walk_labelled(node):
             stack.extend(n.factors)
         elif isinstance(n, LSum):
             stack.append(n.x)
+        elif isinstance(n, LGather):  # integer subscripts that read arrays (`table[j // S]`)
+            stack.extend(i for i in n.indices if isinstance(i, LNode))
         elif isinstance(n, t.Node):
             stack.extend(n.children)
+            if isinstance(n, t.Scatter):
+                stack.extend(s for s in n.targets if isinstance(s, LNode))

@@ -27,7 +27,7 @@ from ..prove.verdicts import GradientCheck, Verdict
 from ..symbolic.cost import Cost, spec_cost
 from ..symbolic.derive import Derivation
 from .display import counterexample_lines
-from ..symbolic.element import ElementModel, guard
+from ..symbolic.element import ElementModel, example_assignment, guard
 from ..prove.equivariance import LEMMAS
 from ..errors import SizeGuardError
 from .figure_job import FigureJob
@@ -424,7 +424,9 @@ def _sections(spec, typed: t.TypedSpec, derivation: Derivation, inputs: _Inputs,
     # keeps it, and the results, for later documents and calls).
     progress.step("building the element model")
     try:
-        model = spec.session(force).model
+        sessions = spec.session(force).assignments()  # with integer buffers: one per assignment of them
+        model = (sessions[0].model if sessions else
+                 ElementModel(typed, force=force, integers=example_assignment(typed)))
     except SizeGuardError:
         model = None
     progress.step("the small example")

@@ -192,8 +192,10 @@ class LatexPrinter(Printer):
         return Printed(f"\\sqrt{{{self.render(box.x)}}}")
 
     def _print_Fence(self, box: Fence) -> Printed:
-        left = {"(": "\\left(", "[": "\\left[", "|": "\\left|", "{": "\\left\\{"}[box.left]
-        right = {")": "\\right)", "]": "\\right]", "|": "\\right|", "}": "\\right\\}"}[box.right]
+        left = {"(": "\\left(", "[": "\\left[", "|": "\\left|", "{": "\\left\\{", "⌊": "\\left\\lfloor ",
+                "⌈": "\\left\\lceil "}[box.left]
+        right = {")": "\\right)", "]": "\\right]", "|": "\\right|", "}": "\\right\\}", "⌋": "\\right\\rfloor ",
+                 "⌉": "\\right\\rceil "}[box.right]
         return Printed(f"{left}{self.render(box.x)}{right}")
 
     def _print_Func(self, box: Func) -> Printed:

@@ -68,6 +68,12 @@ class BoxPrinter(Printer):
             return Printed(Sqrt(x.text), ATOM)
         if fn == "abs":
             return Printed(Fence(x.text, "|", "|"), ATOM)
+        if fn == "exp2":  # 2^x, as papers write ALiBi's slopes
+            return Printed(Sup(Num("2"), x.text), ATOM)
+        if fn == "log2":
+            return Printed(row(Sub(Ident("log", "\\log"), Num("2")), Fence(x.text)), self.prec("call"))
+        if fn in ("floor", "ceil"):
+            return Printed(Fence(x.text, *(("⌊", "⌋") if fn == "floor" else ("⌈", "⌉"))), ATOM)
         return Printed(Func(fn, (x.text,), known=fn in FUNCTIONS and FUNCTIONS[fn].named), self.prec("call"))
 
     def binary(self, op: str, a: Printed, b: Printed, scalar_side: bool) -> Printed:
@@ -83,6 +89,28 @@ class BoxPrinter(Printer):
         if op == "pow":
             return Printed(Sup(self.parenthesize(a, POSTFIX), b.text), level)
         raise TypeError(f"no typesetting rule for {op}")
+
+    def logical(self, op: str, parts: Sequence[Printed]) -> Printed:
+        """`a ∧ b`, `a ∨ b`, `¬a`: conditions joined (each comparison fenced when it sits beside another)."""
+        if op == "not":
+            return Printed(row(Op("¬", "\\neg "), self.parenthesize(parts[0], NEG)), NEG)
+        glyph = Op("∧", "\\wedge") if op == "and" else Op("∨", "\\vee")
+        items: list[Box] = []
+        for k, part in enumerate(parts):
+            items += ([glyph] if k else []) + [self.fence(part.text) if part.prec <= self.prec("compare")
+                                               else part.text]
+        return Printed(row(*items), self.prec("compare"))
+
+    def operation(self, fn: str, args: Sequence[Printed]) -> Printed:
+        """`⌊a / b⌋`, `a mod b`, `min(a, b)`, `max(a, b)`, `clamp(x, lo, hi)`."""
+        if fn == "floordiv":
+            return Printed(Fence(row(self.parenthesize(args[0], MUL), Op("/", "/"),
+                                     self.parenthesize(args[1], MUL + 1)), "⌊", "⌋"), ATOM)
+        if fn == "mod":
+            level = self.prec("mod")
+            return Printed(row(self.parenthesize(args[0], level), Op("mod", "\\bmod"),
+                               self.parenthesize(args[1], level + 1)), level)
+        return Printed(Func(fn, tuple(a.text for a in args), known=fn in ("min", "max")), self.prec("call"))
 
     def compare(self, op: str, a: Printed, b: Printed) -> Printed:
         glyph, latex = _CMP[op]
@@ -220,6 +248,12 @@ class MatrixTypesetter(BoxPrinter):
     def _print_Where(self, node: t.Where) -> Printed:
         return self.call("where", self.box(node.cond), self.box(node.a), self.box(node.b))
 
+    def _print_Logical(self, node: t.Logical) -> Printed:
+        return self.logical(node.op, [self.doprint(a) for a in node.args])
+
+    def _print_Apply(self, node: t.Apply) -> Printed:
+        return self.operation(node.fn, [self.doprint(a) for a in node.args])
+
     def _print_MergeHeads(self, node: t.MergeHeads) -> Printed:
         return self.call("merge_heads", self.box(node.x))
 
@@ -310,7 +344,10 @@ def _commas(items: Sequence[Box]) -> Box:
 
 
 def _index(name) -> Box:
-    """A subscript: an index name, or index arithmetic (`j − i + N − 1`)."""
+    """A subscript: an index name, index arithmetic (`j − i + N − 1`), or an integer expression
+    (`offsets_{doc_i}`, `⌊j / S⌋`)."""
+    if isinstance(name, t.Node):
+        return _MATRIX.doprint(name).text
     if isinstance(name, t.Affine):
         items: list[Box] = []
         for k, p in enumerate(pieces(name)):
@@ -409,6 +446,12 @@ class EntryTypesetter(BoxPrinter):
     def _print_Where(self, node: t.Where, idx) -> Printed:
         parts = tuple(self.operand(p, idx).text for p in (node.cond, node.a, node.b))
         return Printed(Func("where", parts), self.prec("call"))
+
+    def _print_Logical(self, node: t.Logical, idx) -> Printed:
+        return self.logical(node.op, [self.operand(a, idx) for a in node.args])
+
+    def _print_Apply(self, node: t.Apply, idx) -> Printed:
+        return self.operation(node.fn, [self.operand(a, idx) for a in node.args])
 
     def _print_Scatter(self, node: t.Scatter, idx) -> Printed:
         return self.doprint(gather_form(node), idx)

@@ -14,7 +14,7 @@ import sympy
 
 from . import syntax as ir
 from ..ir import typed as t
-from ..ir.functions import FUNCTIONS
+from ..ir.functions import FUNCTIONS, OPERATIONS
 from ..errors import SpecCheckError, SpecNameError, SpecShapeError
 from ..ir.shapes import ShapeMismatch, broadcast, normalize_axis, same_dim
 from .check_only import read_backward
@@ -83,8 +83,8 @@ def _tensors(v, call, scope, names):
     out = []
     for n in names:
         node = v.expr(args.get(n), scope)
-        if isinstance(node, t.Compare):
-            raise _err(SpecShapeError, "a comparison is only allowed as the condition of where(cond, a, b)",
+        if isinstance(node, (t.Compare, t.Logical)):
+            raise _err(SpecShapeError, "a condition is only allowed as the condition of where(cond, a, b)",
                        node.pos)
         out.append(node)
     return out
@@ -93,6 +93,14 @@ def _tensors(v, call, scope, names):
 def _reduction(v, call, scope):
     if scope is not None and call.func == "sum":
         return _index_sum(v, call, scope)
+    if call.func in ("min", "max"):
+        positional = [a for a in call.args if not isinstance(a, ir.Keyword)]
+        if len(positional) == 2 and not any(isinstance(a, ir.Keyword) for a in call.args):
+            return _operation(v, call, scope, call.func)
+        if len(positional) == 1 and not any(isinstance(a, ir.Keyword) for a in call.args):
+            raise _err(SpecShapeError, f"{call.func}(x) alone: which {call.func} is meant?", call.pos,
+                       f"{call.func}(x, axis=-1) is the reduction along an axis, {call.func}(a, b) the elementwise "
+                       f"{'least' if call.func == 'min' else 'greatest'} of two tensors")
     _matrix_only(v, call, scope)
     args = _Args(call, ("x", "axis"), 1)
     x = v.expr(args.get("x"), scope)
@@ -148,11 +156,35 @@ def _index_sum(v, call, scope):
                        f"use {index.id} as a subscript, as in X[i, {index.id}], or give its range: "
                        f"sum({index.id}:N, ...)")
         for pending in scope.pending:  # computed subscripts that read the summed index: its range, now known
-            if index.id in pending.value.indices and index.id not in pending.ranges:
+            if index.id in t.subscript_names(pending.value) and index.id not in pending.ranges:
                 pending.ranges[index.id] = rng
     finally:
         scope.ranges.pop(index.id, None)
     return t.IndexSum(t.Index(index.id, rng), body, pos=call.pos)
+
+
+def _operation(v, call, scope, name: str):
+    """An elementwise operation of several operands (`min(a, b)`, `clamp(x, lo, hi)`): a `typed.Apply`."""
+    record = OPERATIONS[name]
+    names = ("a", "b") if record.arity == 2 else ("x", "lo", "hi")
+    args = _tensors(v, call, scope, names)
+    if record.constant_bounds:
+        for arg, node in zip(args[1:], names[1:]):
+            read = [n for n in t.tensors_read(arg) if v.tensors[n].kind in ("input", "param")] \
+                if all(n in v.tensors for n in t.tensors_read(arg)) else []
+            if read or any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad) for n in t.walk(arg)):
+                raise _err(SpecShapeError, f"the bound {node} of clamp reads '{read[0] if read else 'grad'}', which "
+                           "is differentiated; clamp's bounds are constants (numbers, dims, indices, buffers)",
+                           arg.pos, "for a bound that is learned write min(max(x, lo), hi)")
+    try:
+        shape = broadcast(*(a.shape for a in args), op=",", order=v.order)
+    except ShapeMismatch as exc:
+        raise v.shape_error(exc, call.pos) from None
+    return t.Apply(name, tuple(args), shape, pos=call.pos)
+
+
+def _clamp(v, call, scope):
+    return _operation(v, call, scope, "clamp")
 
 
 def _softmax(v, call, scope):
@@ -167,8 +199,9 @@ def _softmax(v, call, scope):
 def _where(v, call, scope):
     args = _Args(call, ("cond", "a", "b"), 3)
     cond = v.expr(args.get("cond"), scope)
-    if not isinstance(cond, t.Compare):
-        raise _err(SpecShapeError, "the condition of where() must be a comparison (< <= > >= == !=)", cond.pos)
+    if not isinstance(cond, (t.Compare, t.Logical)):
+        raise _err(SpecShapeError, "the condition of where() must be a comparison (< <= > >= == !=), or "
+                   "comparisons joined by & | ~", cond.pos)
     a, b = v.expr(args.get("a"), scope), v.expr(args.get("b"), scope)
     try:
         shape = broadcast(cond.shape, a.shape, b.shape, op=",", order=v.order)
@@ -285,6 +318,7 @@ RULES: dict[str, Callable] = {
     "cumsum": _cumsum,
     "softmax": _softmax,
     "where": _where,
+    "clamp": _clamp,
     "merge_heads": _merge_heads,
     "split_heads": _split_heads,
     "concat": _concat,

@@ -29,7 +29,7 @@ from ..errors import SpecError, SpecSyntaxError
 
 __all__ = ["parse", "grammar_text", "KEYWORDS"]
 
-KEYWORDS = frozenset({"attention", "dim", "input", "param", "buffer", "output", "check", "not"})
+KEYWORDS = frozenset({"attention", "dim", "input", "param", "buffer", "output", "check", "not", "in"})
 
 # Deeper expressions are refused: every later pass walks trees recursively,
 # and Python's stack would overflow long before a real spec gets near this.
@@ -53,7 +53,11 @@ _TERMINAL_WORDS = {
     "COLON": "':'",
     "COMPARE": "a comparison",
     "ADD_OP": "'+' or '-'",
-    "MUL_OP": "'*', '/' or '@'",
+    "MUL_OP": "'*', '/', '//', '%' or '@'",
+    "OR_OP": "'|'",
+    "AND_OP": "'&'",
+    "NOT_OP": "'~'",
+    "IN": "'in'",
     "POW_OP": "'^'",
     "TRANSPOSE": "'.T'",
     "INPUT": "'input'",
@@ -204,12 +208,16 @@ class ToIR(Transformer):
     def dim_decl(self, meta, children):
         return ir.DimDecl(tuple(children), pos=_pos_of(meta))
 
+    def value_range(self, meta, children):
+        low, high = children
+        return ir.ValueRange(low, high, pos=_pos_of(meta))
+
     def tensor_item(self, meta, children):
         tok, *shape = children
+        values = shape.pop() if shape and isinstance(shape[-1], ir.ValueRange) else None
         name = ir.Name(str(tok), pos=_pos_of(tok))
         # `X[]` cannot parse, so brackets always hold at least one entry.
-        has_brackets = meta.end_column > tok.end_column or meta.end_line > tok.end_line
-        return ir.TensorItem(name, tuple(shape) if has_brackets else None, pos=_pos_of(meta))
+        return ir.TensorItem(name, tuple(shape) if shape else None, pos=_pos_of(meta), values=values)
 
     def tensor_decl(self, meta, children):
         kind, *items = children
@@ -302,6 +310,9 @@ def _syntax_error(err: UnexpectedInput, text: str, open_brackets: list[Token]) -
         first_word = line_text.split("=")[0].split("[")[0].strip()
         if token is not None and token.type == "_NL":
             hint = "the statement ends before it is complete"
+        elif token is not None and token.type == "COMPARE" and ("&" in line_text or "|" in line_text):
+            hint = ("as in NumPy, & and | bind tighter than a comparison: put each comparison in brackets, "
+                    "as in (j <= i) & (doc[i] == doc[j])")
         elif token is not None and token.value == "*" and "**" in line_text[max(0, column - 2):column + 1]:
             hint = "powers are written with ^, as in x^2"
         elif first_word in KEYWORDS:

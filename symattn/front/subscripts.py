@@ -37,6 +37,8 @@ from . import syntax as ir
 from ..errors import SpecShapeError
 from ..ir import typed as t
 from ..ir.affine import Affine, affine, corner, extremes, nonnegative, text
+from ..ir.integers import as_affine, at_least, at_most, integer_valued
+from ..ir.printing import to_spec
 from ..ir.shapes import format_dim
 
 __all__ = ["Pending", "subscript", "check_subscript", "sliced", "slice_range"]
@@ -54,7 +56,7 @@ def _number(v, node: ir.Number) -> sympy.Rational:
 class Pending:
     """A computed subscript whose range check waits until every index's range is known."""
 
-    value: Affine
+    value: "Affine | t.Node"
     tensor: str
     axis: int
     size: sympy.Expr
@@ -128,10 +130,37 @@ def _linear(v, node: ir.Expr, scope) -> _Linear:
     raise err(SpecShapeError, _FORM, node.pos)
 
 
-def subscript(v, node: ir.Expr, scope) -> str | Affine:
-    """One subscript of an entry in index notation: an index name or an Affine (see the module docstring)."""
-    linear = _linear(v, node, scope)
-    return affine(linear.terms, linear.offset)
+def _affine_syntax(node: ir.Expr) -> bool:
+    """Whether a subscript is written with numbers, names and + - * / ^ only (the affine forms, whose
+    mistakes `_linear` explains); anything else is an integer expression typed as a value."""
+    if isinstance(node, (ir.Number, ir.Name, ir.SliceItem)):
+        return True
+    if isinstance(node, ir.UnaryOp):
+        return node.op in "+-" and _affine_syntax(node.operand)
+    if isinstance(node, ir.BinOp):
+        return node.op in ("+", "-", "*", "/", "^") and _affine_syntax(node.left) and _affine_syntax(node.right)
+    return False
+
+
+def subscript(v, node: ir.Expr, scope) -> "str | Affine | t.Node":
+    """One subscript of an entry in index notation: an index name, an Affine, or an integer node
+    (see the module docstring)."""
+    if _affine_syntax(node):
+        linear = _linear(v, node, scope)
+        return affine(linear.terms, linear.offset)
+    value = v.expr(node, scope)
+    if isinstance(value, (t.Compare, t.Logical)):
+        raise err(SpecShapeError, "a subscript is an integer, not a condition", node.pos)
+    if not integer_valued(value, v.tensors):
+        raise err(SpecShapeError, f"a subscript is an integer, but {to_spec(value, v.order)} is real", node.pos,
+                  "integers are indices, dims, integer literals, integer buffers (`buffer doc[N] in 0:D`), "
+                  "floor(...) and ceil(...), and + - * // % min max clamp abs of those")
+    real = [n for n in t.tensors_read(value) if not v.tensors[n].integer]
+    if real:
+        raise err(SpecShapeError, f"a subscript reads only indices, dims and integer buffers, but this one reads "
+                  f"'{real[0]}'", node.pos, "declare an integer tensor as `buffer NAME[...] in low:high`")
+    simple = as_affine(value)
+    return simple if simple is not None else value
 
 
 def _interval(size: sympy.Expr, order) -> str:
@@ -147,6 +176,9 @@ def check_subscript(v, pending: Pending, ranges: dict[str, sympy.Expr]) -> None:
     order = v.order
     ranges = {**ranges, **pending.ranges}
     s = pending.value
+    if isinstance(s, t.Node):
+        _check_integer_subscript(v, pending, ranges)
+        return
     low, high = extremes(s, ranges)
     shown = text(s, order)
     where = f"axis {pending.axis} of {pending.tensor}, {_interval(pending.size, order)}"
@@ -165,6 +197,29 @@ def check_subscript(v, pending: Pending, ranges: dict[str, sympy.Expr]) -> None:
                        f"size: {extreme} ({over})")
         raise err(SpecShapeError, message, pending.pos,
                   "a subscript must stay within its axis for every index value and every size of the dims")
+
+
+def _check_integer_subscript(v, pending: Pending, ranges: dict[str, sympy.Expr]) -> None:
+    """`check_subscript` for a subscript that is not affine: `symattn.ir.integers`' interval rules."""
+    order = v.order
+    s = pending.value
+    shown = to_spec(s, order)
+    where = f"axis {pending.axis} of {pending.tensor}, {_interval(pending.size, order)}"
+    over = ", ".join(f"{n} in {_interval(ranges[n], order)}" for n in t.subscript_names(s))
+    checks = ((at_least(s, 0, ranges, v.tensors), "below 0"),
+              (at_most(s, pending.size - 1, ranges, v.tensors), f"above {format_dim(pending.size - 1, order)}"))
+    for decision, side in checks:
+        if decision.holds:
+            continue
+        if decision.holds is False:
+            sizes = ", ".join(f"{k}={n}" for k, n in (decision.sizes or {}).items())
+            message = (f"subscript {shown} of {pending.tensor} leaves its range: it can be {side} ({over}), outside "
+                       f"{where}" + (f"; at {sizes}" if sizes else ""))
+        else:
+            message = (f"cannot show that subscript {shown} of {pending.tensor} stays in {where} for every index "
+                       f"value and size ({over}): it may be {side}")
+        raise err(SpecShapeError, message, pending.pos,
+                  "bound it with clamp(..., 0, size - 1), or give its parts ranges that keep it in")
 
 
 # --- slices ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ __all__ = [
     "DimItem",
     "DimDecl",
     "TensorItem",
+    "ValueRange",
     "TensorDecl",
     "IndexItem",
     "Define",
@@ -124,7 +125,7 @@ class CallSubscript(Expr):
 
 @dataclass(frozen=True, slots=True)
 class BinOp(Expr):
-    op: str  # one of + - * / @ ^
+    op: str  # one of + - * / // % @ ^ & |
     left: Expr
     right: Expr
     pos: Pos = _pos()
@@ -133,7 +134,7 @@ class BinOp(Expr):
 
 @dataclass(frozen=True, slots=True)
 class UnaryOp(Expr):
-    op: str  # + or -
+    op: str  # + - or ~
     operand: Expr
     pos: Pos = _pos()
 
@@ -190,10 +191,20 @@ class DimDecl(Statement):
 
 
 @dataclass(frozen=True, slots=True)
+class ValueRange:
+    """`in low:high` after an integer buffer: every entry is an integer in low .. high - 1."""
+
+    low: Expr
+    high: Expr
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
 class TensorItem:
     name: Name
     shape: tuple[Expr, ...] | None  # None: a scalar (no brackets)
     pos: Pos = _pos()
+    values: ValueRange | None = None  # `in 0:D`: an integer buffer
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,18 +28,19 @@ import sympy
 from . import syntax as ir
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS
-from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, SpecSyntaxError, UsageError
+from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, UsageError
 from .claim_forms import relative_check, symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
-from . import hints, subscripts
+from . import dims, hints, operators, subscripts
+from .dims import number_value
 from .parse import KEYWORDS
 from ..ir.printing import to_spec
-from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_dim, format_shape, matmul_shape, same_dim
+from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_shape, matmul_shape, same_dim
 
 __all__ = ["validate", "BUILTINS"]
 
 _MATRIX_FUNCTIONS = (
-    "softmax", "where", "merge_heads", "split_heads", "concat", "transpose",
+    "softmax", "where", "merge_heads", "split_heads", "concat", "transpose", "clamp",
 ) + t.REDUCTIONS + t.CONSTANTS
 _CHECK_FUNCTIONS = ("grad", "equivariant", "invariant", "relative")
 class _Builtins:
@@ -56,24 +57,6 @@ class _Builtins:
 
 BUILTINS = _Builtins()
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
-
-# Bounds that keep exact arithmetic on literals and dims instantaneous; a
-# spec beyond them is refused with an error rather than hanging the tool.
-_MAX_DIGITS = 1000        # digits of a number literal
-_MAX_EXPONENT = 1000      # |e| in 1e-6 style literals
-_MAX_DIM_POWER = 64       # exponent of a dim in dim arithmetic
-_MAX_DIM_BITS = 4096      # size of an integer in dim arithmetic
-
-
-def number_value(node: ir.Number) -> sympy.Rational:
-    """The exact value of a number literal; absurdly long or large ones are refused."""
-    mantissa, _, exponent = node.text.lower().partition("e")
-    digits = len(mantissa.replace(".", "").lstrip("0"))
-    exponent_digits = exponent.lstrip("+-").lstrip("0")
-    if digits > _MAX_DIGITS or len(exponent_digits) > 4 or (exponent and abs(int(exponent)) > _MAX_EXPONENT):
-        raise _err(SpecSyntaxError, f"the number {node.text[:20]}{'...' if len(node.text) > 20 else ''} is out "
-                   f"of range: at most {_MAX_DIGITS} digits and an exponent of at most {_MAX_EXPONENT}", node.pos)
-    return sympy.Rational(node.text)
 
 
 def _same_shape(a, b) -> bool:
@@ -100,8 +83,13 @@ class _IndexScope:
 
 
 class _Validator:
-    def __init__(self, program: ir.Program, filename: str, overrides: Mapping[str, int]) -> None:
+    def __init__(self, program: ir.Program, filename: str, overrides: Mapping[str, int],
+                 numbers: frozenset[str] = frozenset()) -> None:
         self.program = program
+        # Dims no shape, range or divisor uses (found by a first pass): they may be 0, and their
+        # symbols are nonnegative, not positive, so that no proof assumes them >= 1.
+        self.numbers = numbers
+        self.size_uses: dict[str, ir.Pos] = {}  # dim -> where it is first used as a size
         self.filename = filename
         self.overrides = dict(overrides)
         self.name = Path(filename).stem if filename and not filename.startswith("<") else "spec"
@@ -162,47 +150,12 @@ class _Validator:
     # --- dims and dim arithmetic -------------------------------------------------
 
     def dim_expr(self, node: ir.Expr, what: str = "a shape") -> sympy.Expr:
-        """Dim arithmetic (`h * d_k`, `N + 1`, `2`) as a SymPy expression."""
-        if isinstance(node, ir.Name):
-            if node.id in self.dims:
-                return self.dims[node.id].symbol
-            if node.id in self.tensors:
-                raise _err(SpecShapeError, f"'{node.id}' is a tensor, not a dim; {what} is made of dims and integers",
-                           node.pos)
-            raise self.unknown(node.id, node.pos, dim=True)
-        if isinstance(node, ir.Number):
-            value = number_value(node)
-            if not value.is_integer or value <= 0:
-                raise _err(SpecShapeError, f"{node.text} is not a positive integer; {what} is made of dims and "
-                           "positive integers", node.pos)
-            return sympy.Integer(value)
-        if isinstance(node, ir.BinOp) and node.op in "+-*/^":
-            a, b = self.dim_expr(node.left, what), self.dim_expr(node.right, what)
-            if node.op == "^" and not b.is_Integer:
-                raise _err(SpecShapeError, "a dim can only be raised to an integer power", node.op_pos)
-            if node.op == "^" and abs(b) > _MAX_DIM_POWER:
-                raise _err(SpecShapeError, f"a dim power of {b} is too large (at most {_MAX_DIM_POWER})", node.op_pos)
-            result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "^": a**b}[node.op]
-            too_high = any(p.exp.is_Integer and abs(p.exp) > _MAX_DIM_POWER for p in result.atoms(sympy.Pow))
-            too_big = any(max(abs(r.p), r.q).bit_length() > _MAX_DIM_BITS for r in result.atoms(sympy.Rational))
-            if too_high or too_big:
-                raise _err(SpecShapeError, f"{what} is too large to work with (a power above {_MAX_DIM_POWER} "
-                           f"or an integer above 2^{_MAX_DIM_BITS})", node.pos)
-            return result
-        if isinstance(node, ir.UnaryOp) and node.op == "+":
-            return self.dim_expr(node.operand, what)
-        raise _err(SpecShapeError, f"{what} is made of dims and integers joined by + - * /", node.pos)
+        """Dim arithmetic (`h * d_k`, `N + 1`, `2`) as a SymPy expression (`symattn.front.dims`)."""
+        return dims.dim_expr(self, node, what)
 
     def check_size(self, dim: sympy.Expr, pos: ir.Pos) -> None:
         """A dim expression must be a positive integer at the spec's sizes."""
-        if dim.is_Symbol and any(dim == info.symbol for info in self.dims.values()):
-            return  # a declared dim: positive by construction
-        sizes = self.sizes
-        value = dim.xreplace({info.symbol: sympy.Integer(sizes[name]) for name, info in self.dims.items()})
-        if not (value.is_integer and value > 0):
-            shown = ", ".join(f"{n}={self.sizes[n]}" for n in self.dims)
-            raise _err(SpecShapeError, f"{format_dim(dim, self.order)} is {value} at {shown}, not a positive integer",
-                       pos)
+        dims.check_size(self, dim, pos)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -241,8 +194,15 @@ class _Validator:
                                  f"{', '.join(self.dims) or 'none'})")
         if not self.outputs:
             raise hints.no_output(statements, self.tensors)
+        for name, size in self.sizes.items():
+            if size == 0 and name in self.size_uses:
+                at = self.size_uses[name]
+                where = "--dim " if self.overrides.get(name) == 0 else "its declaration "
+                raise _err(SpecShapeError, f"{name} is 0 ({where}says so), but it is used as a size here; only a "
+                           "dim that is used as a number alone (no shape, index range or divisor) may be 0", at)
         tensors = {
-            name: t.TensorInfo(info.name, info.kind, info.shape, info.pos, info.expr, name in self.outputs)
+            name: t.TensorInfo(info.name, info.kind, info.shape, info.pos, info.expr, name in self.outputs,
+                               values=info.values)
             for name, info in self.tensors.items()
         }
         return t.TypedSpec(self.name, self.filename, "", dict(self.dims), self.sizes, tensors,
@@ -272,11 +232,14 @@ class _Validator:
                 sign = -sign if size.op == "-" else sign
                 size = size.operand
             value = number_value(size) * sign if isinstance(size, ir.Number) else None
-            if value is None or not value.is_integer or value <= 0:
+            if value is None or not value.is_integer or value < 0:
                 raise _err(SpecShapeError, f"dim {item.name.id} must have a positive integer size", item.size.pos,
-                           f"for example `dim {item.name.id} = 4`")
-            self.dims[item.name.id] = t.DimInfo(item.name.id, dim_symbol(item.name.id), int(value), item.name.pos)
-            if item.name.id in self.overrides and self.overrides[item.name.id] <= 0:
+                           f"for example `dim {item.name.id} = 4` (0 only for a dim no shape uses)")
+            number = item.name.id in self.numbers
+            symbol = sympy.Symbol(item.name.id, nonnegative=True, integer=True) if number else \
+                dim_symbol(item.name.id)
+            self.dims[item.name.id] = t.DimInfo(item.name.id, symbol, int(value), item.name.pos)
+            if item.name.id in self.overrides and self.overrides[item.name.id] < 0:
                 raise UsageError(f"--dim {item.name.id}={self.overrides[item.name.id]}: sizes are positive integers")
 
     @statement.register
@@ -288,7 +251,10 @@ class _Validator:
                 shape = tuple(self.dim_expr(e, f"the shape of {item.name.id}") for e in item.shape)
                 for dim, e in zip(shape, item.shape):
                     self.check_size(dim, e.pos)
-            self.tensors[item.name.id] = t.TensorInfo(item.name.id, stmt.kind, shape, item.name.pos)
+            values = None
+            if item.values is not None:
+                values = operators.value_range(self, stmt.kind, item)
+            self.tensors[item.name.id] = t.TensorInfo(item.name.id, stmt.kind, shape, item.name.pos, values=values)
 
     @statement.register
     def _(self, stmt: ir.Define) -> None:
@@ -298,8 +264,8 @@ class _Validator:
         try:
             if stmt.indices is None:
                 node = self.expr(stmt.expr, None)
-                if isinstance(node, t.Compare):
-                    raise _err(SpecShapeError, "a comparison is not a tensor; use it as where(cond, a, b)", node.pos)
+                if isinstance(node, (t.Compare, t.Logical)):
+                    raise _err(SpecShapeError, "a condition is not a tensor; use it as where(cond, a, b)", node.pos)
             else:
                 node = self.index_definition(stmt)
             reads = self.reads
@@ -381,7 +347,7 @@ class _Validator:
         for item in stmt.indices:
             rng = scope.ranges[item.name.id]
             if rng is None:
-                computed = any(item.name.id in p.value.indices for p in scope.pending)
+                computed = any(item.name.id in t.subscript_names(p.value) for p in scope.pending)
                 raise _err(SpecShapeError, f"cannot infer the range of index '{item.name.id}'"
                            + (" (it appears only inside subscript arithmetic)" if computed else ""),
                            item.name.pos, f"give it explicitly, as {item.name.id}:N")
@@ -449,6 +415,12 @@ class _Validator:
     @expr.register
     def _(self, node: ir.UnaryOp, scope) -> t.Node:
         x = self.expr(node.operand, scope)
+        if node.op == "~":
+            operators.condition(self, x, "~", node.pos)
+            return t.Logical("not", (x,), x.shape, pos=node.pos)
+        if isinstance(x, (t.Compare, t.Logical)):
+            raise _err(SpecShapeError, "a condition is only allowed as the condition of where(cond, a, b)", x.pos,
+                       "negate a condition with ~, as in ~(j <= i)")
         if node.op == "+":
             return x
         if isinstance(x, t.Scalar):
@@ -458,10 +430,14 @@ class _Validator:
     @expr.register
     def _(self, node: ir.BinOp, scope) -> t.Node:
         a, b = self.expr(node.left, scope), self.expr(node.right, scope)
+        if node.op in operators.LOGICAL:
+            return operators.logical(self, node, a, b)
         for side in (a, b):
-            if isinstance(side, t.Compare):
-                raise _err(SpecShapeError, "a comparison is only allowed as the condition of where(cond, a, b)",
+            if isinstance(side, (t.Compare, t.Logical)):
+                raise _err(SpecShapeError, "a condition is only allowed as the condition of where(cond, a, b)",
                            side.pos)
+        if node.op in operators.INTEGER_BINARY:
+            return operators.integer_binary(self, node, a, b)
         if node.op == "@":
             if scope is not None:
                 raise _err(SpecShapeError, "@ is matrix notation; in index notation write sum(k, A[i, k] * B[k, j])",
@@ -494,7 +470,12 @@ class _Validator:
 
     @expr.register
     def _(self, node: ir.Compare, scope) -> t.Node:
+        operators.comparison_operands(self, node)
         a, b = self.expr(node.left, scope), self.expr(node.right, scope)
+        for side in (a, b):
+            if isinstance(side, (t.Compare, t.Logical)):
+                raise _err(SpecShapeError, "a comparison compares values, not conditions", side.pos,
+                           "join conditions with & and |, each in brackets: (a < b) & (c < d)")
         try:
             shape = broadcast(a.shape, b.shape, op=node.op, order=self.order)
         except ShapeMismatch as exc:
@@ -574,6 +555,10 @@ def validate(program: ir.Program, filename: str = "<spec>", source: str = "",
     validator = _Validator(program, filename, sizes or {})
     try:
         spec = validator.run()
+        numbers = frozenset(spec.dims) - frozenset(validator.size_uses)
+        if numbers:  # dims used only as numbers: again, with symbols that may be 0
+            validator = _Validator(program, filename, sizes or {}, numbers)
+            spec = validator.run()
     except SpecError as err:
         raise err.located(filename, source) from None
     except RecursionError:

@@ -23,7 +23,8 @@ Range decisions, for all sizes of the dims (positive integers):
 `nonnegative(expr)` decides whether a dim expression is >= 0 at every size:
 `SizeDecision.holds` is True (a proof: after substituting dim = 1 + u every
 coefficient of the numerator polynomial in u >= 0 is >= 0, the denominator's
-too), False (with the sizes of a counterexample) or None (neither shown).
+too; dim = u for a dim used only as a number, whose symbol is nonnegative and
+which may be 0), False (with the sizes of a counterexample) or None (neither shown).
 """
 
 from __future__ import annotations
@@ -69,24 +70,38 @@ def affine(terms: Mapping[str, int] | Sequence[tuple[str, int]], offset=0) -> "s
     return Affine(tuple(kept), tuple(kept.values()), offset)
 
 
+def _is_node(s) -> bool:
+    """A computed integer subscript that is not affine (a typed node: `table[j // S]`)."""
+    return not isinstance(s, (str, Affine))
+
+
+def _affine_only(s, what: str) -> None:
+    if _is_node(s):
+        raise TypeError(f"{what} of a subscript that is not affine ({type(s).__name__}): see symattn.ir.integers")
+
+
 def terms(s) -> list[tuple[str, int]]:
     """(index, coefficient) of each index a subscript reads."""
+    _affine_only(s, "terms")
     return [(s, 1)] if isinstance(s, str) else list(zip(s.indices, s.coefficients))
 
 
 def offset(s) -> sympy.Expr:
     """The part of a subscript that reads no index (0 for a plain name)."""
+    _affine_only(s, "offset")
     return sympy.Integer(0) if isinstance(s, str) else s.offset
 
 
 
 def names(s) -> tuple[str, ...]:
     """The index names a subscript reads."""
+    _affine_only(s, "names")
     return (s,) if isinstance(s, str) else s.indices
 
 
 def renamed(s, mapping: Mapping[str, str]):
     """The subscript with its index names replaced through `mapping` (index -> index)."""
+    _affine_only(s, "renamed")
     if isinstance(s, str):
         return mapping.get(s, s)
     return affine([(mapping.get(n, n), c) for n, c in terms(s)], s.offset)
@@ -94,6 +109,7 @@ def renamed(s, mapping: Mapping[str, str]):
 
 def substituted(s, mapping: Mapping[str, "str | Affine"]):
     """The subscript with indices replaced by subscripts (index -> name or Affine)."""
+    _affine_only(s, "substituted")
     read: list[tuple[str, int]] = []
     shift = offset(s)
     for name, c in terms(s):
@@ -109,6 +125,7 @@ def substituted(s, mapping: Mapping[str, "str | Affine"]):
 def value(s, values: Mapping[str, object], offset_value=None):
     """The subscript computed from index values (ints or integer arrays that broadcast);
     `offset_value` is the offset at concrete sizes (needed when the offset reads dims)."""
+    _affine_only(s, "value")
     if isinstance(s, str):
         return values[s]
     total = offset_value if offset_value is not None else int(s.offset)
@@ -119,6 +136,7 @@ def value(s, values: Mapping[str, object], offset_value=None):
 
 def as_sympy(s, symbols: Mapping[str, sympy.Expr]) -> sympy.Expr:
     """The subscript as a SymPy expression, indices replaced through `symbols`."""
+    _affine_only(s, "as_sympy")
     return sympy.Add(offset(s), *[c * symbols[n] for n, c in terms(s)])
 
 
@@ -148,6 +166,7 @@ def text(s, order: Sequence[str] = ()) -> str:
     """Spec text: `j - i + N - 1`, `2 * c + 1`, `-i + N - 1`."""
     if isinstance(s, str):
         return s
+    _affine_only(s, "text")
     parts = [(p.negative, format_dim(p.dims, order) if p.index is None else
               p.index if p.coefficient == 1 else f"{p.coefficient} * {p.index}") for p in pieces(s)]
     return signed_sum(parts) or "0"
@@ -200,8 +219,13 @@ _SEARCH_SIZES = range(1, 9)
 _SEARCH_LIMIT = 4096
 
 
+def _least(symbol: sympy.Symbol) -> int:
+    """The least size of a dim: 1, or 0 for a dim used only as a number (its symbol is nonnegative)."""
+    return 1 if symbol.is_positive else 0
+
+
 def _coefficients_nonnegative(poly_expr: sympy.Expr, symbols) -> bool:
-    shifted = sympy.expand(poly_expr.xreplace({s: s + 1 for s in symbols}))
+    shifted = sympy.expand(poly_expr.xreplace({s: s + _least(s) for s in symbols}))
     if not symbols:
         return shifted.is_number and shifted >= 0
     try:
@@ -219,11 +243,13 @@ def nonnegative(expr: sympy.Expr) -> SizeDecision:
         return SizeDecision(bool(expr >= 0), None if expr >= 0 else {}, expr)
     num, den = sympy.fraction(sympy.together(expr))
     den_positive = _coefficients_nonnegative(den, symbols) and sympy.expand(den).xreplace(
-        {s: 1 for s in symbols}) > 0
+        {s: _least(s) for s in symbols}) > 0
     if den_positive and _coefficients_nonnegative(num, symbols):
         return SizeDecision(True)
     tries = 0
-    for combo in itertools.product(_SEARCH_SIZES, repeat=len(symbols)):
+    for combo in itertools.product(range(0, _SEARCH_SIZES.stop), repeat=len(symbols)):
+        if any(v < _least(s) for s, v in zip(symbols, combo)):
+            continue
         tries += 1
         if tries > _SEARCH_LIMIT:
             break

@@ -52,6 +52,9 @@ __all__ = [
     "sum_to",
     "expand_to",
     "ones",
+    "zeros",
+    "logical",
+    "apply",
 ]
 
 
@@ -240,6 +243,25 @@ def where(cond: t.Compare, a: t.Node, b: t.Node) -> t.Where:
 
 def ones(shape) -> t.Constant:
     return t.Constant("ones", tuple(shape), tuple(shape))
+
+
+def zeros(shape) -> t.Node:
+    """Zeros of `shape`, written as the spec language writes them: `0 * ones(...)` (0 for a scalar).
+    The gradient of a piecewise-constant function (floor): exactly 0, even where G is infinite."""
+    shape = tuple(shape)
+    if not shape:
+        return scalar(0)
+    return t.Binary("mul", scalar(0), ones(shape), shape)
+
+
+def logical(op: str, *args: t.Node) -> t.Logical:
+    """`a & b`, `a | b` or `~a` of conditions."""
+    return t.Logical(op, tuple(args), broadcast(*(a.shape for a in args)) if len(args) > 1 else args[0].shape)
+
+
+def apply(fn: str, *args: t.Node) -> t.Apply:
+    """An elementwise operation of several operands (`min(a, b)`, `a // b`), shape broadcast."""
+    return t.Apply(fn, tuple(args), broadcast(*(a.shape for a in args)))
 
 
 def sum_to(x: t.Node, shape) -> t.Node:

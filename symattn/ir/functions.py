@@ -30,7 +30,7 @@ import sympy
 
 from . import build as b
 
-__all__ = ["Function", "FUNCTIONS", "register", "table", "mpmath_table"]
+__all__ = ["Function", "FUNCTIONS", "register", "table", "mpmath_table", "Operation", "OPERATIONS"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class Function:
     torch: str = ""                              # template over a torch tensor "{x}" (empty: the NumPy template,
                                                  # where it calls neither NumPy nor a helper)
     named: bool = False                          # typeset upright as a named function (exp, log, ...)
+    steps: bool = False                          # piecewise constant (floor, ceil): its derivative is 0 where
+                                                 # it has one, so no gradient flows through it (torch's too)
     mpmath: Callable[[Any], Any] | None = None   # mpmath value of one entry (float64 at the edges), needed
                                                  # where `exact` writes a SymPy function (exp(u), log(u))
 
@@ -165,6 +167,129 @@ for _function in (
     Function("cos", sympy.cos, np.cos, "d cos(A) = -sin(A) dA",
              lambda x, n, g, r: b.neg(b.mul(g, b.unary("sin", x), r), r),
              numpy="np.cos({x})", torch="torch.cos({x})", cuda="cosf({x})", triton="tl.cos({x})", named=True, mpmath=mpmath.cos),
+    Function("tan", sympy.tan, np.tan, "d tan(A) = (1 + tan(A)^2) dA",
+             lambda x, n, g, r: b.mul(g, b.add(b.scalar(1), b.power(n, b.scalar(2), r), r), r), total=False,
+             numpy="np.tan({x})", torch="torch.tan({x})", cuda="tanf({x})", triton="(tl.sin({x}) / tl.cos({x}))",
+             named=True, mpmath=mpmath.tan),
+    Function("exp2", lambda u: sympy.Integer(2) ** u, np.exp2, "d exp2(A) = exp2(A) log(2) dA",
+             lambda x, n, g, r: b.mul(g, b.mul(n, b.unary("log", b.scalar(2)), r), r), absorbs_minus_inf=True,
+             numpy="np.exp2({x})", torch="torch.exp2({x})", cuda="exp2f({x})", triton="tl.exp2({x})", named=True),
+    Function("log2", lambda u: _log(u) / sympy.log(2), np.log2, "d log2(A) = dA / (A log(2))",
+             lambda x, n, g, r: b.div(g, b.mul(x, b.unary("log", b.scalar(2)), r), r), total=False,
+             numpy="np.log2({x})", torch="torch.log2({x})", cuda="log2f({x})", triton="tl.log2({x})", named=True),
+    Function("floor", sympy.floor, np.floor, "d floor(A) = 0",
+             lambda x, n, g, r: b.zeros(x.shape),
+             numpy="np.floor({x})", torch="torch.floor({x})", cuda="floorf({x})", triton="tl.floor({x})",
+             mpmath=mpmath.floor, steps=True),
+    Function("ceil", sympy.ceiling, np.ceil, "d ceil(A) = 0",
+             lambda x, n, g, r: b.zeros(x.shape),
+             numpy="np.ceil({x})", torch="torch.ceil({x})", cuda="ceilf({x})", triton="tl.ceil({x})",
+             mpmath=mpmath.ceil, steps=True),
 ):
     register(_function)
 del _function
+
+
+# --- operations of several operands ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operation:
+    """Everything about one elementwise operation of several operands, a `typed.Apply`:
+    `min(a, b)`, `max(a, b)`, `clamp(x, lo, hi)`, `a // b`, `a % b` (NumPy broadcasting)."""
+
+    name: str
+    arity: int
+    exact: Callable[..., Any]                   # SymPy value of one entry (float64's answers at the edges)
+    float64: Callable[..., np.ndarray]          # float64 value of arrays (NumPy, IEEE semantics)
+    rules: tuple[str, ...]                      # the derivative rule as documents print it, one line each
+    partials: Callable[..., tuple]              # (operands, the result as a node, G, recorder) -> the adjoint
+                                                # of each operand (before summing over broadcast axes), or None
+    integer: bool = False                       # integer operands only (// and %): no gradient flows
+    constant_bounds: bool = False               # operands after the first may read no input or param (clamp)
+    infix: str | None = None                    # the spec language's operator (`//`), else a call `name(...)`
+    numpy: str = ""                             # template over the operands "{0}", "{1}", ...
+    torch: str = ""
+    torch_helper: str | None = None             # a runtime helper the torch template calls
+    cuda: str = ""
+    triton: str = ""
+
+
+OPERATIONS: dict[str, Operation] = {}
+
+
+def _nan_or(*args):
+    return any(a is sympy.nan for a in args)
+
+
+def _min(a, b):
+    return sympy.nan if _nan_or(a, b) else sympy.Min(a, b)
+
+
+def _max(a, b):
+    return sympy.nan if _nan_or(a, b) else sympy.Max(a, b)
+
+
+def _floordiv(a, b):
+    return sympy.nan if _nan_or(a, b) else sympy.floor(a / b)
+
+
+def _mod(a, b):
+    return sympy.nan if _nan_or(a, b) else sympy.Mod(a, b)
+
+
+def _shared(loses: str):
+    """torch.minimum / maximum's gradient: an operand gets G where it wins, G / 2 at a tie (and G where a
+    NaN makes neither compare), 0 where it loses (`loses` is the comparison of it against the other)."""
+    def partial(me, other, g):
+        half = b.div(g, b.scalar(2))
+        return b.where(b.compare(loses, me, other), b.scalar(0), b.where(b.compare("==", me, other), half, g))
+    return partial
+
+
+def _min_partials(args, node, g, rec):
+    a, c = args
+    share = _shared(">")
+    return share(a, c, g), share(c, a, g)
+
+
+def _max_partials(args, node, g, rec):
+    a, c = args
+    share = _shared("<")
+    return share(a, c, g), share(c, a, g)
+
+
+def _clamp_partials(args, node, g, rec):
+    x, lo, hi = args
+    inside = b.logical("and", b.compare(">=", x, lo), b.compare("<=", x, hi))
+    return b.where(inside, g, b.scalar(0)), None, None
+
+
+for _operation in (
+    Operation("min", 2, _min, np.minimum,
+              ("min(A, B): A gets G where A < B, G / 2 where A == B, 0 where A > B (torch.minimum's convention)",),
+              _min_partials, numpy="np.minimum({0}, {1})", torch="_minimum({0}, {1})", torch_helper="_minimum",
+              cuda="sa_min({0}, {1})",
+              triton="tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
+    Operation("max", 2, _max, np.maximum,
+              ("max(A, B): A gets G where A > B, G / 2 where A == B, 0 where A < B (torch.maximum's convention)",),
+              _max_partials, numpy="np.maximum({0}, {1})", torch="_maximum({0}, {1})", torch_helper="_maximum",
+              cuda="sa_max({0}, {1})",
+              triton="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
+    Operation("clamp", 3, lambda x, lo, hi: _min(_max(x, lo), hi), lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
+              ("clamp(A, lo, hi): A gets G where lo <= A <= hi, 0 elsewhere (torch.clamp's convention)",),
+              _clamp_partials, constant_bounds=True, numpy="np.minimum(np.maximum({0}, {1}), {2})",
+              torch="_minimum(_maximum({0}, {1}), {2})", torch_helper="_minimum", cuda="sa_min(sa_max({0}, {1}), {2})",
+              triton="tl.minimum(tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL), {2}, "
+                     "propagate_nan=tl.PropagateNan.ALL)"),
+    Operation("floordiv", 2, _floordiv, np.floor_divide, ("a // b: integers, no gradient",),
+              lambda args, node, g, rec: (None, None), integer=True, infix="//",
+              numpy="np.floor_divide({0}, {1})", torch="_floordiv({0}, {1})", torch_helper="_floordiv",
+              cuda="sa_floordiv({0}, {1})", triton="_floordiv({0}, {1})"),
+    Operation("mod", 2, _mod, np.mod, ("a % b: integers, no gradient",),
+              lambda args, node, g, rec: (None, None), integer=True, infix="%",
+              numpy="np.mod({0}, {1})", torch="_mod({0}, {1})", torch_helper="_mod", cuda="sa_mod({0}, {1})",
+              triton="_mod({0}, {1})"),
+):
+    OPERATIONS[_operation.name] = _operation
+del _operation

@@ -24,57 +24,17 @@ arithmetic they need.
 from __future__ import annotations
 
 from dataclasses import fields, replace
-from typing import Mapping
 
 import sympy
 
 from . import typed as t
-from .affine import affine, offset, pieces, substituted, terms
+from .affine import affine, offset, terms
+from .integers import subscript_node, substitute_indices, substituted
 from .shapes import same_dim
 
 __all__ = ["gather_form", "gather_forms", "entry_form", "substitute_indices", "subscript_node"]
 
 _OUTPUT_NAMES = ("l", "m", "n", "p", "q", "r", "s", "u", "v")
-
-
-def subscript_node(s) -> t.Node:
-    """A subscript (index name or Affine) as an index-notation value: `j - i + N - 1`."""
-    if isinstance(s, str):
-        return t.IndexVar(s)
-    out = None
-    for p in pieces(s):
-        if p.index is None:
-            magnitude = t.Scalar(p.dims) if p.dims.is_Number else t.DimValue(p.dims)
-        elif p.coefficient == 1:
-            magnitude = t.IndexVar(p.index)
-        else:
-            magnitude = t.Binary("mul", t.Scalar(sympy.Integer(p.coefficient)), t.IndexVar(p.index), ())
-        if out is None:
-            out = t.Unary("neg", magnitude, ()) if p.negative else magnitude
-        else:
-            out = t.Binary("sub" if p.negative else "add", out, magnitude, ())
-    return out if out is not None else t.Scalar(sympy.Integer(0))
-
-
-def substitute_indices(node: t.Node, mapping: Mapping[str, object]) -> t.Node:
-    """`node` with free index names replaced by subscripts (index -> name or Affine)."""
-    if not mapping:
-        return node
-    if isinstance(node, t.Entry):
-        return replace(node, indices=tuple(substituted(s, mapping) for s in node.indices))
-    if isinstance(node, t.IndexVar):
-        return subscript_node(mapping[node.name]) if node.name in mapping else node
-    if isinstance(node, t.IndexSum):
-        inner = {k: v for k, v in mapping.items() if k != node.index.name}
-        return replace(node, body=substitute_indices(node.body, inner))
-    changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if isinstance(value, t.Node):
-            changes[f.name] = substitute_indices(value, mapping)
-        elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
-            changes[f.name] = tuple(substitute_indices(v, mapping) for v in value)
-    return replace(node, **changes) if changes else node
 
 
 def _used_names(node: t.Node) -> set[str]:
@@ -105,6 +65,8 @@ def _solvable(target, remaining: list[str]) -> str | None:
     """A remaining box index with coefficient +1 or -1 in `target`, or None."""
     if isinstance(target, str):
         return target if target in remaining else None
+    if isinstance(target, t.Node):  # not affine: nothing to solve for
+        return None
     for name, c in zip(target.indices, target.coefficients):
         if abs(c) == 1 and name in remaining:
             return name

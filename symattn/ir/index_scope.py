@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from .affine import renamed as renamed_subscript
+from .integers import renamed as renamed_subscript
 from .typed import Entry, Index, IndexDef, IndexSum, IndexVar, Node, entry_names, walk
 
 __all__ = ["scope_sum_indices"]

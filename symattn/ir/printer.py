@@ -43,6 +43,8 @@ PRECEDENCE: Mapping[str, int] = {
     "sub": ADD,
     "mul": MUL,
     "div": MUL,
+    "floordiv": MUL,
+    "mod": MUL,
     "matmul": MUL,
     "sum": MUL,  # a typeset `sum_k x_k`: its body reaches as far as a product's factors
     "neg": NEG,

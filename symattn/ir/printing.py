@@ -16,7 +16,8 @@ from typing import Sequence
 import sympy
 
 from . import typed as t
-from .affine import Affine, text as subscript_text
+from .affine import text as affine_text
+from .functions import OPERATIONS
 from .gather import gather_form
 from .printer import ADD, ATOM, BINARY, COMPARE, LOGICAL, MUL, NEG, POSTFIX, Printed, Printer
 from .shapes import format_dim
@@ -150,6 +151,13 @@ class SpecPrinter(Printer):
             return Printed(LOGICAL["not"] + parts[0], NEG)
         return Printed(f" {LOGICAL[node.op]} ".join(parts), COMPARE)
 
+    def _print_Apply(self, node: t.Apply) -> Printed:
+        record = OPERATIONS[node.fn]
+        if record.infix is not None:  # a // b, a % b: left-associative at the level of *
+            level = self.prec(node.fn)
+            return Printed(self.infix(node.args[0], record.infix, node.args[1], level), level)
+        return self.call(node.fn, *(self.text(a) for a in node.args))
+
     def _print_MergeHeads(self, node: t.MergeHeads) -> Printed:
         return self.call("merge_heads", self.text(node.x))
 
@@ -183,7 +191,11 @@ class SpecPrinter(Printer):
 
     def _print_Entry(self, node: t.Entry) -> Printed:
         name = f"grad({node.tensor})" if node.grad else node.tensor
-        return Printed(f"{name}[{', '.join(subscript_text(i, self.dims) for i in node.indices)}]", ATOM)
+        return Printed(f"{name}[{', '.join(self.subscript(i) for i in node.indices)}]", ATOM)
+
+    def subscript(self, s) -> str:
+        """A subscript: an index, affine arithmetic of indices, or an integer node (`table[j // S]`)."""
+        return self.text(s) if isinstance(s, t.Node) else affine_text(s, self.dims)
 
     def _print_IndexVar(self, node: t.IndexVar) -> Printed:
         return Printed(node.name, self.prec("name"))
@@ -196,5 +208,5 @@ class SpecPrinter(Printer):
         name = node.index.name
         entries = [n for n in t.walk(node.body) if isinstance(n, t.Entry)]
         plain = any(name in n.indices for n in entries)
-        computed = any(isinstance(s, Affine) and name in s.indices for n in entries for s in n.indices)
+        computed = any(not isinstance(s, str) and name in t.subscript_names(s) for n in entries for s in n.indices)
         return f"{name}:{self.dim(node.index.range)}" if computed and not plain else name

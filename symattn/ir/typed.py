@@ -13,11 +13,11 @@ so one printer (`symattn.ir.printing`) shows specs, derivations and claims.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator
 
 import sympy
 
-from .affine import Affine, names as subscript_names
+from .affine import Affine, names as affine_names
 from .position import NOWHERE, Pos
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Compare",
     "Where",
     "Logical",
+    "Apply",
     "MergeHeads",
     "SplitHeads",
     "Concat",
@@ -60,6 +61,7 @@ __all__ = [
     "tensors_read",
     "depends_on",
     "entry_names",
+    "subscript_names",
 ]
 
 Shape = tuple  # tuple[sympy.Expr, ...]
@@ -230,7 +232,7 @@ class Compare(Node):
 
 @dataclass(frozen=True, slots=True)
 class Where(Node):
-    cond: Compare
+    cond: "Compare | Logical"
     a: Node
     b: Node
     shape: Shape
@@ -247,6 +249,21 @@ class Logical(Node):
     is a `Compare` or a `Logical`. (The attention plan writes a core's mask with it.)"""
 
     op: str
+    args: tuple[Node, ...]
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return self.args
+
+
+@dataclass(frozen=True, slots=True)
+class Apply(Node):
+    """An elementwise builtin of several operands, with NumPy broadcasting: `min(a, b)`, `max(a, b)`,
+    `clamp(x, lo, hi)`, `a // b`, `a % b`; `fn` names a `symattn.ir.functions.OPERATIONS` record."""
+
+    fn: str
     args: tuple[Node, ...]
     shape: Shape
     pos: Pos = _pos()
@@ -381,11 +398,13 @@ class IndexDef(Node):
 
 @dataclass(frozen=True, slots=True)
 class Entry(Node):
-    """`X[i, k]`: one entry of a tensor. A subscript is an index name (`str`, the common case)
-    or a computed one, affine in the indices (`Affine`: `b[j - i + N - 1]`, `Q[i, 2 * c + 1]`)."""
+    """`X[i, k]`: one entry of a tensor. A subscript is an index name (`str`, the common case),
+    a computed one affine in the indices (`Affine`: `b[j - i + N - 1]`, `Q[i, 2 * c + 1]`), or
+    any other integer expression of them, as a node of shape () (`Kc[table[j // S], j % S, c]`,
+    `Bt[clamp(j - i, -R, R) + R]`: see `symattn.ir.integers`)."""
 
     tensor: str
-    indices: tuple[str | Affine, ...]
+    indices: tuple["str | Affine | Node", ...]
     shape: Shape = ()
     grad: bool = False  # an entry of grad(tensor), made by the backward pass
     pos: Pos = _pos()
@@ -431,6 +450,21 @@ class Scatter(Node):
         return (self.x,)
 
 
+def subscript_names(s) -> tuple[str, ...]:
+    """The indices a subscript reads, each once, in order: an index name, an Affine's, or those of an integer
+    node (`table[j // S]`: inside the subscripts of the entries it reads too)."""
+    if not isinstance(s, Node):
+        return affine_names(s)
+    found: list[str] = []
+    for n in walk(s):
+        if isinstance(n, IndexVar):
+            found.append(n.name)
+        elif isinstance(n, Entry):
+            for sub in n.indices:
+                found.extend(subscript_names(sub))
+    return tuple(dict.fromkeys(found))
+
+
 def entry_names(node: Entry) -> list[str]:
     """The index names an entry's subscripts read, each once, in order."""
     return list(dict.fromkeys(n for s in node.indices for n in subscript_names(s)))
@@ -448,10 +482,14 @@ def walk(node: Node) -> Iterator[Node]:
 def tensors_read(node: Node) -> list[str]:
     """The tensors a node reads (whole, or entry by entry in index notation), in order of first read."""
     found: list[str] = []
-    for n in walk(node):
-        name = n.name if isinstance(n, Tensor) else n.tensor if isinstance(n, Entry) and not n.grad else None
-        if name is not None and name not in found:
-            found.append(name)
+    stack = [node]
+    while stack:  # the node, and the integer subscripts of its entries (offsets[doc[i]] reads doc too)
+        for n in walk(stack.pop()):
+            name = n.name if isinstance(n, Tensor) else n.tensor if isinstance(n, Entry) and not n.grad else None
+            if name is not None and name not in found:
+                found.append(name)
+            if isinstance(n, Entry):
+                stack.extend(s for s in n.indices if isinstance(s, Node))
     return found
 
 
@@ -477,107 +515,5 @@ def depends_on(spec: "TypedSpec", nodes: Iterable[Node]) -> Iterator[Node]:
                     todo.append(info.expr)
 
 
-# --- the whole spec ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DimInfo:
-    name: str
-    symbol: sympy.Symbol
-    default: int
-    pos: Pos
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A tensor of the spec. `kind` is input, param, buffer or intermediate.
-
-    Inputs, params and buffers are *given* (arguments of the forward pass); a
-    buffer (a mask, a position table, a KV cache) is never differentiated:
-    it has no gradient, and the backward pass takes it as a constant.
-    """
-
-    name: str
-    kind: str
-    shape: Shape
-    pos: Pos
-    expr: Node | None = None
-    is_output: bool = False
-
-    @property
-    def role(self) -> str:
-        return "output" if self.is_output else self.kind
-
-    @property
-    def has_gradient(self) -> bool:
-        """Whether grad(T) is defined: for every tensor but a buffer."""
-        return self.kind != "buffer"
-
-
-@dataclass(frozen=True)
-class CheckInfo:
-    """A `check`: `kind` is 'equal' (lhs == rhs), 'equivariant' or 'invariant'.
-
-    A symmetry claim permutes the given tensors `sources` together along `dim`
-    (one tensor, or a parenthesised group: `equivariant(O, (X, keep))`).
-    """
-
-    line: int
-    text: str
-    negated: bool
-    kind: str
-    pos: Pos
-    lhs: Node | None = None
-    rhs: Node | None = None
-    output: str | None = None
-    sources: tuple[str, ...] = ()
-    dim: str | None = None
-
-
-@dataclass(frozen=True)
-class TypedSpec:
-    name: str
-    filename: str
-    source: str
-    dims: Mapping[str, DimInfo]
-    sizes: Mapping[str, int]
-    tensors: Mapping[str, TensorInfo]
-    outputs: tuple[str, ...]
-    checks: tuple[CheckInfo, ...]
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return tuple(n for n, t in self.tensors.items() if t.kind == "input")
-
-    @property
-    def params(self) -> tuple[str, ...]:
-        return tuple(n for n, t in self.tensors.items() if t.kind == "param")
-
-    @property
-    def buffers(self) -> tuple[str, ...]:
-        return tuple(n for n, t in self.tensors.items() if t.kind == "buffer")
-
-    @property
-    def given(self) -> tuple[str, ...]:
-        """Inputs, params and buffers, in declaration order: the arguments of the forward pass."""
-        return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param", "buffer"))
-
-    @property
-    def differentiable(self) -> tuple[str, ...]:
-        """Inputs and params, in declaration order: the gradients the backward pass returns."""
-        return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param"))
-
-    @property
-    def intermediates(self) -> tuple[str, ...]:
-        return tuple(n for n, t in self.tensors.items() if t.kind == "intermediate")
-
-    def substitutions(self) -> dict[sympy.Symbol, int]:
-        return {info.symbol: self.sizes[name] for name, info in self.dims.items()}
-
-    def size(self, dim: sympy.Expr) -> int:
-        """The concrete size of a dim expression at this spec's sizes."""
-        value = sympy.sympify(dim).subs(self.substitutions())
-        return int(value)
-
-    def concrete_shape(self, shape: Shape) -> tuple[int, ...]:
-        return tuple(self.size(d) for d in shape)
+# the whole spec (`symattn.ir.spec`), read through this module as ever
+from .spec import CheckInfo, DimInfo, TensorInfo, TypedSpec  # noqa: E402

@@ -39,6 +39,7 @@ from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
 from ..symbolic.element import ElementModel, guard
+from ..symbolic.element import MAX_ASSIGNMENTS, count_assignments, integer_assignments
 from ..symbolic.element_cases import generalized, identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
@@ -66,9 +67,12 @@ def _sizes_text(spec: t.TypedSpec) -> str:
 class _Session:
     """Shared work for all checks of one spec: derivation, element model, evaluators."""
 
-    def __init__(self, spec: t.TypedSpec, force: bool = False, budget: float | None = None) -> None:
+    def __init__(self, spec: t.TypedSpec, force: bool = False, budget: float | None = None,
+                 integers: dict | None = None) -> None:
         self.spec = spec
         self.force = force
+        self.integers = integers  # one assignment of the integer buffers (a session per assignment)
+        self._assignments: list[_Session] | None = None
         self.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
         self.matrix_gave_up = ""
         self.unreproduced = ""  # a 30-digit difference that float64 did not reproduce
@@ -111,7 +115,7 @@ class _Session:
             raise SizeGuardError(self.model_error)
         if self._model is None:
             try:
-                self._model = ElementModel(self.spec, force=self.force)
+                self._model = ElementModel(self.spec, force=self.force, integers=self.integers)
             except SizeGuardError as err:
                 self.model_error = str(err)
                 raise
@@ -119,6 +123,27 @@ class _Session:
                 self.model_error = f"building the element model {err}"
                 raise
         return self._model
+
+    def assignments(self) -> list["_Session"] | None:
+        """The sessions the element level proves a claim in: this one, or, with integer buffers, one per
+        assignment of their values (sharing the derivation); None when there are too many to enumerate."""
+        if self.integers is not None or not any(self.spec.tensors[n].integer for n in self.spec.given):
+            return [self]
+        if self._assignments is None:
+            found = integer_assignments(self.spec)
+            if found is None:
+                return None
+            self._assignments = []
+            for values in found:
+                session = _Session(self.spec, self.force, integers=values)
+                session._derivation, session.derive_error = self.derivation, self.derive_error
+                self._assignments.append(session)
+        return self._assignments
+
+    def too_many(self) -> str:
+        return (f"its integer buffers take {count_assignments(self.spec):,} values at {_sizes_text(self.spec)}, "
+                f"more than the {MAX_ASSIGNMENTS} the element level enumerates (smaller sizes with --dim prove "
+                "it at those)")
 
     @property
     def model_built(self) -> bool:
@@ -174,7 +199,9 @@ class _Session:
                 return np.vectorize(lambda v: sympy.sympify(v).evalf(digits + 10), otypes=[object])(
                     np.asarray(array, dtype=object))
             ev.settle = settle
-        ev.run({n: convert(v) for n, v in values.items()})
+        exact_integers = np.vectorize(lambda x: sympy.Integer(int(x)), otypes=[object])
+        ev.run({n: exact_integers(v) if digits is not None and spec.tensors[n].integer else convert(v)
+                for n, v in values.items()})
         ev.grads = {n: convert(v) for n, v in upstream.items()}
         if not grads:  # a claim that reads no gradient needs none (and no derivation)
             return ev
@@ -248,41 +275,20 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     why = session.matrix_gave_up or "no matrix-level proof"
     if reads_grads(check) and session.derivation is None:
         why = f"the derivation failed ({session.derive_error}), so no matrix-level proof"
-    if not may_be_nan:
-        try:
-            lhs, rhs = session.symbolic(check.lhs), session.symbolic(check.rhs)
-        except SizeGuardError as err:
-            return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
-        same, unfolded = session.model.identical(lhs, rhs)
-        cases = 0 if same else identical_in_every_case(
-            session.model, lambda m: (session.symbolic(check.lhs, m), session.symbolic(check.rhs, m)))
-        if same or cases:
-            contradiction = float64_contradicts(session, check)
-            if contradiction is not None:  # a bug in the element level: never a proof
-                return Verdict(check.line, check.text, "unknown",
-                               f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
-                               f"{contradiction}; this is a bug in symattn, please report it")
-            how = f" after unfolding {', '.join(unfolded)}" if unfolded and same else ""
-            if cases:
-                how = f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
-            return Verdict(check.line, check.text, "proved",
-                           f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
-                           f"(not shown for all sizes: {_missing(session, check)})")
-        why += f", no exact proof at {_sizes_text(spec)}"
+    sessions = session.assignments()
+    if sessions is None:
+        why += f", and no exact proof at {_sizes_text(spec)}: {session.too_many()}"
     else:
         try:
-            cases = _by_cases(session, check)
+            proved = _element_proof(session, sessions, check, may_be_nan)
         except SizeGuardError as err:
             return Verdict(check.line, check.text, "unknown", f"{why}, and {err}")
-        if cases.proved:
-            contradiction = float64_contradicts(session, check)
-            if contradiction is not None:  # a bug in the case analysis: never a proof
-                return Verdict(check.line, check.text, "unknown",
-                               f"the case analysis at {_sizes_text(spec)} is contradicted by float64: "
-                               f"{contradiction}; this is a bug in symattn, please report it")
-            return Verdict(check.line, check.text, "proved",
-                           _cases_method(spec, cases, reads_grads(check), _missing(session, check)))
-        why += f", and the element level's case analysis at {_sizes_text(spec)} did not settle it ({cases.reason})"
+        if isinstance(proved, Verdict):
+            return proved
+        if proved:
+            return Verdict(check.line, check.text, "proved", proved)
+        why += (f", no exact proof at {_sizes_text(spec)}" if not may_be_nan else
+                f", and the element level's case analysis at {_sizes_text(spec)} did not settle it")
     if search is None:
         return Verdict(check.line, check.text, "unknown",
                        f"{why}; the spec's sizes are too large to search for a counterexample, and the claim reads "
@@ -297,6 +303,58 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     return Verdict(check.line, check.text, "unknown",
                    f"{why}; the two sides agree {where} at {POINTS + 1} random rational points in float64 and "
                    f"to {DIGITS} digits (agreement at points is not a proof)")
+
+
+def _element_proof(session: _Session, sessions: list[_Session], check: t.CheckInfo, may_be_nan: bool):
+    """The element level's method when the claim is an exact identity in every session (each assignment of
+    the integer buffers), "" when not shown, or an "unknown" Verdict when float64 contradicts a proof."""
+    spec = session.spec
+    method = ""
+    for each in sessions:
+        if not may_be_nan:
+            lhs, rhs = each.symbolic(check.lhs), each.symbolic(check.rhs)
+            same, unfolded = each.model.identical(lhs, rhs)
+            cases = 0 if same else identical_in_every_case(
+                each.model, lambda m: (each.symbolic(check.lhs, m), each.symbolic(check.rhs, m)))
+            if not (same or cases):
+                return ""
+            how = f" after unfolding {', '.join(unfolded)}" if unfolded and same else ""
+            if cases:
+                how = f" in each of the {cases} cases of the masks (each masking comparison of buffers true or false)"
+            method = (f"element level: exact identity of every entry at {_sizes_text(spec)}{how} "
+                      f"(not shown for all sizes: {_missing(session, check)})")
+        else:
+            cases = _by_cases(each, check)
+            if not cases.proved:
+                return ""
+            method = _cases_method(spec, cases, reads_grads(check), _missing(session, check))
+    contradiction = float64_contradicts(session, check)
+    if contradiction is not None:  # a bug in the element level: never a proof
+        return Verdict(check.line, check.text, "unknown",
+                       f"the exact identity at {_sizes_text(spec)} is contradicted by float64: "
+                       f"{contradiction}; this is a bug in symattn, please report it")
+    if len(sessions) > 1:
+        method += f", for each of the {len(sessions)} assignments of the integer buffers"
+    return method
+
+
+def _gradient_identity(session: _Session, name: str, grad, shape, rational: bool):
+    """(identical, tensors unfolded, mask cases) for one derived grad(T) against the chain rule."""
+    model = session.model
+    if grad.expr is None:
+        matrix = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
+    else:
+        matrix = session.symbolic(grad.expr)
+    truth = model.ground_truth(name)
+    ok, unfolded = model.identical(matrix, truth, unfold_grads=False, as_rational_functions=rational)
+    if not ok and session.integers:
+        # With the integer buffers given, a masked score is the constant -inf, so the chain rule has no path
+        # through it, while the derived formula still reads its gradient (0 there): compared with every
+        # gradient written out in the upstream gradients, the two are the same functions.
+        ok, unfolded = model.identical(matrix, truth, unfold_grads=True, as_rational_functions=rational)
+    cases = 0 if ok or rational or grad.expr is None else identical_in_every_case(
+        model, lambda m: (session.symbolic(grad.expr, m), m.ground_truth(name)), unfold_grads=False)
+    return ok, unfolded, cases
 
 
 def _missing(session: _Session, check: t.CheckInfo) -> str:
@@ -318,13 +376,13 @@ def _by_cases(session: _Session, check: t.CheckInfo) -> CaseProof:
         gradients = {n: g.expr for n, g in session.derivation.gradients.items() if n not in spec.outputs}
     shape = spec.concrete_shape(broadcast(check.lhs.shape, check.rhs.shape))
     try:
-        proof = compare_by_cases(spec, check.lhs, check.rhs, shape, gradients)
+        proof = compare_by_cases(spec, check.lhs, check.rhs, shape, gradients, session.integers)
     except SymAttnError as err:
         return CaseProof(False, 0, f"the sides could not be evaluated: {err}")
     free = generalized(spec) if not proof.proved and "cannot be told" in proof.reason else None
     if free is not None:  # where a sum of squares of X @ W_q is 0 cannot be told; of a free Q it can
         try:
-            stronger = compare_by_cases(free[0], check.lhs, check.rhs, shape, gradients)
+            stronger = compare_by_cases(free[0], check.lhs, check.rhs, shape, gradients, session.integers)
         except SymAttnError:
             return proof
         if stronger.proved:
@@ -439,23 +497,22 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
         session = open_session(spec, force, derivation)
     if session.derivation is None:
         raise SymAttnError(f"cannot verify gradients: {session.derive_error}")
-    model = session.model
     finiteness = session.finiteness
+    sessions = session.assignments()
     out = []
     for number, (name, grad) in enumerate(session.derivation.gradients.items()):
         progress.step(f"checking grad({name})", number, len(session.derivation.gradients))
+        if sessions is None:
+            out.append(GradientCheck(name, False, f"not checked: {session.too_many()}"))
+            continue
         shape = spec.concrete_shape(spec.tensors[name].shape)
+        rational = grad.expr is not None and finiteness.deep(grad.expr) == ANY
         try:
             with time_budget(budget):
-                if grad.expr is None:
-                    matrix = np.zeros(shape, dtype=object) if shape else np.array(sympy.Integer(0), dtype=object)
-                else:
-                    matrix = session.symbolic(grad.expr)
-                truth = model.ground_truth(name)
-                rational = grad.expr is not None and finiteness.deep(grad.expr) == ANY
-                ok, unfolded = model.identical(matrix, truth, unfold_grads=False, as_rational_functions=rational)
-                cases = 0 if ok or rational or grad.expr is None else identical_in_every_case(
-                    model, lambda m: (session.symbolic(grad.expr, m), m.ground_truth(name)), unfold_grads=False)
+                for each in sessions:
+                    ok, unfolded, cases = _gradient_identity(each, name, grad, shape, rational)
+                    if not (ok or cases):
+                        break
         except OutOfTime as err:
             out.append(GradientCheck(name, False, f"not checked: {err}"))
             continue
@@ -465,6 +522,8 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
         caveat = ""
         if rational:
             caveat = " (as rational functions: where an entry is NaN or infinite the formulas are not compared)"
+        if ok and len(sessions) > 1:
+            how += f", for each of the {len(sessions)} assignments of the integer buffers"
         out.append(GradientCheck(name, ok, f"exact identity of every entry at {_sizes_text(spec)}{how}{caveat}"
                                  if ok else f"not shown equal at {_sizes_text(spec)}"))
     return out

@@ -67,6 +67,16 @@ def rational_point(session, rng: np.random.Generator, kind: str = "random") -> t
 
     def leaf(name):
         shape = spec.concrete_shape(spec.tensors[name].shape)
+        bounds = spec.integer_range(name)
+        if bounds is not None:  # an integer buffer: integers of its range (the least at `negative`)
+            low, high = bounds
+            if kind == "negative":
+                values = np.full(shape, low, dtype=np.int64)
+            elif kind == "zeros":
+                values = np.full(shape, min(max(0, low), high - 1), dtype=np.int64)
+            else:
+                values = rng.integers(low, high, size=shape)
+            return np.vectorize(sympy.Integer, otypes=[object])(values) if values.size else values.astype(object)
         if kind in fixed:
             return np.full(shape, fixed[kind], dtype=object)
         if kind == "sparse":  # half the entries 0: divisions by 0 meet numerators that are not

@@ -374,10 +374,15 @@ def _(node: t.IndexDef, ty):
 
 def _index_uses(node: t.Node):
     """(entries, names whose values are used) in an index-notation body."""
-    nodes = list(t.walk(node))
+    nodes, stack = [], [node]
+    while stack:  # every node, and those inside computed subscripts (`offsets[doc[i]]` reads doc too)
+        for n in t.walk(stack.pop()):
+            nodes.append(n)
+            if isinstance(n, t.Entry):
+                stack.extend(s for s in n.indices if isinstance(s, t.Node))
     values = {n.name for n in nodes if isinstance(n, t.IndexVar)}
-    values |= {i for n in nodes if isinstance(n, t.Entry) for s in n.indices if isinstance(s, t.Affine)
-               for i in s.indices}  # a computed subscript uses its indices' values
+    values |= {i for n in nodes if isinstance(n, t.Entry) for s in n.indices if not isinstance(s, str)
+               for i in t.subscript_names(s)}  # a computed subscript uses its indices' values
     return [n for n in nodes if isinstance(n, t.Entry)], values
 
 
@@ -395,10 +400,11 @@ def _index_rule(node: t.IndexDef, ty: _Types) -> frozenset[Pattern]:
         for entry in entries:
             for axis, index in enumerate(entry.indices):
                 flag = chosen[entry.tensor][axis]
-                if isinstance(index, t.Affine):
+                if not isinstance(index, str):  # an Affine or integer-node subscript: a computed position
                     if flag:
                         ok = False
-                        reason = f"axis {axis} of {entry.tensor} is permuted but read at the position {index}"
+                        reason = (f"axis {axis} of {entry.tensor} is permuted but read at the position "
+                                  f"{to_spec(index, ty.dims) if isinstance(index, t.Node) else index}")
                     continue
                 if flags.setdefault(index, flag) != flag:
                     ok = False
@@ -479,6 +485,7 @@ def _reads(expr: t.Node) -> set[str]:
             names.add(n.name)
         elif isinstance(n, t.Entry):
             names.add(n.tensor)
+            stack.extend(s for s in n.indices if isinstance(s, t.Node))  # offsets[doc[i]] reads doc too
         stack.extend(n.children)
     return names
 

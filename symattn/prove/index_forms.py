@@ -128,13 +128,15 @@ class Converter(SoftmaxForms, OpaqueForms):
     def _gather(self, node, shape, env, key):
         """X[s(i, j)] at computed subscripts: sum over m of [m == s(i, j)] X[m], one m per computed
         subscript; each must stay in its axis for every point (the spec's rule, checked again)."""
+        if any(isinstance(s, t.Node) for s in node.indices):
+            raise Unsupported("a subscript that is not affine in the indices (an index equation cannot hold it)")
         tokens, equations, sums = [], [], []
         for subscript, size in zip(node.indices, shape):
             if isinstance(subscript, str):
                 tokens.append(self._bound(subscript, env))
                 continue
             m = self.fresh(size)
-            equations.append(self._equation(m, subscript, {n: self._bound(n, env) for n in affine.names(subscript)},
+            equations.append(self._equation(m, subscript, {n: self._bound(n, env) for n in t.subscript_names(subscript)},
                                             size))
             tokens.append(m)
             if m != ZERO_INDEX:
@@ -147,6 +149,8 @@ class Converter(SoftmaxForms, OpaqueForms):
         """Zeros with each value of the index box added at its subscripts: sum over the box of
         [idx == s(box)] x[box]. The subscripts stay in the axes (the spec's rule, checked again)."""
         box = node.x
+        if any(isinstance(s, t.Node) for s in node.targets):
+            raise Unsupported("a scatter to subscripts that are not affine in the indices")
         tokens = tuple(self.fresh(index.range) for index in box.indices)
         named = {index.name: token for index, token in zip(box.indices, tokens)}
         equations = tuple(self._equation(out, subscript, named, size)
@@ -235,9 +239,20 @@ class Converter(SoftmaxForms, OpaqueForms):
             return out
         return self._opaque_where(node, idx, env)
 
+    def _Apply(self, node, idx, env):
+        # min, max, clamp, // and %: one factor of its operands' forms (a deterministic function)
+        args = [(a, _bcast(a.shape, node.shape, idx)) for a in node.args]
+        return self._opaque(f"${node.fn}", node, args, idx, env)
+
+    def _Logical(self, node, idx, env):
+        args = [(a, _bcast(a.shape, node.shape, idx)) for a in node.args]
+        return self._opaque(f"$logic{node.op}", node, args, idx, env)
+
     def _index_cases(self, cond, env):
         """(token, [(u, condition at u)]) when `cond` compares one index variable of index notation
         with an integer and the index takes at most MAX_CASES values; None otherwise."""
+        if isinstance(cond, t.Logical):
+            return None
         a, b, op = cond.a, cond.b, cond.op
         if isinstance(b, t.IndexVar) and isinstance(a, t.Scalar):
             a, b, op = b, a, _MIRRORED[op]

@@ -430,6 +430,9 @@ class OpaqueForms:
                     return left
             except Unsupported:
                 pass
+        if isinstance(c, t.Logical):  # conditions joined: the condition is one factor of its own
+            return self._opaque("$where", node, [(c, bcast(c.shape, node.shape, idx)), (node.a, ia), (node.b, ib)],
+                                idx, env)
         args = [(c.a, bcast(c.a.shape, node.shape, idx)), (c.b, bcast(c.b.shape, node.shape, idx)),
                 (node.a, ia), (node.b, ib)]
         return self._opaque(f"$where{c.op}", node, args, idx, env)

@@ -135,7 +135,8 @@ class Entries:
         if node.grad:
             raise Unsupported("a gradient entry")
         try:
-            subscripts = tuple(self.dim(as_sympy(s, env)) for s in node.indices)
+            subscripts = tuple(self.value(s, (), env) if isinstance(s, t.Node) else self.dim(as_sympy(s, env))
+                               for s in node.indices)
         except KeyError:
             raise Unsupported("an index is not bound") from None
         return self._named(node.tensor, subscripts)
@@ -199,11 +200,25 @@ class Entries:
             return sympy.expand(a - b), sympy.Integer(0)
         return a, b
 
+    def _truth(self, cond, shape, idx, env) -> sympy.Expr:
+        """A condition as an opaque value of its operands (a comparison of finite operands by their difference)."""
+        if isinstance(cond, t.Logical):
+            return _opaque(cond.op, *(self._truth(a, shape, idx, env) for a in cond.args))
+        left, right = self._condition(cond, shape, idx, env)
+        return _opaque(f"cmp{cond.op}", left, right)
+
     def _Where(self, node, idx, env):
-        left, right = self._condition(node.cond, node.shape, idx, env)
         a = self.value(node.a, self._bcast(node.a.shape, node.shape, idx), env)
         b = self.value(node.b, self._bcast(node.b.shape, node.shape, idx), env)
+        if isinstance(node.cond, t.Logical):
+            return _opaque("where", self._truth(node.cond, node.shape, idx, env), a, b)
+        left, right = self._condition(node.cond, node.shape, idx, env)
         return _opaque(f"where{node.cond.op}", left, right, a, b)
+
+    def _Apply(self, node, idx, env):
+        # min, max, clamp, // and %: deterministic functions of their operands, never simplified
+        args = [self.value(a, self._bcast(a.shape, node.shape, idx), env) for a in node.args]
+        return _opaque(node.fn, *args)
 
     # sums ----------------------------------------------------------------------------
     def _contract(self, node: t.Node, size, term, kind: str = "sum") -> sympy.Expr:

@@ -27,6 +27,7 @@ from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..ir.sizes import SEARCH_BUDGET, SizeChoice, fit_sizes, reads_sizes, user_sizes
 from ..symbolic.element import guard, same_entry, settled, shared_xreplace, symbol_name
+from ..symbolic.element import MAX_ASSIGNMENTS, count_assignments, integer_assignments
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .verdicts import Counterexample
 
@@ -64,13 +65,28 @@ def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ..
         guard(spec, force)
     except SizeGuardError as err:
         return None, str(err)
+    assignments = integer_assignments(spec)
+    if assignments is None:
+        return None, (f"the integer buffers take {count_assignments(spec):,} values at {_sizes(spec)}, more "
+                      f"than the {MAX_ASSIGNMENTS} the element level enumerates")
+    for integers in assignments:
+        found = _one_assignment(spec, output, sources, dim, invariant, n, integers)
+        if found is not None:
+            return found
+    return True, (f"exact identity for a transposition and a {n}-cycle (which generate every permutation) "
+                  f"at {_sizes(spec)}")
+
+
+def _one_assignment(spec, output, sources, dim, invariant, n, integers):
+    """(False or None, why) when the identity is not exact at one assignment of the integer buffers, else None."""
     # Only the given tensors' symbols are needed (not an ElementModel's slots and local formulas).
     leaf = {}
     for name in spec.given:
         shape = spec.concrete_shape(spec.tensors[name].shape)
         leaf[name] = np.empty(shape, dtype=object)
         for index in np.ndindex(*shape) if shape else [()]:
-            leaf[name][index] = sympy.Symbol(symbol_name(name, index), real=True)
+            leaf[name][index] = (sympy.Integer(int(integers[name][index])) if name in integers
+                                 else sympy.Symbol(symbol_name(name, index), real=True))
     symbol = spec.dims[dim].symbol
     ev = Evaluator(spec, SYMBOLIC)
     ev.run(leaf)
@@ -80,12 +96,17 @@ def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ..
     generators = {"the transposition (1 2)": [1, 0] + list(range(2, n)),
                   f"the cycle (1 2 ... {n})": list(range(1, n)) + [0]}
     for label, perm in generators.items():
-        mapping = {}
-        for name, moved_axes in axes.items():
-            moved = _permuted(leaf[name], perm, list(moved_axes))
-            mapping.update({old: new for old, new in zip(leaf[name].flat, moved.flat)})
-        replace = shared_xreplace(mapping, known=[e for e in base.flat if isinstance(e, sympy.Basic)])
-        left = np.vectorize(lambda e: replace(sympy.sympify(e)), otypes=[object])(base)
+        if any(name in integers for name in axes):  # integers are values, not symbols to rename: evaluate again
+            again = Evaluator(spec, SYMBOLIC)
+            again.run({**leaf, **{name: _permuted(leaf[name], perm, list(a)) for name, a in axes.items()}})
+            left = np.asarray(again.values[output], dtype=object)
+        else:
+            mapping = {}
+            for name, moved_axes in axes.items():
+                moved = _permuted(leaf[name], perm, list(moved_axes))
+                mapping.update({old: new for old, new in zip(leaf[name].flat, moved.flat)})
+            replace = shared_xreplace(mapping, known=[e for e in base.flat if isinstance(e, sympy.Basic)])
+            left = np.vectorize(lambda e: replace(sympy.sympify(e)), otypes=[object])(base)
         right = _permuted(base, perm, out_axes)
         for a, b in zip(left.flat, right.flat):
             if same_entry(a, b):
@@ -93,8 +114,7 @@ def element_witness(spec: t.TypedSpec, output: str, sources: str | tuple[str, ..
             if not (settled(a) and settled(b)):  # -oo or NaN inside an expression: nothing exact to say
                 return None, f"entries that hold -inf or NaN inside expressions at {_sizes(spec)}"
             return False, f"not an exact identity for {label} at {_sizes(spec)}"
-    return True, (f"exact identity for a transposition and a {n}-cycle (which generate every permutation) "
-                  f"at {_sizes(spec)}")
+    return None
 
 
 def _sizes(spec: t.TypedSpec) -> str:
@@ -141,6 +161,8 @@ def find_counterexample(spec: t.TypedSpec, output: str, sources: str | tuple[str
     perms = [[1, 0] + list(range(2, n)), list(range(1, n)) + [0]]
     for attempt in range(6):
         leaves = {name: rng.integers(-2, 3, size=spec.concrete_shape(spec.tensors[name].shape)) / 2.0
+                  if spec.integer_range(name) is None else
+                  rng.integers(*spec.integer_range(name), size=spec.concrete_shape(spec.tensors[name].shape))
                   for name in spec.given}
         perm = perms[attempt % 2]
         base = Evaluator(spec, NUMERIC).run(leaves)[output]

@@ -32,7 +32,7 @@ import sympy
 
 from ..ir import build as b
 from ..ir import typed as t
-from ..ir.functions import table
+from ..ir.functions import FUNCTIONS, OPERATIONS, table
 from ..ir.gather import entry_form
 from ..present import render
 from ..errors import SymbolicError, UnknownGradientError
@@ -235,6 +235,8 @@ UNARY_RULES = table("adjoint", {"neg": ("-A", lambda x, n, g, r: b.neg(g, r))})
 
 @_adjoint.register
 def _(node: t.Unary, g, cx):
+    if node.fn in FUNCTIONS and FUNCTIONS[node.fn].steps:  # floor, ceil: no gradient flows through
+        return []
     rule, make = UNARY_RULES[node.fn]
     return [Part(node.x, rule, lambda r: make(node.x, cx.ref(node), g, r))]
 
@@ -273,6 +275,23 @@ def _(node: t.Binary, g, cx):
                             lambda r: b.sum_to(b.mul(g, b.mul(cx.ref(node), b.unary("log", x), r), r), y.shape)))
         return out
     raise SymbolicError(f"no adjoint rule for the elementwise operation {node.op}")
+
+
+@_adjoint.register
+def _(node: t.Apply, g, cx):
+    record = OPERATIONS[node.fn]
+    if record.integer:
+        return []
+    parts = []
+    for k, arg in enumerate(node.args):
+        rule = record.rules[min(k, len(record.rules) - 1)]
+
+        def build(r, k=k, arg=arg):
+            partial = record.partials(node.args, cx.ref(node), g, r)[k]
+            return None if partial is None else b.sum_to(partial, arg.shape)
+        if k == 0 or record.partials(node.args, node, g, None)[k] is not None:
+            parts.append(Part(arg, rule, build))
+    return parts
 
 
 @_adjoint.register

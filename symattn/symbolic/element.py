@@ -3,7 +3,9 @@
 Contract: `ElementModel(spec)` holds, at the spec's sizes,
 
 - `leaf[X]`: a real symbol per entry of every input, param and buffer (`X_{1,2}`,
-  `W^{q}_{2,1}`, 1-based as people write them);
+  `W^{q}_{2,1}`, 1-based as people write them), except an integer buffer's, which are
+  the integers of one assignment (`integers`; `integer_assignments(spec)` lists them
+  all when there are at most MAX_ASSIGNMENTS, and a claim is shown in each);
 - `slot[T]`: a symbol per entry of every defined tensor, and `local[T]`: its
   entries written in the slots of the tensors its definition reads (softmax
   with exp, masks with -oo giving exactly 0 weight);
@@ -47,6 +49,7 @@ rule into its definition uses the sum of that and every other path (`adjoint`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Mapping
 
@@ -65,7 +68,7 @@ from .exact import (entry_diff, extreme_diff, free_symbols, mp_value, same_entry
 from .relations import radicals_as_roots
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
-           "ELEMENT_BUDGET"]
+           "ELEMENT_BUDGET", "MAX_ASSIGNMENTS", "integer_assignments", "count_assignments", "example_assignment"]
 
 def symbol_name(tensor: str, index: tuple[int, ...], grad: bool = False) -> str:
     """`X_{1,2}`, `W^{q}_{2,1}`, `\\bar{O}_{1,1}`: 1-based, LaTeX-friendly."""
@@ -81,6 +84,63 @@ def _symbols(tensor: str, shape: tuple[int, ...], grad: bool = False) -> np.ndar
     for index in np.ndindex(*shape) if shape else [()]:
         out[index] = sympy.Symbol(symbol_name(tensor, index, grad), real=True)
     return out
+
+
+def _integers(values: np.ndarray) -> np.ndarray:
+    out = np.empty(np.shape(values), dtype=object)
+    for index in np.ndindex(*out.shape) if out.shape else [()]:
+        out[index] = sympy.Integer(int(np.asarray(values)[index]))
+    return out
+
+
+MAX_ASSIGNMENTS = 128  # integer-buffer assignments the element level enumerates, one element model each
+
+
+def integer_assignments(spec: t.TypedSpec) -> list[dict[str, np.ndarray]] | None:
+    """Every assignment of values in range to the entries of the spec's integer buffers at its sizes
+    ([{}] when it has none), or None when there are more than MAX_ASSIGNMENTS of them."""
+    names = [n for n in spec.given if spec.tensors[n].integer]
+    if not names:
+        return [{}]
+    shapes = {n: spec.concrete_shape(spec.tensors[n].shape) for n in names}
+    slots = [(n, index) for n in names for index in (np.ndindex(*shapes[n]) if shapes[n] else [()])]
+    ranges = [range(*spec.integer_range(n)) for n, _ in slots]
+    count = 1
+    for r in ranges:
+        count *= len(r)
+        if count > MAX_ASSIGNMENTS:
+            return None
+    out = []
+    for values in itertools.product(*ranges):
+        arrays = {n: np.zeros(shapes[n], dtype=np.int64) for n in names}
+        for (n, index), v in zip(slots, values):
+            arrays[n][index] = v
+        out.append(arrays)
+    return out
+
+
+def example_assignment(spec: t.TypedSpec) -> dict[str, np.ndarray]:
+    """One assignment of the integer buffers, their entries spread over the range in order (document ids
+    0 0 1 1 2 2, offsets 0 2 4): an example when there are too many to enumerate."""
+    out = {}
+    for n in spec.given:
+        if spec.tensors[n].integer:
+            low, high = spec.integer_range(n)
+            shape = spec.concrete_shape(spec.tensors[n].shape)
+            count = int(np.prod(shape, dtype=int))
+            out[n] = np.array([low + k * (high - low) // max(count, 1) for k in range(count)],
+                              dtype=np.int64).reshape(shape)
+    return out
+
+
+def count_assignments(spec: t.TypedSpec) -> int:
+    """How many assignments the integer buffers have at the spec's sizes (1 when there are none)."""
+    count = 1
+    for n in spec.given:
+        if spec.tensors[n].integer:
+            low, high = spec.integer_range(n)
+            count *= max(high - low, 0) ** int(np.prod(spec.concrete_shape(spec.tensors[n].shape), dtype=int))
+    return count
 
 
 # Element-level work grows like (entries of every tensor) x (the largest dim):
@@ -125,15 +185,19 @@ class ElementModel:
     """Explicit entries of every tensor of a spec at its concrete sizes."""
 
     def __init__(self, spec: t.TypedSpec, force: bool = False, progress: bool | None = None,
-                 case: Mapping | None = None) -> None:
+                 case: Mapping | None = None, integers: Mapping[str, np.ndarray] | None = None) -> None:
         guard(spec, force)
         self.spec = spec
+        # An integer buffer's entries are given integers (one assignment of `integer_assignments`):
+        # subscripts through it are then concrete, and a claim is shown for each assignment in turn.
+        self.integers = dict(integers or {})
         # A mask case (`symattn.symbolic.element_cases`): each comparison of buffers that masks an entry
         # decided, so masks are exact 0 or -oo; entries that are -oo are then read as -oo, constants, by
         # the local formulas too (a fully masked softmax row is the constant 0, with no derivative).
         self.case = dict(case or {})
         self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
-        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.given}
+        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) if n not in self.integers
+                     else _integers(self.integers[n]) for n in spec.given}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
         self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()
@@ -160,7 +224,7 @@ class ElementModel:
                                   if reads_risky else self.local[name])
             if name in self.risky:
                 exact.values[name] = self.forward[name]
-                if self.case:
+                if self.case or self.integers:  # masks decided (a case, or the integer buffers given)
                     masked = np.vectorize(lambda v: v == -sympy.oo, otypes=[bool])(self.forward[name])
                     slotted.values[name] = np.where(masked, -sympy.oo, self.slot[name])
         self.exact_values = {s: v for n in self.risky for s, v in zip(self.slot[n].flat, self.forward[n].flat)}

@@ -28,11 +28,10 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.affine import value as subscript_value
-from ..ir.functions import FUNCTIONS, table
 from ..ir.index_scope import scope_sum_indices
 from ..errors import SymbolicError, UsageError
 from ..ir.shapes import dim_symbol, format_dim, format_shape
-from .lattice import lattice
+from .backends import NUMERIC, SYMBOLIC, Backend, reduce_lines
 
 __all__ = ["Evaluator", "SYMBOLIC", "NUMERIC", "sinusoidal_value", "random_leaves", "reduce_lines"]
 
@@ -45,215 +44,6 @@ def sinusoidal_value(i: int, column: int, width: int, exact: bool):
         return sympy.sin(angle) if column % 2 == 0 else sympy.cos(angle)
     angle = i / 10000.0 ** (2 * c / width)
     return math.sin(angle) if column % 2 == 0 else math.cos(angle)
-
-
-def reduce_lines(x, axis, line) -> np.ndarray:
-    """`line(entries)` of every line of the object array `x` along `axis` (an int or a tuple of
-    them), keeping the reduced axes with size 1: max and min of exact or guarded entries."""
-    x = np.asarray(x, dtype=object)
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    moved = np.moveaxis(x, axes, tuple(range(-len(axes), 0)))
-    flat = moved.reshape(*moved.shape[:moved.ndim - len(axes)], -1)
-    out = np.empty(flat.shape[:-1], dtype=object)
-    for index in np.ndindex(*out.shape):
-        out[index] = line(list(flat[index]))
-    return np.expand_dims(out, tuple(a % x.ndim for a in axes))
-
-
-class _Backend:
-    exact: bool
-
-
-class _Numeric(_Backend):
-    exact = False
-    dtype = np.float64
-
-    def scalar(self, value: sympy.Expr):
-        if value == sympy.oo:
-            return np.inf
-        if value == -sympy.oo:
-            return -np.inf
-        return float(value)
-
-    def unary(self, fn: str, x):
-        x = np.asarray(x, dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return -x if fn == "neg" else FUNCTIONS[fn].float64(x)
-
-    def binary(self, op: str, a, b):
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-                    "pow": np.power}[op](a, b)
-
-    def compare(self, op: str, a, b):
-        return {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-                "==": np.equal, "!=": np.not_equal}[op](a, b)
-
-    def where(self, cond, a, b):
-        return np.where(cond, a, b)
-
-    def softmax(self, x, axis: int):
-        """The stable formula of the generated code: exp(x - row max) / its sum. A fully masked row
-        (all -inf) has weights 0; a row holding NaN or +inf is NaN (inf - inf), as in the generated
-        NumPy and CUDA code and torch.softmax (not 0s, or [NaN, 0, ...])."""
-        x = np.asarray(x, dtype=np.float64)
-        top = np.max(x, axis=axis, keepdims=True)
-        shift = np.where(top == -np.inf, 0.0, top)
-        with np.errstate(invalid="ignore", over="ignore"):
-            e = np.exp(x - shift)
-            total = np.sum(e, axis=axis, keepdims=True)
-            return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
-
-    def logsumexp(self, x, axis):
-        """log(sum(exp(x - row max))) + row max, as the generated code computes it: -inf for a fully
-        masked row, NaN for a row holding NaN or +inf."""
-        x = np.asarray(x, dtype=np.float64)
-        top = np.max(x, axis=axis, keepdims=True)
-        shift = np.where(top == -np.inf, 0.0, top)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return np.log(np.sum(np.exp(x - shift), axis=axis, keepdims=True)) + shift
-
-    def extreme(self, kind: str, x, axis):
-        """max or min along `axis`, keeping it; NaN anywhere in a row gives NaN, as np.max says."""
-        x = np.asarray(x, dtype=np.float64)
-        return (np.max if kind == "max" else np.min)(x, axis=axis, keepdims=True)
-
-    def array(self, values):
-        return np.asarray(values, dtype=np.float64)
-
-
-def _elementwise(func):
-    ufunc = np.frompyfunc(func, 1, 1)
-    return lambda x: ufunc(np.asarray(x, dtype=object)) if np.ndim(x) else func(
-        x.item() if isinstance(x, np.ndarray) else x)
-
-
-def _ieee(value):
-    """A SymPy number as float64 would have it: complex infinity, an imaginary part or an
-    interval (sin(oo)) is NaN. Expressions are left alone."""
-    if isinstance(value, sympy.Basic) and value.is_number and (
-            value is sympy.zoo or value.has(sympy.I) or value.has(sympy.AccumBounds)):
-        return sympy.nan
-    return value
-
-
-def _ieee_divide(a, b):
-    """a / b with float64's answers when b is exactly 0: +-inf, or NaN for 0 / 0."""
-    a, b = sympy.sympify(a), sympy.sympify(b)
-    if b.is_zero and a.is_number:
-        if a.is_zero or a is sympy.nan:
-            return sympy.nan
-        return sympy.oo if a.is_positive else -sympy.oo if a.is_negative else sympy.nan
-    return _ieee(a / b)
-
-
-def _non_finite_number(value) -> bool:
-    """NaN or an infinity (a row holding NaN or +inf, summed)."""
-    value = sympy.sympify(value)
-    return value is sympy.nan or value in (sympy.oo, sympy.zoo) or (value.is_number and value.has(sympy.nan))
-
-
-def _weight(u, total):
-    """One softmax weight exp(x) / total at 30 digits or exactly (see `_Symbolic.softmax`)."""
-    total = sympy.sympify(total)
-    if total.is_zero:
-        return sympy.Integer(0)
-    if _non_finite_number(total):
-        return sympy.nan
-    return u / total
-
-
-class _Symbolic(_Backend):
-    exact = True
-
-    _FUNCS = table("exact", {"neg": lambda x: -x})
-    _REL = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
-
-    def scalar(self, value):
-        return value
-
-    def unary(self, fn, x):
-        func = self._FUNCS[fn]
-        return _elementwise(lambda u: _ieee(func(u)))(x)
-
-    def binary(self, op, a, b):
-        a, b = self._obj(a), self._obj(b)
-        if op == "pow":
-            return np.frompyfunc(lambda u, v: _ieee(u**v) if not (sympy.sympify(u).is_zero and
-                                                                  sympy.sympify(v).is_negative)
-                                 else sympy.oo, 2, 1)(a, b)
-        if op == "div":
-            return np.frompyfunc(_ieee_divide, 2, 1)(a, b)
-        return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](a, b)
-
-    def compare(self, op, a, b):
-        rel = self._REL[op]
-
-        def compare(u, v):
-            u, v = sympy.sympify(u), sympy.sympify(v)
-            if u is sympy.nan or v is sympy.nan:  # every comparison with NaN is false but !=
-                return sympy.true if op == "!=" else sympy.false
-            return rel(u, v)
-
-        return np.frompyfunc(compare, 2, 1)(self._obj(a), self._obj(b))
-
-    def where(self, cond, a, b):
-        def pick(c, u, v):
-            if c is sympy.true or c is True:
-                return u
-            if c is sympy.false or c is False:
-                return v
-            return sympy.Piecewise((u, c), (v, True))
-
-        return np.frompyfunc(pick, 3, 1)(cond, self._obj(a), self._obj(b))
-
-    def softmax(self, x, axis):
-        e = self.unary("exp", x)
-        total = np.sum(e, axis=axis, keepdims=True)
-        # A fully masked row (every entry -oo) sums to exactly 0: its weights are 0, as in
-        # the numeric backend and the generated code, not 0 / 0. A row holding NaN or +oo sums to
-        # NaN or +oo: every weight is NaN, as the stable formula (x - row max) gives.
-        return np.frompyfunc(_weight, 2, 1)(e, total)
-
-    def logsumexp(self, x, axis):
-        total = np.sum(self.unary("exp", x), axis=axis, keepdims=True)
-        return np.frompyfunc(lambda s: sympy.nan if _non_finite_number(s) else s, 1, 1)(
-            self.unary("log", total))
-
-    def extreme(self, kind: str, x, axis):
-        """sympy.Max or sympy.Min of each line along `axis`, keeping it; a NaN entry makes the line NaN."""
-        fn = sympy.Max if kind == "max" else sympy.Min
-
-        def line(values):
-            values = tuple(sympy.sympify(v) for v in values)
-            if any(v is sympy.nan for v in values):
-                return sympy.nan
-            key = (fn, values)
-            if key not in _EXTREMES:
-                if len(_EXTREMES) > _EXTREMES_KEPT:
-                    _EXTREMES.clear()
-                _EXTREMES[key] = lattice(fn, values)
-            return _EXTREMES[key]
-
-        return reduce_lines(x, axis, line)
-
-    def array(self, values):
-        return np.asarray(values, dtype=object)
-
-    @staticmethod
-    def _obj(x):
-        return np.asarray(x, dtype=object) if np.ndim(x) else x
-
-
-# Max and Min of the same entries, in the same order, built once per process: SymPy compares every
-# pair of arguments symbolically when it builds one (a softmax row's scores: a tenth of a second),
-# and the element model, the claims and the symmetry witness each evaluate the same rows. The
-# result is the very expression another call would build.
-_EXTREMES: dict[tuple, sympy.Expr] = {}
-_EXTREMES_KEPT = 4096
-
-SYMBOLIC = _Symbolic()
-NUMERIC = _Numeric()
 
 
 def _whole(dim, subs: Mapping, sizes: Mapping[str, int], order: list[str]) -> int:
@@ -269,13 +59,14 @@ def _whole(dim, subs: Mapping, sizes: Mapping[str, int], order: list[str]) -> in
 def _shape_at(shape: tuple, sizes: tuple[tuple[str, int], ...], order: tuple[str, ...]) -> tuple[int, ...]:
     """A declared shape at these sizes (cached: finite differences run the evaluator thousands of times)."""
     subs = {dim_symbol(name): size for name, size in sizes}
+    subs.update({sympy.Symbol(name, nonnegative=True, integer=True): size for name, size in sizes})
     return tuple(_whole(d, subs, dict(sizes), list(order)) for d in shape)
 
 
 class Evaluator:
     """Evaluate the nodes of one spec at concrete sizes with one backend."""
 
-    def __init__(self, spec: t.TypedSpec, backend: _Backend = NUMERIC, sizes: Mapping[str, int] | None = None):
+    def __init__(self, spec: t.TypedSpec, backend: Backend = NUMERIC, sizes: Mapping[str, int] | None = None):
         self.spec = spec
         self.backend = backend
         self.sizes = dict(sizes or spec.sizes)
@@ -405,6 +196,14 @@ class Evaluator:
         return self.backend.where(self._eval(node.cond), self._eval(node.a), self._eval(node.b))
 
     @_eval.register
+    def _(self, node: t.Logical):
+        return self.backend.logical(node.op, *(self._eval(a) for a in node.args))
+
+    @_eval.register
+    def _(self, node: t.Apply):
+        return self.backend.apply(node.fn, *(self._eval(a) for a in node.args))
+
+    @_eval.register
     def _(self, node: t.MergeHeads):
         x = np.asarray(self._eval(node.x))
         merged = np.swapaxes(x, -3, -2)  # [..., N, h, k]
@@ -470,10 +269,17 @@ class Evaluator:
         box = [i.name for i in node.x.indices]
         ranges = [self.size(i.range) for i in node.x.indices]
         grid = dict(zip(box, np.meshgrid(*[np.arange(r, dtype=np.int64) for r in ranges], indexing="ij")))
-        at = tuple(np.broadcast_to(subscript_value(s, grid, self._offset(s)), tuple(ranges)) for s in node.targets)
+        cells = _Grid(box, dict(zip(box, ranges)), self)
+        at = [cells.integer(s) if isinstance(s, t.Node) else subscript_value(s, grid, self._offset(s))
+              for s in node.targets]
         lead = values.shape[: values.ndim - len(box)]
+        for a in at:
+            lead = np.broadcast_shapes(lead, np.shape(a)[: max(0, np.ndim(a) - len(box))])
         out = self._zeros(lead + tuple(self.size(d) for d in node.shape), values)
-        np.add.at(out, (Ellipsis, *at), values)  # entries that several box points reach get their sum
+        values = np.broadcast_to(values, lead + tuple(ranges))
+        at = [np.broadcast_to(a, lead + tuple(ranges)) for a in at]
+        batch = [np.arange(n).reshape((n,) + (1,) * (len(lead) - k - 1 + len(box))) for k, n in enumerate(lead)]
+        np.add.at(out, (*batch, *at), values)  # entries that several box points reach get their sum
         return out
 
     def _zeros(self, shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
@@ -484,8 +290,8 @@ class Evaluator:
         return np.zeros(shape, dtype=np.result_type(like, np.float64))
 
     def _offset(self, s) -> int | None:
-        """The offset of a computed subscript at these sizes (None for a plain index)."""
-        return None if isinstance(s, str) else self.size(s.offset)
+        """The offset of a computed subscript at these sizes (None for a plain index or an integer node)."""
+        return None if not isinstance(s, t.Affine) else self.size(s.offset)
 
     # --- index notation: each index owns one trailing axis of a grid -------------
 
@@ -535,10 +341,22 @@ class _Grid:
         if isinstance(node, t.Entry):
             source = np.asarray(self.ev.grads[node.tensor] if node.grad else self.ev.values[node.tensor])
             values = {n: self.arange(n).astype(np.int64) for n in t.entry_names(node)}
-            index = tuple(np.broadcast_to(subscript_value(s, values, self.ev._offset(s)), (1,) * self.rank)
-                          if isinstance(s, t.Affine) and not s.indices else
-                          subscript_value(s, values, self.ev._offset(s)) for s in node.indices)
-            return source[(Ellipsis, *index)]
+            index = [self.integer(s) if isinstance(s, t.Node) else
+                     np.broadcast_to(subscript_value(s, values, self.ev._offset(s)), (1,) * self.rank)
+                     if isinstance(s, t.Affine) and not s.indices else
+                     subscript_value(s, values, self.ev._offset(s)) for s in node.indices]
+            lead = source.ndim - len(node.indices)
+            if all(np.ndim(i) <= self.rank for i in index):
+                return source[(Ellipsis, *index)]
+            # A subscript read through a buffer with batch axes (offsets[doc[i]]): each batch
+            # entry reads its own, so the batch axes index too.
+            batch = source.shape[:lead]
+            for i in index:
+                batch = np.broadcast_shapes(batch, np.shape(i)[: max(0, np.ndim(i) - self.rank)])
+            source = np.broadcast_to(source, batch + source.shape[lead:])
+            axes = [np.arange(n).reshape((n,) + (1,) * (len(batch) - k - 1 + self.rank))
+                    for k, n in enumerate(batch)]
+            return source[(*axes, *index)]
         if isinstance(node, t.IndexVar):
             values = self.arange(node.name)
             return np.vectorize(sympy.Integer, otypes=[object])(values) if self.ev.backend.exact else values * 1.0
@@ -561,15 +379,45 @@ class _Grid:
             return backend.compare(node.op, self.eval(node.a), self.eval(node.b))
         if isinstance(node, t.Where):
             return backend.where(self.eval(node.cond), self.eval(node.a), self.eval(node.b))
+        if isinstance(node, t.Logical):
+            return backend.logical(node.op, *(self.eval(a) for a in node.args))
+        if isinstance(node, t.Apply):
+            return backend.apply(node.fn, *(self.eval(a) for a in node.args))
         if isinstance(node, (t.Scalar, t.DimValue, t.Tensor)):
             return self.ev.evaluate(node)
         raise SymbolicError(f"no index-notation rule for {type(node).__name__}")
+
+    def integer(self, node: t.Node) -> np.ndarray:
+        """An integer subscript (`table[j // S]`, `clamp(j - i, -R, R) + R`) as int64 arrays on the grid.
+        Both backends read integer buffers as given integers; a value that is not one (NaN) is an error."""
+        value = self.eval(node)
+        if self.ev.backend.exact:
+            flat = [sympy.sympify(self.ev.backend.number(v)) for v in np.asarray(value, dtype=object).ravel()]
+            if not all(v.is_Integer for v in flat):
+                bad = next(v for v in flat if not v.is_Integer)
+                raise SymbolicError(f"the subscript {node} is {bad} somewhere, not an integer: an integer "
+                                    "buffer it reads must be given integer values")
+            return np.array([int(v) for v in flat], dtype=np.int64).reshape(np.shape(value))
+        value = np.asarray(value)
+        if value.dtype.kind == "f":
+            if not np.all(np.isfinite(value)):
+                raise SymbolicError("a computed subscript is NaN or infinite at some entry")
+            value = value.astype(np.int64)
+        return value
 
 
 def random_leaves(spec: t.TypedSpec, rng: np.random.Generator, batch: tuple[int, ...] = (),
                   sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Standard-normal float64 arrays for every input, param and buffer."""
     ev = Evaluator(spec, NUMERIC, sizes)
-    return {name: rng.standard_normal(batch + tuple(ev.size(d) for d in spec.tensors[name].shape))
-            for name in spec.given}
+    out = {}
+    for name in spec.given:
+        info = spec.tensors[name]
+        shape = batch + tuple(ev.size(d) for d in info.shape)
+        if info.integer:  # an integer buffer: integers drawn from its range
+            low, high = (ev.size(v) for v in info.values)
+            out[name] = rng.integers(low, high, size=shape, dtype=np.int64)
+        else:
+            out[name] = rng.standard_normal(shape)
+    return out
 

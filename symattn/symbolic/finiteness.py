@@ -184,8 +184,10 @@ class Finiteness:
             if finite_real(value):
                 return FINITE
             return MINUS_INF if value == -sympy.oo else ANY
-        if isinstance(n, (t.DimValue, t.IndexVar, t.Compare)):
+        if isinstance(n, (t.DimValue, t.IndexVar, t.Compare, t.Logical)):
             return FINITE
+        if isinstance(n, t.Apply):  # integers; min, max and clamp of finite and -inf values are such
+            return FINITE if n.fn in ("floordiv", "mod") else max(self.node(a) for a in n.args)
         if isinstance(n, t.Constant):
             return MINUS_INF if n.kind == "causal_mask" else FINITE
         const = const_value(n) if n.shape == () and isinstance(n, (t.Unary, t.Binary)) else None

@@ -46,8 +46,10 @@ import sympy
 
 from ..budget import checkpoint
 from ..ir import typed as t
-from ..ir.functions import FUNCTIONS
+from ..ir.functions import FUNCTIONS, OPERATIONS
 from .element import symbol_name
+from .ieee_values import (FINITE, INF, INFINITE, NAN, NEG_INF, NONFINITE, UNKNOWN, Guard, Value, add, constant, finite,
+                          multiply, negate, wrap)
 from .evaluate import Evaluator, reduce_lines
 from .exact import settled, zero_test
 from .lattice import lattice
@@ -56,126 +58,8 @@ from .signs import nonnegative, positive, zero_events
 
 __all__ = ["Value", "Guard", "CaseProof", "compare_by_cases", "MAX_CASES"]
 
-FINITE, NAN, INF, NEG_INF, NONFINITE, UNKNOWN = "finite", "nan", "inf", "-inf", "inf or nan", "unknown"
-_INFINITE = (INF, NEG_INF, NONFINITE)
 MAX_CASES = 128     # regions (sets of symbols set to 0) evaluated per claim (QK-norm backward at N = 4: 80)
 MAX_DENOMINATOR = 12  # x ^ (p/q) with a larger q is not followed
-
-
-@dataclass(frozen=True)
-class Guard:
-    """An operation evaluated as if `argument` were nonzero: `what` is "divisor", "sqrt", "log" or
-    "root"; `events` says where the argument is 0 (see `symattn.symbolic.signs.zero_events`)."""
-
-    what: str
-    argument: sympy.Expr
-    events: tuple[frozenset, ...]
-
-
-@dataclass(frozen=True)
-class Value:
-    """One entry under float64 semantics in one region: `kind` (FINITE with `expr`, NAN, INF for an
-    infinity of either sign, NEG_INF, NONFINITE for an infinity or NaN, UNKNOWN) and the guards
-    it rests on."""
-
-    kind: str
-    expr: sympy.Basic | None = None
-    deps: frozenset = frozenset()
-
-    def __add__(self, other):
-        return _add(self, _wrap(other))
-
-    def __radd__(self, other):
-        return _add(_wrap(other), self)
-
-    def __sub__(self, other):
-        return _add(self, _neg(_wrap(other)))
-
-    def __rsub__(self, other):
-        return _add(_wrap(other), _neg(self))
-
-    def __mul__(self, other):
-        return _mul(self, _wrap(other))
-
-    def __rmul__(self, other):
-        return _mul(_wrap(other), self)
-
-    def __neg__(self):
-        return _neg(self)
-
-    def __truediv__(self, other):  # only `mean` divides directly, by a count
-        other = _wrap(other)
-        if other.kind == FINITE and other.expr.is_number and other.expr.is_zero is False:
-            return _mul(self, Value(FINITE, 1 / other.expr, other.deps))
-        return Value(UNKNOWN, deps=self.deps | other.deps)
-
-
-def _finite(expr, deps=frozenset()) -> Value:
-    return Value(FINITE, sympy.sympify(expr), deps)
-
-
-def _constant(value) -> Value:
-    value = sympy.sympify(value)
-    if value is sympy.nan:
-        return Value(NAN)
-    if value == -sympy.oo:
-        return Value(NEG_INF)
-    if value in (sympy.oo, sympy.zoo):
-        return Value(INF)
-    if isinstance(value, sympy.logic.boolalg.BooleanAtom) or (value.is_finite and value.is_extended_real):
-        return Value(FINITE, value)
-    return Value(UNKNOWN)
-
-
-def _wrap(x) -> Value:
-    if isinstance(x, Value):
-        return x
-    return _constant(x)
-
-
-def _neg(a: Value) -> Value:
-    if a.kind == FINITE:
-        return Value(FINITE, -a.expr, a.deps)
-    return Value(INF if a.kind == NEG_INF else a.kind, deps=a.deps)
-
-
-def _add(a: Value, b: Value) -> Value:
-    deps = a.deps | b.deps
-    kinds = {a.kind, b.kind}
-    if NAN in kinds:
-        return Value(NAN, deps=deps)
-    if UNKNOWN in kinds:
-        return Value(UNKNOWN, deps=deps)
-    if kinds == {FINITE}:
-        return Value(FINITE, a.expr + b.expr, deps)
-    if FINITE in kinds:  # inf + x is inf, NaN + x is NaN
-        return Value(a.kind if a.kind != FINITE else b.kind, deps=deps)
-    if kinds == {NEG_INF}:
-        return Value(NEG_INF, deps=deps)
-    return Value(NONFINITE, deps=deps)  # inf - inf is NaN, inf + inf is inf
-
-
-def _mul(a: Value, b: Value) -> Value:
-    deps = a.deps | b.deps
-    kinds = {a.kind, b.kind}
-    if NAN in kinds:
-        return Value(NAN, deps=deps)
-    if UNKNOWN in kinds:
-        return Value(UNKNOWN, deps=deps)
-    if kinds == {FINITE}:
-        return Value(FINITE, a.expr * b.expr, deps)
-    if FINITE in kinds:
-        c, x = (a, b) if a.kind == FINITE else (b, a)
-        if c.expr == 0:
-            return Value(NAN, deps=deps)  # inf * 0 and NaN * 0 are NaN
-        if c.expr.is_number and c.expr.is_zero is False:
-            if x.kind == NEG_INF and c.expr.is_positive:
-                return Value(NEG_INF, deps=deps)
-            return Value(INF if x.kind in (INF, NEG_INF) else NONFINITE, deps=deps)
-        return Value(NONFINITE, deps=deps)  # an infinity times what may be 0
-    if kinds <= {INF, NEG_INF}:
-        return Value(INF, deps=deps)
-    return Value(NONFINITE, deps=deps)
 
 
 # The limits at -inf of the functions that absorb it (a mask through exp is a weight of 0).
@@ -210,24 +94,55 @@ class _Guarded:
 
     # --- the Evaluator's interface -------------------------------------------------
     def scalar(self, value):
-        return _constant(value)
+        return constant(value)
 
     def array(self, values):
-        return np.frompyfunc(_wrap, 1, 1)(np.asarray(values, dtype=object))
+        return np.frompyfunc(wrap, 1, 1)(np.asarray(values, dtype=object))
 
     def unary(self, fn, x):
-        return self._map(lambda u: self._unary(fn, _wrap(u)), x)
+        return self._map(lambda u: self._unary(fn, wrap(u)), x)
 
     def binary(self, op, a, b):
-        rule = {"add": _add, "sub": lambda u, v: _add(u, _neg(v)), "mul": _mul, "div": self._divide,
+        rule = {"add": add, "sub": lambda u, v: add(u, negate(v)), "mul": multiply, "div": self._divide,
                 "pow": self._pow}[op]
-        return self._map2(lambda u, v: rule(_wrap(u), _wrap(v)), a, b)
+        return self._map2(lambda u, v: rule(wrap(u), wrap(v)), a, b)
 
     def compare(self, op, a, b):
-        return self._map2(lambda u, v: self._compare(op, _wrap(u), _wrap(v)), a, b)
+        return self._map2(lambda u, v: self._compare(op, wrap(u), wrap(v)), a, b)
+
+    def number(self, entry):
+        entry = wrap(entry)
+        return entry.expr if entry.kind == FINITE else sympy.nan
+
+    def logical(self, op, *args):
+        join = {"and": sympy.And, "or": sympy.Or, "not": sympy.Not}[op]
+
+        def combine(*conds):
+            conds = [wrap(c) for c in conds]
+            deps = frozenset().union(*(c.deps for c in conds))
+            if any(c.kind != FINITE for c in conds):
+                return Value(UNKNOWN, deps=deps)
+            return Value(FINITE, join(*(c.expr for c in conds)), deps)
+        return np.frompyfunc(combine, len(args), 1)(*(np.asarray(a, dtype=object) for a in args))
+
+    def apply(self, fn, *args):
+        """min, max, clamp, // and % of finite values (divisors are nonzero numbers); NaN propagates
+        (through min, max and clamp as in NumPy); an infinity is not followed."""
+        record = OPERATIONS[fn]
+
+        def one(*values):
+            values = [wrap(v) for v in values]
+            deps = frozenset().union(*(v.deps for v in values))
+            if any(v.kind == NAN for v in values):
+                return Value(NAN, deps=deps)
+            if all(v.kind == FINITE for v in values):
+                return Value(FINITE, record.exact(*(v.expr for v in values)), deps)
+            self._problem(f"{fn} of an entry that may be infinite")
+            return Value(UNKNOWN, deps=deps)
+        return np.frompyfunc(one, len(args), 1)(*(np.asarray(a, dtype=object) for a in args))
 
     def where(self, cond, a, b):
-        return np.frompyfunc(lambda c, u, v: self._where(_wrap(c), _wrap(u), _wrap(v)), 3, 1)(
+        return np.frompyfunc(lambda c, u, v: self._where(wrap(c), wrap(u), wrap(v)), 3, 1)(
             np.asarray(cond, dtype=object), np.asarray(a, dtype=object), np.asarray(b, dtype=object))
 
     def softmax(self, x, axis):
@@ -245,7 +160,7 @@ class _Guarded:
         fn = sympy.Max if kind == "max" else sympy.Min
 
         def line(values):
-            values = [_wrap(v) for v in values]
+            values = [wrap(v) for v in values]
             deps = frozenset().union(*(v.deps for v in values))
             if all(v.kind == FINITE for v in values):
                 return Value(FINITE, lattice(fn, [v.expr for v in values]), deps)
@@ -269,7 +184,7 @@ class _Guarded:
     # --- rules -------------------------------------------------------------------------
     def _unary(self, fn: str, v: Value) -> Value:
         if fn == "neg":
-            return _neg(v)
+            return negate(v)
         if v.kind == NAN:
             return Value(NAN, deps=v.deps)  # every builtin maps NaN to NaN
         if fn == "sqrt":
@@ -280,12 +195,12 @@ class _Guarded:
         if v.kind == FINITE and function is not None and function.total:
             return Value(FINITE, function.exact(v.expr), v.deps)
         if v.kind == NEG_INF and function is not None and function.absorbs_minus_inf:  # exp(-inf) = 0, ...
-            return _finite(function.exact(-sympy.oo), v.deps)
-        if v.kind in _INFINITE and fn in _NAN_AT_INFINITY:
+            return finite(function.exact(-sympy.oo), v.deps)
+        if v.kind in INFINITE and fn in _NAN_AT_INFINITY:
             return Value(NAN, deps=v.deps)
-        if v.kind in _INFINITE and fn == "abs":
+        if v.kind in INFINITE and fn == "abs":
             return Value(INF if v.kind == NEG_INF else v.kind, deps=v.deps)
-        if v.kind in _INFINITE:
+        if v.kind in INFINITE:
             self._problem(f"{fn} of an infinity whose sign is not followed")
         return Value(UNKNOWN, deps=v.deps)
 
@@ -321,7 +236,7 @@ class _Guarded:
         if UNKNOWN in kinds:
             return Value(UNKNOWN, deps=deps)
         if b.kind in (INF, NEG_INF):
-            return _finite(0, deps) if a.kind == FINITE else Value(NAN, deps=deps)  # x / inf = 0, inf / inf NaN
+            return finite(0, deps) if a.kind == FINITE else Value(NAN, deps=deps)  # x / inf = 0, inf / inf NaN
         if b.kind == NONFINITE:
             return Value(NAN, deps=deps) if a.kind != FINITE else Value(UNKNOWN, deps=deps)
         e = b.expr
@@ -334,7 +249,7 @@ class _Guarded:
         if e.is_number:
             if e.is_zero is not False:
                 return Value(UNKNOWN, deps=deps)
-            return _mul(a, _finite(1 / e, deps))
+            return multiply(a, finite(1 / e, deps))
         guard = self._guard("divisor", e, "a divisor")
         if guard is None:
             return Value(UNKNOWN, deps=deps)
@@ -358,23 +273,23 @@ class _Guarded:
         """v ** exponent as float64 has it (sqrt is exponent 1/2)."""
         deps = v.deps
         if exponent == 0:
-            return _finite(1, deps)  # pow(NaN, 0) is 1
+            return finite(1, deps)  # pow(NaN, 0) is 1
         if v.kind == NAN:
             return Value(NAN, deps=deps)
         if v.kind == UNKNOWN:
             return Value(UNKNOWN, deps=deps)
-        if v.kind in _INFINITE:
+        if v.kind in INFINITE:
             if not exponent.is_Integer:
                 return Value(UNKNOWN, deps=deps)
             if exponent < 0:
-                return _finite(0, deps) if v.kind != NONFINITE else Value(UNKNOWN, deps=deps)
+                return finite(0, deps) if v.kind != NONFINITE else Value(UNKNOWN, deps=deps)
             return Value(INF if v.kind != NONFINITE else NONFINITE, deps=deps)
         e = v.expr
         if exponent.is_Integer and exponent > 0:
             return Value(FINITE, e ** exponent, deps)
         if e.is_number:
             if e == 0:
-                return _finite(0, deps) if exponent > 0 else Value(INF, deps=deps)
+                return finite(0, deps) if exponent > 0 else Value(INF, deps=deps)
             if e.is_negative and not exponent.is_Integer:
                 return Value(NAN, deps=deps)  # a negative base with a fractional exponent
             if e.is_zero is False and e.is_extended_real:
@@ -404,7 +319,7 @@ class _Guarded:
     def _compare(self, op: str, a: Value, b: Value) -> Value:
         deps = a.deps | b.deps
         if NAN in (a.kind, b.kind):  # every comparison with NaN is false but !=
-            return _finite(sympy.true if op == "!=" else sympy.false, deps)
+            return finite(sympy.true if op == "!=" else sympy.false, deps)
         if a.kind in (FINITE, NEG_INF) and b.kind in (FINITE, NEG_INF):
             left = a.expr if a.kind == FINITE else -sympy.oo
             right = b.expr if b.kind == FINITE else -sympy.oo
@@ -430,17 +345,17 @@ class _Guarded:
     def _weight(u, total) -> Value:
         """One softmax weight: exp(x) / (sum of exp over the row, > 0); a fully masked row is 0.
         A row holding NaN or +inf is unknown (the float64 evaluator makes such a row NaN)."""
-        u, total = _wrap(u), _wrap(total)
+        u, total = wrap(u), wrap(total)
         deps = u.deps | total.deps
         if u.kind != FINITE or total.kind != FINITE:
             return Value(UNKNOWN, deps=deps)
         if total.expr == 0:
-            return _finite(0, deps)
+            return finite(0, deps)
         return Value(FINITE, u.expr / total.expr, deps)
 
     @staticmethod
     def _log_of_total(total) -> Value:
-        total = _wrap(total)
+        total = wrap(total)
         if total.kind != FINITE:
             return Value(UNKNOWN, deps=total.deps)
         if total.expr == 0:
@@ -500,9 +415,10 @@ class _Regions:
     """The two sides evaluated in each region (a set of symbols set to 0), and the recursion."""
 
     def __init__(self, spec: t.TypedSpec, lhs: t.Node, rhs: t.Node, shape: tuple[int, ...],
-                 gradients: Mapping[str, t.Node | None]) -> None:
+                 gradients: Mapping[str, t.Node | None], integers: Mapping) -> None:
         self.spec, self.lhs, self.rhs, self.shape, self.gradients = spec, lhs, rhs, shape, gradients
-        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) for n in spec.given}
+        self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) if n not in integers
+                     else np.vectorize(lambda v: sympy.Integer(int(v)), otypes=[object])(integers[n]) for n in spec.given}
         self.upstream = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape), grad=True)
                          for n in spec.outputs}
         self.memo: dict[frozenset, tuple[np.ndarray, np.ndarray, _Guarded]] = {}
@@ -517,7 +433,7 @@ class _Regions:
             backend = _Guarded()
 
             def entries(symbols):
-                return np.frompyfunc(lambda s: _finite(0 if s in zero else s), 1, 1)(symbols)
+                return np.frompyfunc(lambda s: finite(0 if s in zero else s), 1, 1)(symbols)
 
             ev = Evaluator(spec, backend)
             ev.run({n: entries(a) for n, a in self.leaf.items()}, {n: entries(a) for n, a in self.upstream.items()})
@@ -568,11 +484,11 @@ class _Regions:
 
 
 def compare_by_cases(spec: t.TypedSpec, lhs: t.Node, rhs: t.Node, shape: tuple[int, ...],
-                     gradients: Mapping[str, t.Node | None]) -> CaseProof:
+                     gradients: Mapping[str, t.Node | None], integers: Mapping | None = None) -> CaseProof:
     """Whether lhs == rhs entry by entry at the spec's sizes under float64 semantics (see the
     module docstring); `shape` is the claim's broadcast shape at these sizes, `gradients` the
     derived gradient of every tensor that is not an output (None: zero)."""
-    regions = _Regions(spec, lhs, rhs, shape, gradients)
+    regions = _Regions(spec, lhs, rhs, shape, gradients, integers or {})
     try:
         for index in np.ndindex(*shape) if shape else [()]:
             reason = regions.settle(index, frozenset())

@@ -30,7 +30,8 @@ from typing import Callable
 
 from ..ir import build as b
 from ..ir import typed as t
-from ..ir.affine import names as subscript_names, renamed as renamed_subscript
+from ..ir.integers import names as subscript_names, renamed as renamed_subscript
+from ..ir.functions import FUNCTIONS, OPERATIONS
 from ..errors import SymbolicError
 
 __all__ = ["Part", "index_adjoint", "rename_indices"]
@@ -144,6 +145,16 @@ def _(node: t.Compare, mapping):
 
 
 @rename_indices.register
+def _(node: t.Logical, mapping):
+    return t.Logical(node.op, tuple(rename_indices(a, mapping) for a in node.args), ())
+
+
+@rename_indices.register
+def _(node: t.Apply, mapping):
+    return t.Apply(node.fn, tuple(rename_indices(a, mapping) for a in node.args), ())
+
+
+@rename_indices.register
 def _(node: t.Where, mapping):
     return t.Where(rename_indices(node.cond, mapping), rename_indices(node.a, mapping),
                    rename_indices(node.b, mapping), ())
@@ -172,6 +183,8 @@ class _Differentiator:
         if isinstance(node, (t.Scalar, t.DimValue, t.IndexVar)):
             return []
         if isinstance(node, t.Unary):
+            if node.fn in FUNCTIONS and FUNCTIONS[node.fn].steps:  # floor, ceil: derivative 0
+                return []
             _, make = self.unary_rules[node.fn]
             # f'(u) read off the function's adjoint at G = 1: the `1 * A` that reading makes is
             # how the table is read, not a step of the derivation, so it is recorded nowhere.
@@ -179,6 +192,13 @@ class _Differentiator:
             return [c.but(_times(factor, c.expr, self.rec)) for c in self.d(node.x)]
         if isinstance(node, t.Binary):
             return self._binary(node)
+        if isinstance(node, t.Apply):
+            # each operand's factor read off the operation's adjoint at G = 1 (min's 1, 1/2 or 0)
+            factors = OPERATIONS[node.fn].partials(node.args, node, b.scalar(1), None)
+            return [c.but(_times(factor, c.expr, self.rec)) for arg, factor in zip(node.args, factors)
+                    if factor is not None for c in self.d(arg)]
+        if isinstance(node, (t.Compare, t.Logical)):
+            return []
         if isinstance(node, t.Where):
             zero = b.scalar(0)
             return ([c.but(b.where(node.cond, _unit(c.expr), zero)) for c in self.d(node.a)]

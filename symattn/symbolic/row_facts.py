@@ -294,9 +294,18 @@ class RowFacts:
         return node
 
 
-def _decide(cond: t.Compare, symbols: dict[str, sympy.Dummy], subst: dict, box: dict) -> bool | None:
+def _decide(cond: t.Node, symbols: dict[str, sympy.Dummy], subst: dict, box: dict) -> bool | None:
     """A comparison of index values and dims at the substituted indices, for every value of the other
     indices (each in 0 .. range - 1, `box`) and every size: True, False, or None (not decided)."""
+    if isinstance(cond, t.Logical):  # (a) & (b), (a) | (b), ~(a): decided when its parts decide it
+        parts = [_decide(c, symbols, subst, box) for c in cond.args]
+        if cond.op == "not":
+            return None if parts[0] is None else not parts[0]
+        if cond.op == "and":
+            return False if False in parts else None if None in parts else True
+        return True if True in parts else None if None in parts else False
+    if not isinstance(cond, t.Compare):
+        return None
     sides = [_integer_expr(x, symbols) for x in (cond.a, cond.b)]
     if None in sides:
         return None

@@ -140,10 +140,14 @@ def test_a_function_of_its_own_is_evaluated_at_30_digits_by_its_record(tmp_path)
 def test_the_builtin_table_agrees_with_numpy():
     x = np.array([-2.0, -0.5, 0.0, 0.5, 3.0])
     expected = {"exp": np.exp(x), "tanh": np.tanh(x), "sin": np.sin(x), "cos": np.cos(x), "abs": np.abs(x),
-                "relu": np.where(x > 0, x, 0.0), "sigmoid": 1 / (1 + np.exp(-x))}
+                "relu": np.where(x > 0, x, 0.0), "sigmoid": 1 / (1 + np.exp(-x)),
+                "tan": np.sin(x) / np.cos(x), "exp2": 2.0 ** x, "floor": np.array([-2.0, -1.0, 0.0, 0.0, 3.0]),
+                "ceil": np.array([-2.0, -0.0, 0.0, 1.0, 3.0])}
     for name, want in expected.items():
         np.testing.assert_allclose(FUNCTIONS[name].float64(x), want, rtol=1e-15, err_msg=name)
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(np.isnan(FUNCTIONS["log"].float64(x)), x < 0)
         np.testing.assert_array_equal(np.isnan(FUNCTIONS["sqrt"].float64(x)), x < 0)
-    assert {n for n, f in FUNCTIONS.items() if not f.total} == {"log", "sqrt"}
+        np.testing.assert_array_equal(np.isnan(FUNCTIONS["log2"].float64(x)), x < 0)
+        np.testing.assert_allclose(FUNCTIONS["log2"].float64(np.array([0.5, 8.0])), [-1.0, 3.0], rtol=1e-15)
+    assert {n for n, f in FUNCTIONS.items() if not f.total} == {"log", "sqrt", "tan", "log2"}

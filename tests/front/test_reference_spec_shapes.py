@@ -75,7 +75,7 @@ def read_facts(path: Path) -> Facts:
                 facts.dims[name] = int(size)
         elif keyword in ("input", "param", "buffer"):
             for item in split_top(rest):
-                m = re.fullmatch(rf"({NAME})\s*({BRACKET})?", item)
+                m = re.fullmatch(rf"({NAME})\s*({BRACKET})?(?:\s+in\s+[^:]+:.+)?", item)  # `doc[N] in 0:D`
                 assert m, f"{path.name}:{number}: cannot read declaration {item!r}"
                 facts.kinds[m[1]] = keyword
                 facts.lines[m[1]] = number

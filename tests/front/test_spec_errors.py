@@ -26,6 +26,7 @@ from conftest import REPO, run_cli, run_main
 BASE = "dim N = 4, d = 3, e = 2\ninput X[N, d], Y[e, d]\n"  # lines 1 and 2
 
 Syntax, Name, Shape, Check = SpecSyntaxError, SpecNameError, SpecShapeError, SpecCheckError
+INTS = "dim N = 4, D = 2, d = 3\ninput X[N, d]\nbuffer doc[N] in 0:D\nbuffer offsets[D] in 0:N\n"  # lines 1-4
 
 CASES = [
     # --- syntax ----------------------------------------------------------------------------
@@ -96,8 +97,21 @@ CASES = [
     ("mean_axis_of_vector", "dim N = 4\ninput v[N]\nZ = mean(v, axis=1)\noutput Z\n", Shape, 3, 18,
      r"^axis 1 is out of range for mean\(\) of a tensor with shape \[N\] \(1 axis\)$"),
     ("axis_not_integer", BASE + "Z = softmax(X, axis=0.5)\noutput Z\n", Shape, 3, 21, r"^axis must be an integer"),
-    ("dim_zero", "dim N = 0\n", Shape, 1, 9, r"^dim N must have a positive integer size$"),
+    ("dim_zero", "dim N = 0\ninput X[N]\noutput X\n", Shape, 2, 9,
+     r"^N is 0 \(its declaration says so\), but it is used as a size here"),
     ("dim_negative", "dim N = -1\n", Shape, 1, 9, r"^dim N must have a positive integer size$"),
+    # the mask language: integer operations on reals, a divisor that is 0, a subscript through an integer
+    # buffer that can leave its axis, elementwise min of one operand, a learned clamp bound
+    ("floordiv_of_a_real", INTS + "Y = X // 2\noutput Y\n", Shape, 5, 5, r"^// works on integers, but X is real$"),
+    ("divisor_zero", INTS + "M[i:N, j:N] = where(doc[i] // (N - N) == 0, 0, -inf)\noutput M\n", Shape, 5, 32,
+     r"^the divisor N - N of // is 0 at every size$"),
+    ("subscript_through_a_buffer", INTS + "M[i:N, j:N] = where(offsets[doc[i] + 1] == j, 0, -inf)\noutput M\n",
+     Shape, 5, 29, r"^cannot show that subscript doc\[i\] \+ 1 of offsets stays in axis 0 of offsets, \[0, D\)"),
+    ("min_alone", INTS + "Y = min(X)\noutput Y\n", Shape, 5, 5, r"^min\(x\) alone: which min is meant\?$"),
+    ("clamp_learned_bound", INTS + "param w[N, d]\nY = clamp(X, 0, w)\noutput Y\n", Shape, 6, 17,
+     r"^the bound hi of clamp reads 'w', which is differentiated"),
+    ("logical_unparenthesised", INTS + "M[i:N, j:N] = where(j <= i & doc[i] == doc[j], 0, -inf)\noutput M\n",
+     Syntax, 5, 37, r"^unexpected '=='"),
     ("dim_fraction", "dim N = 2.5\n", Shape, 1, 9, r"^dim N must have a positive integer size$"),
     ("dim_is_a_name", "dim d = 2, N = d\n", Shape, 1, 16, r"^dim N must have a positive integer size$"),
     ("shape_not_integer", "dim N = 4\ninput X[N / 3]\noutput X\n", Shape, 2, 9,
@@ -219,6 +233,11 @@ def test_cases_cover_every_error_class():
     pytest.param("dim N = 4\nZ[i] = i\noutput Z\n", r"give it explicitly, as i:N", id="index_range"),
     pytest.param(BASE + "Z = argmax(X)\noutput Z\n", r"^the builtins are abs, causal_mask, .*softmax", id="no_near_builtin"),
     pytest.param(BASE + "Z = X.t\noutput Z\n", r"the only postfix is \.T", id="method_call"),
+    pytest.param(INTS + "M[i:N, j:N] = where(j <= i & doc[i] == doc[j], 0, -inf)\noutput M\n",
+                 r"& and \| bind tighter than a comparison: put each comparison in brackets, as in "
+                 r"\(j <= i\) & \(doc\[i\] == doc\[j\]\)", id="logical_precedence"),
+    pytest.param(INTS + "Y = X % 2\noutput Y\n", r"integers are indices, dims, integer literals, integer buffers",
+                 id="integer_operands"),
 ])
 def test_hint(text, hint):
     with pytest.raises(SpecError) as info:
@@ -301,8 +320,12 @@ def test_missing_file_is_a_usage_error(tmp_path):
 
 
 def test_bad_dim_override_is_a_usage_error():
-    with pytest.raises(UsageError, match=r"dim N=0: sizes are positive integers"):
+    with pytest.raises(UsageError, match=r"dim N=-1: sizes are positive integers"):
+        symattn.load(BASE + "output X\n", dims={"N": -1})
+    # 0 is a size only for a dim used as a number alone (a window side); N is the rows of X
+    with pytest.raises(SpecShapeError, match=r"N is 0 \(--dim says so\), but it is used as a size here"):
         symattn.load(BASE + "output X\n", dims={"N": 0})
+    assert symattn.load("dim N = 4, R = 2\ninput X[N]\nY[i:N] = X[i] * R\noutput Y\n", dims={"R": 0}).typed.sizes["R"] == 0
     with pytest.raises(UsageError, match=r"--dim M: the spec has no dim 'M'"):
         symattn.load(BASE + "output X\n", dims={"M": 3})
 

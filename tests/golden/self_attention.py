@@ -271,9 +271,14 @@ class _Score:
     core has none), its query scale, its number of head axes, the factor of its weights after the softmax and
     the add of each learned tensor it reads (see `symattn.codegen.arrays.block`)."""
 
-    def __init__(self, score, grad, keys, inside, score_inside, scale, heads, weights=None, adds=()):
+    def __init__(self, score, grad, keys, inside, score_inside, scale, heads, weights=None, adds=(), live=None):
         self.score, self.grad, self.keys, self.inside, self.score_inside = score, grad, keys, inside, score_inside
         self.scale, self.heads, self.weights, self.adds = scale, heads, weights, tuple(adds)
+        self.live = live  # (q block, i, j, *reads) -> whether the block keeps an entry: a mask read at run time
+
+    # Key blocks computed and skipped as fully masked by `live`, over every core of the module (diagnostics;
+    # with threads two counts may race).
+    blocks = [0, 0]
 
 
 def _key_blocks(lo, hi, inside, block_k):
@@ -320,6 +325,10 @@ def _flash_forward(q, k, v, reads, core, block_q, block_k, threads):
             for j0, j1, whole in _key_blocks(lo, hi, None if core.inside is None else core.inside(i0, i1 - 1),
                                              block_k):
                 j = np.arange(j0, j1)[None, :]
+                if core.live is not None and not core.live(qi, i, j, *rb):  # masked whole: its weights are 0
+                    core.blocks[1] += 1
+                    continue
+                core.blocks[0] += 1
                 p = qi @ kt[..., j0:j1]
                 w = None if core.weights is None else core.weights(p, i, j, *rb)
                 fn = core.score_inside if whole else core.score
@@ -385,6 +394,16 @@ def _flash_forward_backward(q, k, v, do, dlse, reads, core, block_q, block_k, th
             dkb, dvb, *dtb = _sums_of(parts, b, first_run[b] == r, [dk, dv, *dts])
             rb = [x[b] for x in rs]
             i = np.arange(i0, i1)[:, None]
+            if core.live is not None:  # the keys of the blocks the mask keeps an entry of, first to last
+                cut = [(j0, j1) for j0, j1, _ in _key_blocks(lo, hi, None, block_k)]
+                alive = [(j0, j1) for j0, j1 in cut if core.live(q[b, ..., i0:i1, :], i, np.arange(j0, j1)[None, :],
+                                                                 *rb)]
+                kept = 0 if not alive else cut.index(alive[-1]) - cut.index(alive[0]) + 1
+                core.blocks[0] += kept
+                core.blocks[1] += len(cut) - kept
+                if not alive:  # every key masked: o = 0, lse = -inf, dq = 0
+                    continue
+                lo, hi = alive[0][0], alive[-1][1]
             qi, doi, kb, v1b = q[b, ..., i0:i1, :], do[b, ..., i0:i1, :], k[b, ..., lo:hi, :], v1[b, ..., lo:hi, :]
             s = qi @ kb.swapaxes(-1, -2)
             raw = s.copy() if core.adds and core.grad is not None else None  # (the adds read s)

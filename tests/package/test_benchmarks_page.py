@@ -23,7 +23,7 @@ def _anchor(heading: str) -> str:
 
 
 def test_the_page_is_short_and_says_nothing_of_rounds_or_sessions():
-    assert len(PAGE.splitlines()) < 400
+    assert len(PAGE.splitlines()) < 450  # about 30 lines for each of the 14 benchmark scripts
     found = re.findall(r"\b(rounds?|sessions?)\b", PAGE, flags=re.I)
     assert not found, found
 

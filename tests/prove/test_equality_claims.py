@@ -116,6 +116,10 @@ def _equal_checks():
 ELEMENT_LEVEL_ONLY = {
     ("cosine", 18): "the QK-norm backward: equal only after clearing the sqrt(sum(Q * Q)) denominators, "
                     "which the canonical index forms do not do",
+    ("paged_decode", 19): "softmax's identity over rows the row facts cannot show non-empty: seqlen >= 1 keeps "
+                          "key 0, a fact about a buffer's range the matrix level does not use",
+    ("t5_buckets", 19): "the sum of a scatter-add: every (i, j) falls in some bucket of the clamp, which the "
+                        "canonical index forms do not see through a floor subscript",
 }
 
 # The budget per claim is raised from the 5 s default: on a loaded machine (two cores shared
@@ -140,7 +144,7 @@ def test_every_equality_in_the_examples_is_proved_for_all_sizes(path, line):
         return
     assert verdict.counterexample is None
     if (path.stem, line) in ELEMENT_LEVEL_ONLY:
-        assert "element level" in verdict.method and "at N=" in verdict.method, verdict.method
+        assert "element level" in verdict.method and re.search(r"at \w+=\d", verdict.method), verdict.method
         assert "not shown for all sizes" in verdict.method, verdict.method
     else:
         # each is a matrix identity, so the all-sizes rung settles it

@@ -24,7 +24,7 @@ from numpy_claims import KINDS, NEG_INF, leaves, softmax
 HEAD = """\
 dim N = 3, d = 2, w = 2
 input X[N, d], Y[N, d]
-buffer keep[N], b[N, 1]
+buffer keep[N], b[N, 1], span[w]
 Mk = where(keep > 0, 0, -inf)
 Ms[i:N, j:N] = where(j < i, 0, -inf)
 Mc[i:N, j:N] = where(j <= i, 0, -inf)
@@ -123,6 +123,15 @@ def test_lines_holding_a_finite_entry(spec, text, axis, expected):
             some_line_empty = some_line_empty or not finite.all()
     if not expected and text != "C * -2":  # +inf entries: a line may hold a finite one, unshown
         assert some_line_empty, f"{text}: NumPy never empties a line, so 'not shown' would be lazy"
+
+
+def test_a_window_whose_width_may_be_zero_holds_no_finite_entry_for_sure():
+    """A dim used only as a number may be 0 (LANGUAGE.md): `i - j < w` at w = 0 empties every row."""
+    text = HEAD.replace(", span[w]", "")
+    facts, _ = _facts(symattn.load(text))
+    assert not facts.rows.nonempty(_expr(symattn.load(text), "W"), 1)
+    i, j = np.meshgrid(np.arange(3), np.arange(3), indexing="ij")
+    assert not ((j <= i) & (i - j < 0)).any(axis=1).any()  # NumPy at w = 0: every row empty
 
 
 def _lse(x, axis):

@@ -26,7 +26,10 @@ DEFINITION = re.compile(r"\w+(\[[^\]=]*\])? = .+")
 
 # (spec stem, tensor) -> why its printed gradient cannot be proved yet (a prover limitation);
 # each is an xfail(strict=True), so a fix shows up as a failure to remove it from here.
-KNOWN_UNPROVED: dict[tuple[str, str], str] = {}
+KNOWN_UNPROVED: dict[tuple[str, str], str] = {
+    ("t5_buckets", "Bt"): "grad(Bt) printed as a sum of where(bucket == k, ...) over log2 of positions: the case "
+                          "analysis for values that may be NaN (log2) does not settle the bucket comparisons",
+}
 
 
 def printout(path: Path) -> str:

@@ -69,6 +69,7 @@ class CoreFunctions:
     score_inside: str = "None"  # "None" where the score on such a block is s itself
     weights: str = "None"       # "None" where the weights have no factor after the softmax
     adds: tuple[str, ...] = field(default=())  # per learned tensor: its add closure
+    live: str = "None"          # "None" where the static bounds are all the block skipping there is
 
 
 def _fenced(piece: Printed) -> str:
@@ -130,9 +131,15 @@ class BlockPrinter(Printer):
         return Piece(self.coords[node.name], ATOM, "index")
 
     def subscript(self, s) -> str:
-        """A subscript (a coordinate's name or an Affine) as integer arithmetic on the block's positions."""
+        """A subscript (a coordinate's name, an Affine, or an integer node: `offsets[doc[i]]`, `j // S`) as
+        integer arithmetic on the block's positions."""
         if isinstance(s, str):
             return self.coords[s]
+        if isinstance(s, t.Node):
+            piece = self.doprint(s)
+            if piece.kind not in ("index", "scalar"):
+                raise CodegenError(f"the subscript {piece.text} is not integer arithmetic on the block")
+            return piece.text
         parts = [(p.negative, self.outer.parenthesize(self.outer.dim(p.dims), MUL) if p.index is None else
                   self.coords[p.index] if p.coefficient == 1 else f"{p.coefficient} * {self.coords[p.index]}")
                  for p in pieces(s)]
@@ -143,9 +150,25 @@ class BlockPrinter(Printer):
         if self.entry is not None:
             at.insert(0, self.entry)
         name = self.names[node.tensor]
+        kind = "index" if self.core_integer(node.tensor) else "value"  # an integer buffer's entries stay integers
         if not at:
-            return Piece(name, ATOM, "value")
-        return Piece(f"{name}[{', '.join(at)}]", ATOM, "value")
+            return Piece(name, ATOM, kind)
+        return Piece(f"{name}[{', '.join(at)}]", ATOM, kind)
+
+    def core_integer(self, name: str) -> bool:
+        info = self.outer.p.spec.tensors.get(name)
+        return info is not None and info.integer
+
+    def _print_Apply(self, node: t.Apply) -> Piece:
+        """min, max, clamp, //, % by the operation records' spellings; // and % stay integer arithmetic."""
+        args = [self.doprint(a) for a in node.args]
+        integer = all(a.kind in ("index", "scalar") for a in args)
+        if not integer:
+            args = [self.real(a) for a in args]
+        template, helper = self.spell.operations[node.fn]
+        if helper:
+            self.outer.helpers.add(helper)
+        return Piece(template.format(*(a.text for a in args)), ATOM, "index" if integer else "value")
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -156,10 +179,14 @@ class BlockPrinter(Printer):
         if x.kind == "scalar":
             code = self.spell.scalar(node.fn, x.text)
             return Piece(code.text, code.prec, "scalar")
+        if node.fn == "abs" and x.kind == "index":
+            return Piece(f"abs({x.text})", ATOM, "index")
         x = self.real(x)
         template, helper = self.spell.functions[node.fn]
         if helper:
             self.outer.helpers.add(helper)
+        if node.fn in ("floor", "ceil"):  # integer-valued: an index array (a subscript into a table, T5's buckets)
+            return Piece(self.spell.to_index.format(x=template.format(x=x.text)), ATOM, "index")
         return Piece(template.format(x=x.text), ATOM, "value")
 
     def _print_Binary(self, node: t.Binary) -> Piece:
@@ -296,12 +323,20 @@ def core_functions(core: AttentionCore, outer, name: str, dims, entry: str | Non
         body = BlockPrinter(core, outer, entry).real(BlockPrinter(core, outer, entry).block(core.weights))
         lines += with_entry(_closure(weights, params, f"the factor of the weights after the softmax: "
                                      f"{entry_text(core.weights, order)}.", body.text))
+    live = "None"
+    if core.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(core.keep)):
+        # a mask of buffers (document ids) or of // % min max: tested on each block at run time, which
+        # skips the blocks it masks whole (FlexAttention's block mask, computed as the pass goes)
+        live = f"{name}_live"
+        test = BlockPrinter(core, outer, entry).block(core.keep).text
+        lines += with_entry(_closure(live, params, f"Whether rows i x keys j keep an entry ({text(core.keep)}); "
+                                     "s is the block of queries.", outer.spell.any.format(x=test)))
     adds = []
     for k, tensor in enumerate(core.learned):
         add = f"{name}_add_{k}"
         lines += _add_closure(core, outer, entry, tensor, add, params, prologue, scale, found, lin)
         adds.append(add)
-    return CoreFunctions(lines, f"{name}_score", grad, keys, scale, inside, score_inside, weights, tuple(adds))
+    return CoreFunctions(lines, f"{name}_score", grad, keys, scale, inside, score_inside, weights, tuple(adds), live)
 
 
 def _replace(node: t.Node, old: t.Node, new: t.Node) -> t.Node:

@@ -18,7 +18,7 @@ from ...ir.affine import Affine, pieces, signed_sum
 from ...ir.printer import ADD, ATOM, MUL, NEG, POW, Printer
 from ...errors import CodegenError
 from ..index import LConst, LContract, LEntry, LGather, LNode, LOp, LScalarTensor, LSum, LVar
-from .syntax import BINARY, PYTHON_PRECEDENCE, SCALAR_UNARY, Code, Spelling, einsum_letters
+from .syntax import BINARY, LOGICAL, PYTHON_PRECEDENCE, SCALAR_UNARY, Code, Spelling, einsum_letters
 
 __all__ = ["IndexNotationPrinter"]
 
@@ -37,12 +37,20 @@ class IndexNotationPrinter(Printer):
     def _label_LGather(self, node: LGather) -> Code:
         """Integer index arrays over the labels: a gather, O(entries read)."""
         at = [self.index_array(s, node.labels, node.ranges) for s in node.indices]
+        integer = node.var in self.integers
+        if any(isinstance(s, LNode) and self.batched(s) for s in node.indices):
+            # a subscript read through an array that may carry batch axes (`offsets[doc[i]]`): each
+            # batch entry gathers with its own positions
+            self.helpers.add("_gather")
+            return Code(f"_gather({node.var}, ({', '.join(at)},), {len(node.labels)})", ATOM, False, not integer,
+                        integer)
         dots = ["..."] if self.batched(node) else []
-        return Code(f"{node.var}[{', '.join(dots + at)}]", ATOM, False)
+        return Code(f"{node.var}[{', '.join(dots + at)}]", ATOM, False, not integer, integer)
 
     def _label_LEntry(self, node: LEntry) -> Code:
         if len(set(node.indices)) == len(node.indices):
-            return Code(node.var, ATOM, False)
+            integer = node.var in self.integers  # an integer buffer
+            return Code(node.var, ATOM, False, not integer, integer)
         letters = einsum_letters(node.indices)
         sub = "".join(letters[i] for i in node.indices)
         out = "".join(letters[i] for i in node.labels)
@@ -69,7 +77,11 @@ class IndexNotationPrinter(Printer):
 
     def index_array(self, s, labels: tuple[str, ...], ranges) -> str:
         """A subscript (index name or Affine) as integer arithmetic on `arange`s, one axis per label:
-        `np.arange(N)[None, :] - np.arange(N)[:, None] + N - 1`."""
+        `np.arange(N)[None, :] - np.arange(N)[:, None] + N - 1`; a lowered integer value (an `LNode`:
+        `table[j // S]`) as that value's array, aligned to the labels, as integers."""
+        if isinstance(s, LNode):
+            code = self.label_aligned(s, labels)
+            return code.text if code.integer else self.spell.to_index.format(x=self.parenthesize(code, ATOM))
         parts = []
         for p in pieces(s if isinstance(s, Affine) else Affine((s,), (1,), sympy.Integer(0))):
             if p.index is None:
@@ -116,6 +128,15 @@ class IndexNotationPrinter(Printer):
 
     def _label_LOp(self, node: LOp) -> Code:
         args = [self.label_aligned(a, node.labels) for a in node.args]
+        if node.kind == "logical":
+            return self.logical(node.op, args)
+        if node.kind == "apply" and any(a.integer for a in args) and all(a.integral for a in args):
+            code = self.operation(node.op, args)  # of integers only: an exact integer
+            return Code(code.text, code.prec, True, False, True)
+        if node.kind == "apply":
+            if any(a.integer for a in args):
+                args = [self.real(a) for a in args]
+            return self.operation(node.op, args)
         if any(a.integer for a in args):
             exact = node.kind == "compare" or (node.kind == "binary" and node.op in ("add", "sub", "mul")
                                                and all(a.integral for a in args))
@@ -147,6 +168,22 @@ class IndexNotationPrinter(Printer):
         if node.kind == "compare":
             return self.compare(node.op, *args)
         return self.where(*args)
+
+    def operation(self, fn: str, args: list[Code]) -> Code:
+        """An operation record's template over aligned operands (`np.minimum(a, b)`, `np.floor_divide(a, b)`)."""
+        template, helper = self.spell.operations[fn]
+        if helper:
+            self.helpers.add(helper)
+        return Code(template.format(*(a.text for a in args)), ATOM, True, any(a.carrying for a in args),
+                    all(a.integer or a.integral for a in args) and any(a.integer for a in args))
+
+    def logical(self, op: str, args: list[Code]) -> Code:
+        """`(a) & (b)`, `(a) | (b)`, `~(a)` on arrays of booleans: each operand bracketed (& binds tighter than a
+        comparison in Python)."""
+        parts = [a.text if a.prec >= ATOM else self.fence(a.text) for a in args]
+        if op == "not":
+            return Code(f"{LOGICAL['not']}{parts[0]}", self.prec("neg"), True, False)
+        return Code(f" {LOGICAL[op]} ".join(parts), self.prec("compare"), True, False)
 
     def binary(self, op: str, a: Code, b: Code, carrying: bool) -> Code:
         """`a op b` for aligned operands; `**` binds tighter than a unary minus on its left, looser on its right."""

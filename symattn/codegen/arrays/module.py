@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .printer import ArrayPrinter
 
 __all__ = ["size_keywords", "bind_dims", "upstream_lines", "one_batch_check", "comment_lines", "helper_sources",
-           "load_module", "header_lines"]
+           "load_module", "header_lines", "cast_line"]
 
 
 def size_keywords(spec: t.TypedSpec) -> list[str]:
@@ -38,6 +38,13 @@ def size_keywords(spec: t.TypedSpec) -> list[str]:
     """
     alone = {d for name in spec.given for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
     return [name for name, info in spec.dims.items() if info.symbol not in alone]
+
+
+def cast_line(spec: t.TypedSpec, program: Program) -> str:
+    """`dtype, (X, W) = _as_float(X, W)`: the given tensors in their common floating dtype (an integer buffer
+    keeps its integers: `_integers` checks it once the sizes are known)."""
+    leaves = [program.tensor_vars[n] for n in spec.given if not spec.tensors[n].integer]
+    return f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})"
 
 
 def header_lines(spec: t.TypedSpec, program: Program, first: str, target: str, forward_note: str = "") -> list[str]:
@@ -147,12 +154,20 @@ def bind_dims(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, batch:
             lines.append(call(leaf, expected))
     for name in size_keywords(spec):
         var = program.dim_vars[name]
-        lines.append(f'{var} = _size("{name}", {var})  # no array has an axis of size {name} alone: a keyword')
+        least = "" if spec.dims[name].symbol.is_positive else ", 0"  # a dim used only as a number may be 0
+        lines.append(f'{var} = _size("{name}", {var}{least})  # no array has an axis of size {name} alone: a keyword')
         printer.helpers.add("_size")
         bound.add(spec.dims[name].symbol)
     lines += exact_dims(spec, printer)
     for leaf in later:
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
+    for leaf in spec.buffers:  # an integer buffer: integers in its range, or a ValueError naming it
+        info = spec.tensors[leaf]
+        if info.integer:
+            var = program.tensor_vars[leaf]
+            low, high = (printer.dim(v).text for v in info.values)
+            lines.append(f'{var} = _integers("{leaf}", {var}, {low}, {high})')
+            printer.helpers.add("_integers")
     ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
                       for leaf in spec.given)
     lines.append(f"{batch + ' = ' if batch else ''}_batch_axes({ranks})")

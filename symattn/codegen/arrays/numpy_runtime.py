@@ -29,6 +29,18 @@ def _as_float(*arrays):
     return dtype, [a if a.dtype == dtype else a.astype(dtype) for a in arrays]
 
 
+def _integers(name, array, low, high):
+    """An integer buffer as int64: every entry an integer in low .. high - 1 (ValueError naming it otherwise)."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "iub":
+        if array.dtype.kind != "f" or not np.all(np.isfinite(array)) or np.any(array != np.floor(array)):
+            raise ValueError(f"{name}: an integer buffer, got entries that are not integers (dtype {array.dtype})")
+    values = array.astype(np.int64)
+    if values.size and (values.min() < low or values.max() >= high):
+        raise ValueError(f"{name}: every entry must be in {low} .. {high - 1}, got {values.min()} .. {values.max()}")
+    return values
+
+
 def _bind(name, array, shape, expected):
     """The sizes of the last len(expected) axes of `array`; ValueError unless they are `expected` (None: any)."""
     rank = len(expected)
@@ -184,20 +196,37 @@ def _causal_mask(n, dtype):
 
 
 def _scatter(values, at, shape, rank):
-    """Zeros of `shape` (after the leading batch axes of `values`) to which each entry of `values` over
-    its last `rank` axes is added at the position the index arrays `at` give it (np.add.at: a position
-    reached several times gets the sum)."""
+    """Zeros of `shape` (after the leading batch axes) to which each entry of `values` over its last
+    `rank` axes is added at the position the index arrays `at` give it (np.add.at: a position reached
+    several times gets the sum). An index array may carry batch axes of its own (positions read from a
+    batched buffer): each batch entry then scatters to its own positions."""
     box = values.shape[values.ndim - rank:]
-    out = np.zeros(values.shape[:values.ndim - rank] + tuple(shape), dtype=values.dtype)
-    np.add.at(out, (Ellipsis, *(np.broadcast_to(a, box) for a in at)), values)
+    lead = values.shape[:values.ndim - rank]
+    for a in at:
+        lead = np.broadcast_shapes(lead, np.shape(a)[:max(0, np.ndim(a) - rank)])
+    out = np.zeros(lead + tuple(shape), dtype=values.dtype)
+    values = np.broadcast_to(values, lead + box)
+    batch = [np.arange(n).reshape((n,) + (1,) * (len(lead) - k - 1 + rank)) for k, n in enumerate(lead)]
+    np.add.at(out, (*batch, *(np.broadcast_to(a, lead + box) for a in at)), values)
     return out
 
 
+def _gather(x, at, rank):
+    """x[..., at[0], at[1], ...] where the index arrays' last `rank` axes are the entry's labels and any axes
+    before them batch axes (positions read from a batched buffer): each batch entry reads with its own."""
+    lead = x.shape[:x.ndim - len(at)]
+    for a in at:
+        lead = np.broadcast_shapes(lead, np.shape(a)[:max(0, np.ndim(a) - rank)])
+    x = np.broadcast_to(x, lead + x.shape[x.ndim - len(at):])
+    batch = [np.arange(n).reshape((n,) + (1,) * (len(lead) - k - 1 + rank)) for k, n in enumerate(lead)]
+    return x[(*batch, *at)]
+
+
 HOST = (  # in module order
-    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
+    "_as_float", "_integers", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid", "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
-    "_Score", "_key_blocks",
+    "_gather", "_Score", "_key_blocks",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}
 

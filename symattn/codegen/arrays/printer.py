@@ -54,7 +54,8 @@ class ArrayPrinter(IndexNotationPrinter):
         self.parent: dict[str, str] = {}
         self.dims = {self.spec.dims[n].symbol: v for n, v in program.dim_vars.items()}
         self.fused: dict[str, tuple[str, ...]] = {}  # fused core or gradient variable -> the names it binds
-        self.integers: set[str] = set()              # variables of positions kept as integers
+        self.integers: set[str] = {program.tensor_vars[n] for n in self.spec.buffers  # positions, integer
+                                   if self.spec.tensors[n].integer}  # buffers: kept as integers
 
     # --- dims and scalars -----------------------------------------------------------------
 
@@ -290,6 +291,24 @@ class ArrayPrinter(IndexNotationPrinter):
     def _print_Where(self, node: t.Where) -> Code:
         rank = len(node.shape)
         return self.where(*(self.aligned(n, rank) for n in (node.cond, node.a, node.b)))
+
+    def _print_Logical(self, node: t.Logical) -> Code:
+        rank = len(node.shape)
+        args = [self.aligned(a, rank) for a in node.args]
+        if self._constant_scalar(node):  # Python booleans: ~True is -2
+            if node.op == "not":
+                return Code(f"(not {self.fence(args[0].text)})", ATOM, carrying=False)
+            return Code(self.fence(f" {node.op} ".join(self.fence(a.text) for a in args)), ATOM, carrying=False)
+        return self.logical(node.op, args)
+
+    def _print_Apply(self, node: t.Apply) -> Code:
+        rank = len(node.shape)
+        args = [self.aligned(a, rank) for a in node.args]
+        if self._constant_scalar(node):  # Python numbers: Python's own min, max, //, %
+            python = {"min": "min({0}, {1})", "max": "max({0}, {1})", "clamp": "min(max({0}, {1}), {2})",
+                      "floordiv": "({0} // {1})", "mod": "({0} % {1})"}[node.fn]
+            return Code(python.format(*(a.text for a in args)), ATOM, carrying=False)
+        return self.operation(node.fn, args)
 
     def _print_MergeHeads(self, node: t.MergeHeads) -> Code:
         self.helpers.add("_merge_heads")

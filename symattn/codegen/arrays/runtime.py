@@ -27,10 +27,10 @@ def _take(tensors, names):
     return [tensors[n] for n in names]
 
 
-def _size(name, value):
-    """A size passed as a keyword: a positive integer."""
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name}: a size is a positive integer, got {value!r}")
+def _size(name, value, least=1):
+    """A size passed as a keyword: a positive integer (least 0: a dim used only as a number, which may be 0)."""
+    if isinstance(value, bool) or int(value) != value or value < least:
+        raise ValueError(f"{name}: a size is a{' positive' if least else ' nonnegative'} integer, got {value!r}")
     return int(value)
 
 
@@ -63,9 +63,14 @@ class _Score:
     core has none), its query scale, its number of head axes, the factor of its weights after the softmax and
     the add of each learned tensor it reads (see `symattn.codegen.arrays.block`)."""
 
-    def __init__(self, score, grad, keys, inside, score_inside, scale, heads, weights=None, adds=()):
+    def __init__(self, score, grad, keys, inside, score_inside, scale, heads, weights=None, adds=(), live=None):
         self.score, self.grad, self.keys, self.inside, self.score_inside = score, grad, keys, inside, score_inside
         self.scale, self.heads, self.weights, self.adds = scale, heads, weights, tuple(adds)
+        self.live = live  # (q block, i, j, *reads) -> whether the block keeps an entry: a mask read at run time
+
+    # Key blocks computed and skipped as fully masked by `live`, over every core of the module (diagnostics;
+    # with threads two counts may race).
+    blocks = [0, 0]
 
 
 def _key_blocks(lo, hi, inside, block_k):

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ...errors import CodegenError
-from ...ir.functions import FUNCTIONS
+from ...ir.functions import FUNCTIONS, OPERATIONS
 from ...ir import printer as base
 from ...ir.printer import ATOM, MUL, PRECEDENCE, Printed
 
@@ -91,6 +91,25 @@ class _Functions(Mapping):
         return len(FUNCTIONS) + 1
 
 
+class _Operations(Mapping):
+    """fn -> (template over the operands "{0}", "{1}", ..., helper it needs), live over the operation records."""
+
+    def __init__(self, language: str) -> None:
+        self.language = language
+
+    def __getitem__(self, name: str) -> tuple[str, str | None]:
+        record = OPERATIONS[name]
+        if self.language == "numpy":
+            return record.numpy, None
+        return record.torch, record.torch_helper
+
+    def __iter__(self) -> Iterator[str]:
+        yield from OPERATIONS
+
+    def __len__(self) -> int:
+        return len(OPERATIONS)
+
+
 @dataclass(frozen=True)
 class Spelling:
     """One array library's syntax (see the module docstring); templates read `{x}`, `{axis}`, `{n}`, ..."""
@@ -108,6 +127,8 @@ class Spelling:
     cast: str                     # {x} in the computation's dtype
     cast_to: str                  # {x} in the dtype {dtype}
     arange: str                   # the integers 0 .. {n} - 1 (an index array)
+    to_index: str                 # {x} (integers held as numbers: floor(...)) as an index array
+    any: str                      # whether an array of booleans {x} holds a True, as a Python bool
     arange_values: str            # an index's values 0 .. {n} - 1 as numbers: kept integer (exact) or in the dtype
     integer_positions: bool       # whether `arange_values` is an integer array (cast where it meets a value)
     moveaxis: str                 # {x} with axes {src} moved to {dst}
@@ -121,6 +142,10 @@ class Spelling:
     @property
     def functions(self) -> Mapping[str, tuple[str, str | None]]:
         return _Functions(self.name)
+
+    @property
+    def operations(self) -> Mapping[str, tuple[str, str | None]]:
+        return _Operations(self.name)
 
     def scalar(self, fn: str, x: str) -> Code:
         """`fn` applied to a Python number, as a Python number (keeps a scalar "weak": no upcast of float32)."""
@@ -143,7 +168,7 @@ NUMPY = Spelling(
               "eye": ("np.eye({args}, dtype=dtype)", None), "ones": ("np.ones(({args},), dtype=dtype)", None)},
     sum_kept="np.sum({x}, axis={axes}, keepdims=True)", sum_dropped="np.sum({x}, axis={axes})",
     full="np.full({shape}, {value}, dtype=dtype)", cast="{x}.astype(dtype)", cast_to="{x}.astype({dtype})",
-    arange="np.arange({n})", arange_values="np.arange({n}, dtype=dtype)",
+    arange="np.arange({n})", to_index="{x}.astype(np.int64)", any="bool(np.any({x}))", arange_values="np.arange({n}, dtype=dtype)",
     integer_positions=False,
     moveaxis="np.moveaxis({x}, {src}, {dst})", where="np.where", einsum="np.einsum", einsum_optimize=", optimize=True",
     reserved=frozenset({"np", "dtype", "outputs", "gradients", "forward", "backward", "forward_backward",
@@ -154,7 +179,8 @@ NUMPY = Spelling(
 
 # fn -> on a Python number in a torch module (`math` has no sigmoid or relu)
 _MATH = {"abs": "abs({x})", "relu": "max({x}, 0.0)", "sigmoid": "1 / (1 + math.exp(-{x}))",
-         **{fn: f"math.{fn}({{x}})" for fn in ("exp", "log", "sqrt", "tanh", "sin", "cos")}}
+         "exp2": "math.pow(2.0, {x})", "floor": "float(math.floor({x}))", "ceil": "float(math.ceil({x}))",
+         **{fn: f"math.{fn}({{x}})" for fn in ("exp", "log", "sqrt", "tanh", "sin", "cos", "tan", "log2")}}
 
 TORCH = Spelling(
     name="torch", module="torch", numbers={"inf": "math.inf", "pi": "math.pi"},
@@ -169,7 +195,7 @@ TORCH = Spelling(
               "ones": ("torch.ones(({args},), dtype=dtype, device=device)", None)},
     sum_kept="torch.sum({x}, dim={axes}, keepdim=True)", sum_dropped="torch.sum({x}, dim={axes})",
     full="torch.full({shape}, {value}, dtype=dtype, device=device)", cast="{x}.to(dtype)",
-    cast_to="{x}.to({dtype})", arange="torch.arange({n}, device=device)",
+    cast_to="{x}.to({dtype})", arange="torch.arange({n}, device=device)", to_index="{x}.long()", any="bool(torch.any({x}))",
     # positions stay integers (exact at any size: a bfloat16 arange rounds above 256) until they meet a value
     arange_values="torch.arange({n}, device=device)", integer_positions=True,
     moveaxis="torch.movedim({x}, {src}, {dst})", where="torch.where", einsum="torch.einsum", einsum_optimize="",

@@ -55,7 +55,8 @@ class TiledPrinter(ArrayPrinter):
             adds = "".join(f"({a}, {core.read_tensors.index(n)}), " for a, n in zip(made.adds, core.learned))
             self.closures[node.core] = made.lines + [
                 f"{name}_core = _Score({made.score}, {made.score_grad}, {made.keys}, {made.inside}, "
-                f"{made.score_inside}, {made.scale}, {len(core.lead)}, {made.weights}, ({adds}))"]
+                f"{made.score_inside}, {made.scale}, {len(core.lead)}, {made.weights}, ({adds})"
+                + (f", live={made.live})" if made.live != "None" else ")")]
             self.fused[f"core:{node.core}"] = (f"{name}_core",)
         score = self.fused[f"core:{node.core}"][0]
         lines = [] if node.core in self.defined else list(self.closures[node.core])

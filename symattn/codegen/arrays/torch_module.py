@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from ...errors import CodegenError
 from ...ir import typed as t
 from ..program_ir import FusedAttention, SoftmaxGrad, Var, walk_labelled
-from .module import (bind_dims, comment_lines, header_lines, helper_sources, load_module, one_batch_check,
+from .module import (bind_dims, cast_line, comment_lines, header_lines, helper_sources, load_module, one_batch_check,
                      size_keywords, upstream_lines)
 
 if TYPE_CHECKING:
@@ -186,8 +186,7 @@ def _tuple(names) -> str:
 
 def _prologue(program: Program, printer: ArrayPrinter, layout: _Layout) -> list[str]:
     leaves = layout.leaves
-    body = [f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})",
-            f"device = {leaves[0]}.device"]
+    body = [cast_line(program.spec, program), f"device = {leaves[0]}.device"]
     return body + bind_dims(program.spec, program, printer)
 
 

@@ -46,6 +46,22 @@ def _as_float(*arrays):
     return dtype, [a.to(device=device, dtype=dtype) for a in tensors]
 
 
+def _integers(name, array, low, high):
+    """An integer buffer as int64 on its device: every entry an integer in low .. high - 1 (ValueError naming it
+    otherwise)."""
+    array = array if isinstance(array, torch.Tensor) else torch.as_tensor(array)
+    if array.is_floating_point():
+        if not bool(torch.all(torch.isfinite(array))) or bool(torch.any(array != torch.floor(array))):
+            raise ValueError(f"{name}: an integer buffer, got entries that are not integers (dtype {array.dtype})")
+    elif array.is_complex():
+        raise ValueError(f"{name}: an integer buffer, got a complex tensor")
+    values = array.long()
+    if values.numel() and (int(values.min()) < low or int(values.max()) >= high):
+        raise ValueError(f"{name}: every entry must be in {low} .. {high - 1}, got {int(values.min())} .. "
+                         f"{int(values.max())}")
+    return values
+
+
 def _bind(name, array, shape, expected):
     """The sizes of the last len(expected) axes of `array`; ValueError unless they are `expected` (None: any)."""
     rank = len(expected)
@@ -229,17 +245,61 @@ def _causal_mask(n, dtype, device):
 
 
 def _scatter(values, at, shape, rank):
-    """Zeros of `shape` (after the leading batch axes of `values`) to which each entry of `values` over
-    its last `rank` axes is added at the position the index tensors `at` give it (index_put_ with
-    accumulate: a position reached several times gets the sum)."""
-    lead = tuple(values.shape[:values.dim() - rank])
+    """Zeros of `shape` (after the leading batch axes) to which each entry of `values` over its last
+    `rank` axes is added at the position the index tensors `at` give it (index_put_ with accumulate: a
+    position reached several times gets the sum). An index tensor may carry batch axes of its own
+    (positions read from a batched buffer): each batch entry then scatters to its own positions."""
+    at = [torch.as_tensor(a, device=values.device) for a in at]
     box = tuple(values.shape[values.dim() - rank:])
-    flat = values.reshape((-1,) + box)
+    lead = tuple(values.shape[:values.dim() - rank])
+    for a in at:
+        lead = tuple(torch.broadcast_shapes(lead, tuple(a.shape[:max(0, a.dim() - rank)])))
+    flat = values.broadcast_to(lead + box).reshape((-1,) + box)
     out = flat.new_zeros((flat.shape[0],) + tuple(shape))
     batch = torch.arange(flat.shape[0], device=values.device).reshape((-1,) + (1,) * rank)
-    positions = [torch.as_tensor(a, device=values.device).broadcast_to(box) for a in at]
+    positions = [a.broadcast_to(lead + box).reshape((-1,) + box) for a in at]
     out.index_put_((batch, *positions), flat, accumulate=True)
     return out.reshape(lead + tuple(shape))
+
+
+def _gather(x, at, rank):
+    """x[..., at[0], at[1], ...] where the index tensors' last `rank` axes are the entry's labels and any axes
+    before them batch axes (positions read from a batched buffer): each batch entry reads with its own."""
+    at = [torch.as_tensor(a, device=x.device) for a in at]
+    lead = tuple(x.shape[:x.dim() - len(at)])
+    for a in at:
+        lead = tuple(torch.broadcast_shapes(lead, tuple(a.shape[:max(0, a.dim() - rank)])))
+    x = x.broadcast_to(lead + tuple(x.shape[x.dim() - len(at):]))
+    batch = [torch.arange(n, device=x.device).reshape((n,) + (1,) * (len(lead) - k - 1 + rank))
+             for k, n in enumerate(lead)]
+    return x[(*batch, *at)]
+
+
+def _minimum(a, b):
+    """torch.minimum with a Python number on either side (NaN propagates, as in NumPy)."""
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return a if a != a or a <= b else b
+    like = a if isinstance(a, torch.Tensor) else b
+    return torch.minimum(torch.as_tensor(a, device=like.device), torch.as_tensor(b, device=like.device))
+
+
+def _maximum(a, b):
+    """torch.maximum with a Python number on either side (NaN propagates, as in NumPy)."""
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return a if a != a or a >= b else b
+    like = a if isinstance(a, torch.Tensor) else b
+    return torch.maximum(torch.as_tensor(a, device=like.device), torch.as_tensor(b, device=like.device))
+
+
+def _floordiv(a, b):
+    """a // b with Python's semantics (floor), on tensors of integers or reals."""
+    return torch.div(a, b, rounding_mode="floor") if isinstance(a, torch.Tensor) else torch.div(
+        torch.as_tensor(a), b, rounding_mode="floor")
+
+
+def _mod(a, b):
+    """a % b with Python's semantics (the sign of b)."""
+    return torch.remainder(a, b) if isinstance(a, torch.Tensor) else torch.remainder(torch.as_tensor(a), b)
 
 
 def _own(values, inputs):
@@ -255,16 +315,17 @@ def _own(values, inputs):
 
 
 HOST = (  # in module order
-    "_as_float", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
+    "_as_float", "_integers", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
-    "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_own", "_Score", "_key_blocks",
+    "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_gather", "_minimum", "_maximum", "_floordiv", "_mod",
+    "_own", "_Score", "_key_blocks",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
          "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
          "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
-         "_logsumexp": ("_exp_shifted_",)}
+         "_logsumexp": ("_exp_shifted_",), "_minimum": ("_maximum",)}
 
 
 def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:

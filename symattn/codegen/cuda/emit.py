@@ -197,7 +197,9 @@ def _launch(p: KernelPlan, kernel: Kernel) -> list[str]:
 
 
 def _size_checks(p: KernelPlan) -> list[str]:
-    sizes = " || ".join(f"{d} <= 0" for d in [*p.dims, p.batch])
+    # a dim used only as a number (a window side) may be 0; every other size is at least 1
+    least = {d: 0 if d in p.spec.dims and not p.spec.dims[d].symbol.is_positive else 1 for d in p.dims}
+    sizes = " || ".join(f"{d} {'<=' if least.get(d, 1) else '<'} 0" for d in [*p.dims, p.batch])
     lines = [f"    if ({sizes}) return SYMATTN_BAD_SIZE;"]
     for dim, num, den in quotients(c.dim for c in constraints(p.spec)):
         lines.append(f"    if ({dim_c(num, p.names)} % {dim_c(den, p.names)} != 0) return SYMATTN_BAD_SIZE;"
@@ -327,8 +329,14 @@ def _readme(p: KernelPlan) -> str:
     def row(name, shape, role, code=True):
         rows.append(f"| `{name}` | {f'`{shape}`' if code else shape} | {role} |")
 
-    for b in p.inputs:
-        row(b.name, _shape(p, b), f"{b.kind} (forward and backward)")
+    for b, given in zip(p.inputs, spec.given):
+        info = spec.tensors[given]
+        if info.integer:  # its integers as float32 (exact below 2^24): every argument is a float pointer
+            low, high = (format_dim(v, list(spec.dims)) for v in info.values)
+            row(b.name, _shape(p, b), f"integer buffer: integers {low} to {high} - 1, passed as float32 (exact "
+                "below 2^24; a subscript reads it as an int)")
+        else:
+            row(b.name, _shape(p, b), f"{b.kind} (forward and backward)")
     for b in p.outputs:
         row(b.name, _shape(p, b), "output: written by the forward, read by the backward")
     for b in p.upstream:

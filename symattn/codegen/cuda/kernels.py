@@ -100,6 +100,23 @@ static __device__ __forceinline__ float sa_sigmoid(float x) {
     const float e = expf(-fabsf(x));
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }""",
+    "sa_min": """\
+// NumPy's minimum and maximum: NaN propagates (fminf and fmaxf would drop it).
+static __host__ __device__ __forceinline__ float sa_min(float a, float b) { return a != a || a <= b ? a : b; }""",
+    "sa_max": "static __host__ __device__ __forceinline__ float sa_max(float a, float b) { return a != a || a >= b ? a : b; }",
+    "sa_imin": "static __host__ __device__ __forceinline__ int sa_imin(int a, int b) { return a < b ? a : b; }",
+    "sa_imax": "static __host__ __device__ __forceinline__ int sa_imax(int a, int b) { return a > b ? a : b; }",
+    "sa_floordiv": """\
+// Python's a // b and a % b on ints (C's / and % round toward 0): the remainder takes the divisor's sign.
+static __host__ __device__ __forceinline__ int sa_floordiv(int a, int b) {
+    const int q = a / b, r = a - q * b;
+    return r != 0 && ((r < 0) != (b < 0)) ? q - 1 : q;
+}""",
+    "sa_mod": """\
+static __host__ __device__ __forceinline__ int sa_mod(int a, int b) {
+    const int r = a % b;
+    return r != 0 && ((r < 0) != (b < 0)) ? r + b : r;
+}""",
     "sa_finite": "static __device__ __forceinline__ bool sa_finite(float x) { return fabsf(x) < INFINITY; }",
     "sa_sinusoidal": """\
 // E[i, 2c] = sin(i / 10000^(2c/d)), E[i, 2c+1] = cos(i / 10000^(2c/d)); in double, rounded once.

@@ -67,6 +67,10 @@ class _Scope:
         self.planner = planner
         self.reads: list[Buffer] = []
 
+    def integer(self, name: str) -> bool:
+        info = self.planner.spec.tensors.get(name)
+        return info is not None and info.integer
+
     def read(self, node, coords):
         buffer = self.planner.lookup(node)
         if buffer is None:

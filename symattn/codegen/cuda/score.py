@@ -31,6 +31,7 @@ class ScoreSource:
 
     def __init__(self, core: AttentionCore, reads: list[Buffer], names: CNames, prefix: str = "") -> None:
         self.buffers = dict(zip(core.read_tensors, reads))
+        self.integer = core.integers.__contains__  # integer buffers: their entries are read as ints
         self.names = names
         self.prefix = prefix
 

@@ -224,8 +224,28 @@ class CPrinter(Printer):
         return str(int(node.value)) if node.value.is_Integer else None
 
     def _integer_Unary(self, node: t.Unary) -> str | None:
-        inner = self.integer(node.x) if node.fn == "neg" else None
-        return None if inner is None else f"(-{inner})"
+        if node.fn in ("floor", "ceil"):  # of a real: an integer (T5's log buckets)
+            return f"(int){node.fn}f({self.doprint(node.x, ()).text})"
+        inner = self.integer(node.x) if node.fn in ("neg", "abs") else None
+        if inner is None:
+            return None
+        return f"(-{inner})" if node.fn == "neg" else f"abs({inner})"
+
+    def _integer_Entry(self, node: t.Entry) -> str | None:
+        """An entry of an integer buffer (`doc[i]`): held as float32 in device memory (exact below 2^24)."""
+        if node.grad or not getattr(self.source, "integer", lambda name: False)(node.tensor):
+            return None
+        return f"(int){self._print_Entry(node, ()).text}"
+
+    def _integer_Apply(self, node: t.Apply) -> str | None:
+        args = [self.integer(a) for a in node.args]
+        if any(a is None for a in args):
+            return None
+        if node.fn in ("floordiv", "mod"):
+            return f"sa_{node.fn}({args[0]}, {args[1]})"
+        if node.fn == "clamp":
+            return f"sa_imin(sa_imax({args[0]}, {args[1]}), {args[2]})"
+        return f"sa_i{node.fn}({args[0]}, {args[1]})"
 
     def _integer_Binary(self, node: t.Binary) -> str | None:
         if node.op not in ("add", "sub", "mul"):
@@ -283,6 +303,17 @@ class CPrinter(Printer):
         b = self.parenthesize(self._child(node.b, node, coords), level)
         return Printed(self.fence(f"{cond} ? {a} : {b}"), ATOM)
 
+    def _print_Apply(self, node: t.Apply, coords) -> Printed:
+        exact = self.integer(node) if node.shape == () else None
+        if exact is not None:
+            return Printed(f"(float){exact}", self.prec("cast"))
+        args = [self._child(a, node, coords).text for a in node.args]
+        if node.fn == "clamp":
+            return Printed(f"sa_min(sa_max({args[0]}, {args[1]}), {args[2]})", self.prec("call"))
+        if node.fn not in ("min", "max"):
+            raise CodegenError(f"no CUDA rule for {node.fn} of real values")
+        return Printed(f"sa_{node.fn}({args[0]}, {args[1]})", self.prec("call"))
+
     def _print_Logical(self, node: t.Logical, coords) -> Printed:
         parts = [self.fence(self._child(x, node, coords).text) for x in node.args]
         if node.op == "not":
@@ -336,9 +367,15 @@ class CPrinter(Printer):
         return Printed(f"(float){self.indices[node.name]}", self.prec("cast"))
 
     def subscript(self, s) -> str:
-        """A subscript (index name or Affine) as C int arithmetic on the index variables."""
+        """A subscript (index name, Affine, or integer node: `offsets[doc[i]]`, `j / S`) as C int arithmetic
+        on the index variables."""
         if isinstance(s, str):
             return self.indices[s]
+        if isinstance(s, t.Node):
+            text = self.integer(s)
+            if text is None:
+                raise CodegenError(f"no CUDA rule for the integer subscript {type(s).__name__}")
+            return f"({text})"
         parts = [(p.negative, self._dim(p.dims) if p.index is None else self.indices[p.index] if p.coefficient == 1
                   else f"{p.coefficient} * {self.indices[p.index]}") for p in pieces(s)]
         return f"({signed_sum(parts) or '0'})"

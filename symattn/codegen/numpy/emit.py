@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import CodegenError
 from ...ir import typed as t
-from ..arrays.module import (bind_dims, comment_lines, header_lines, helper_sources, load_module, one_batch_check,
+from ..arrays.module import (bind_dims, cast_line, comment_lines, header_lines, helper_sources, load_module, one_batch_check,
                              size_keywords, upstream_lines)
 
 # The printer, the program builder and the runtime helpers (which import NumPy) are imported where they
@@ -143,10 +143,9 @@ def _body(spec: t.TypedSpec, program: Program, printer: NumPyPrinter, dispatch: 
     """The statements of one pass: bind the sizes, the forward pass, the backward pass, the results. With
     `paired` (`symattn.codegen.program.one_pass`), the forward pass alone is the branch for no upstream
     gradient, and with one, `paired`'s order is printed: forward and backward together."""
-    leaves = [program.tensor_vars[n] for n in spec.given]
     keywords = [program.upstream[o] for o in spec.outputs]
     body: list[str] = []
-    body.append(f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})")
+    body.append(cast_line(spec, program))
     printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream"})
     body += bind_dims(spec, program, printer, batch="batch" if dispatch else None)
     body += dispatch or []

@@ -57,6 +57,10 @@ def _flash_forward(q, k, v, reads, core, block_q, block_k, threads):
             for j0, j1, whole in _key_blocks(lo, hi, None if core.inside is None else core.inside(i0, i1 - 1),
                                              block_k):
                 j = np.arange(j0, j1)[None, :]
+                if core.live is not None and not core.live(qi, i, j, *rb):  # masked whole: its weights are 0
+                    core.blocks[1] += 1
+                    continue
+                core.blocks[0] += 1
                 p = qi @ kt[..., j0:j1]
                 w = None if core.weights is None else core.weights(p, i, j, *rb)
                 fn = core.score_inside if whole else core.score
@@ -124,6 +128,10 @@ def _flash_backward(q, k, v, o, lse, do, dlse, reads, core, block_q, block_k, th
             for j0, j1, whole in _key_blocks(lo, hi, None if core.inside is None else core.inside(i0, i1 - 1),
                                              block_k):
                 j = np.arange(j0, j1)[None, :]
+                if core.live is not None and not core.live(qi, i, j, *rb):  # masked whole: P is 0 there
+                    core.blocks[1] += 1
+                    continue
+                core.blocks[0] += 1
                 p = q1i @ kt[..., j0:j1]
                 w = None if not weighted else core.weights(p, i, j, *rb)
                 raw = p.copy() if core.adds and core.grad is not None else p  # (the adds read s)
@@ -200,6 +208,16 @@ def _flash_forward_backward(q, k, v, do, dlse, reads, core, block_q, block_k, th
             dkb, dvb, *dtb = _sums_of(parts, b, first_run[b] == r, [dk, dv, *dts])
             rb = [x[b] for x in rs]
             i = np.arange(i0, i1)[:, None]
+            if core.live is not None:  # the keys of the blocks the mask keeps an entry of, first to last
+                cut = [(j0, j1) for j0, j1, _ in _key_blocks(lo, hi, None, block_k)]
+                alive = [(j0, j1) for j0, j1 in cut if core.live(q[b, ..., i0:i1, :], i, np.arange(j0, j1)[None, :],
+                                                                 *rb)]
+                kept = 0 if not alive else cut.index(alive[-1]) - cut.index(alive[0]) + 1
+                core.blocks[0] += kept
+                core.blocks[1] += len(cut) - kept
+                if not alive:  # every key masked: o = 0, lse = -inf, dq = 0
+                    continue
+                lo, hi = alive[0][0], alive[-1][1]
             qi, doi, kb, v1b = q[b, ..., i0:i1, :], do[b, ..., i0:i1, :], k[b, ..., lo:hi, :], v1[b, ..., lo:hi, :]
             s = qi @ kb.swapaxes(-1, -2)
             raw = s.copy() if core.adds and core.grad is not None else None  # (the adds read s)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import sympy
 
 from ...ir import typed as t
-from ...ir.affine import Affine, names as subscript_names, pieces
+from ...ir.affine import Affine, pieces
+from ...ir.typed import subscript_names
 from ...ir.printer import ATOM, Printed
 from ...ir.printing import SpecPrinter
 
@@ -83,7 +84,8 @@ class Read:
     def plain(self) -> bool:
         """Every subscript is a coordinate itself or 0 (a sum over the other axes gives the gradient);
         else the gradient is a scatter-add at computed positions (a learned table `Bt[j - i + N - 1]`)."""
-        return all(isinstance(s, str) or (not s.indices and s.offset == 0) for s in self.subscripts)
+        return all(isinstance(s, str) or (isinstance(s, Affine) and not s.indices and s.offset == 0)
+                   for s in self.subscripts)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class AttentionCore:
     lse: str | None = None
     text: str = ""
     notes: tuple[str, ...] = field(default=(), compare=False)  # how the plan rewrote the core (operands joined)
+    integers: frozenset = frozenset()  # the read tensors that are integer buffers (`doc[N] in 0:D`)
 
     @property
     def q(self) -> str:

@@ -34,7 +34,8 @@ import sympy
 from ...errors import Unfusable
 from ...front.syntax import NOWHERE
 from ...ir import typed as t
-from ...ir.affine import affine, substituted
+from ...ir.affine import affine
+from ...ir.integers import substituted
 from ...ir.printing import to_spec
 from ...ir.shapes import same_dim
 from .core import KEY, ROW, AttentionCore, Product, ProductEntry, Read, coordinate_node, head
@@ -42,7 +43,7 @@ from .entry import derivative, linear, split_mask
 
 __all__ = ["find_cores", "substitute"]
 
-_ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Logical, t.Scalar, t.DimValue, t.Constant, t.Transpose,
+_ELEMENTWISE = (t.Unary, t.Binary, t.Where, t.Compare, t.Logical, t.Apply, t.Scalar, t.DimValue, t.Constant, t.Transpose,
                 t.IndexVar)
 _ZERO = affine({}, 0)
 
@@ -146,11 +147,13 @@ class _Matcher:
             return node
         if isinstance(node, t.Constant):
             return self.constant(node, coords)
-        if isinstance(node, (t.Unary, t.Binary, t.Where, t.Compare, t.Logical)):
+        if isinstance(node, (t.Unary, t.Binary, t.Where, t.Compare, t.Logical, t.Apply)):
             kids = [self.entry(c, _align(c.shape, node.shape, coords)) for c in node.children]
             fields = [f.name for f in dataclasses.fields(node) if isinstance(getattr(node, f.name), t.Node)]
             if isinstance(node, t.Logical):
                 return t.Logical(node.op, tuple(kids), ())
+            if isinstance(node, t.Apply):
+                return t.Apply(node.fn, tuple(kids), ())
             return dataclasses.replace(node, shape=(), **dict(zip(fields, kids)))
         raise Unfusable(f"the score contains {type(node).__name__}, which is not a per-entry operation")
 
@@ -166,16 +169,22 @@ class _Matcher:
         if isinstance(node, t.Entry):
             if node.grad:
                 raise Unfusable("the score reads a gradient")
-            subscripts = tuple(substituted(s, at) if not isinstance(s, str) else at[s] for s in node.indices)
+            # an integer-node subscript is an entry expression too (its reads of integer buffers are reads)
+            subscripts = tuple(at[s] if isinstance(s, str) else self.body(s, at) if isinstance(s, t.Node)
+                               else substituted(s, at) for s in node.indices)
             return self.entry(t.Tensor(node.tensor, self.spec.tensors[node.tensor].shape), subscripts)
         if isinstance(node, t.IndexSum):
             return self.index_product(node, at)
+        if isinstance(node, t.Tensor) and node.shape == ():  # a scalar read whole (a learned slope)
+            return self.entry(node, ())
         if isinstance(node, (t.Scalar, t.DimValue)):
             return node
-        if isinstance(node, (t.Unary, t.Binary, t.Where, t.Compare, t.Logical)):
+        if isinstance(node, (t.Unary, t.Binary, t.Where, t.Compare, t.Logical, t.Apply)):
             kids = [self.body(c, at) for c in node.children]
             if isinstance(node, t.Logical):
                 return t.Logical(node.op, tuple(kids), ())
+            if isinstance(node, t.Apply):
+                return t.Apply(node.fn, tuple(kids), ())
             fields = [f.name for f in dataclasses.fields(node) if isinstance(getattr(node, f.name), t.Node)]
             return dataclasses.replace(node, shape=(), **dict(zip(fields, kids)))
         raise Unfusable(f"the score contains {type(node).__name__}, which is not a per-entry operation")
@@ -497,5 +506,6 @@ def _name_core(spec, owner, node, parts, taken) -> tuple[t.TypedSpec, AttentionC
         output, Product(names[0], names[1], sympy.sympify(q.shape[-1])), names[2], parts["score"], parts["keep"],
         parts["value"], parts["d_product"], lead, tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]),
         sympy.sympify(q.shape[-2]), sympy.sympify(k.shape[-2]), sympy.sympify(v.shape[-1]), chain, parts["reads"],
-        parts["weights"], parts["lse"], text, parts["notes"])
+        parts["weights"], parts["lse"], text, parts["notes"],
+        frozenset(r.tensor for r in parts["reads"] if spec.tensors[r.tensor].integer))
     return spec, core

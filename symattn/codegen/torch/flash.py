@@ -180,8 +180,9 @@ def _prepare(q, k, v, more, reads, core):
     lead = tuple(torch.broadcast_shapes(*(x.shape[x.dim() - 2 - h:x.dim() - 2] for x in (q, k, v))))
     q = q * core.scale if core.scale != 1 else q
     q, k, v = (_entries(x, batch, lead) for x in (q, k, v))
-    rs = [r.to(q.dtype).expand(batch + tuple(r.shape[r.dim() - rank:])).reshape((-1,) + tuple(r.shape[r.dim() - rank:]))
-          for r, rank in reads]
+    kept = [r if not r.is_floating_point() and r.dtype != torch.bool else r.to(q.dtype) for r, _ in reads]  # integers
+    rs = [r.expand(batch + tuple(r.shape[r.dim() - rank:])).reshape((-1,) + tuple(r.shape[r.dim() - rank:]))
+          for r, (_, rank) in zip(kept, reads)]
     return q, k, v, rs, batch, lead
 
 

@@ -190,7 +190,7 @@ def emit_triton(spec: t.TypedSpec) -> TritonCode:
 
 def _kernel_names(spec: t.TypedSpec, cores, names) -> set[str]:
     """The names the kernels' part of the module defines at its top level (no spec name may take them)."""
-    out = {"triton", "tl", "os", "INTERPRET", "libdevice", "_tanh", "_pow", "_mma", "CONFIGS", "SHARED_BUDGET",
+    out = {"triton", "tl", "os", "INTERPRET", "libdevice", "_tanh", "_pow", "_mma", "_floordiv", "_mod", "CONFIGS", "SHARED_BUDGET",
            "ACCUMULATORS", "_fits", "_config", "_tuned", "_fixed", "_fake", "_pow2", "_Core"}
     for name, core in zip(names, cores):
         prefix = f"_{core.output}"

@@ -101,8 +101,12 @@ class TritonPrinter(Printer):
         return str(int(node.value)) if node.value.is_Integer else None
 
     def _integer_Unary(self, node: t.Unary) -> str | None:
-        inner = self.integer(node.x) if node.fn == "neg" else None
-        return None if inner is None else f"(-{inner})"
+        if node.fn in ("floor", "ceil"):  # of a real: an integer (T5's log buckets)
+            return self._floor_to_int(node)
+        inner = self.integer(node.x) if node.fn in ("neg", "abs") else None
+        if inner is None:
+            return None
+        return f"(-{inner})" if node.fn == "neg" else f"tl.abs({inner})"
 
     def _integer_Binary(self, node: t.Binary) -> str | None:
         if node.op not in ("add", "sub", "mul"):
@@ -110,10 +114,39 @@ class TritonPrinter(Printer):
         a, b = self.integer(node.a), self.integer(node.b)
         return None if a is None or b is None else f"({a} {BINARY[node.op]} {b})"
 
+    def _integer_Entry(self, node: t.Entry) -> str | None:
+        """An entry of an integer buffer (`doc[i]`, `table[j // S]`): loaded and held as int32."""
+        info = self.spec.tensors.get(node.tensor)
+        if info is None or not info.integer or node.grad:
+            return None
+        offset, mask = self.address(node)
+        masked = f", mask={mask}, other=0" if mask else ""
+        return f"tl.load(T_{node.tensor} + {offset}{masked}).to(tl.int32)"
+
+    def _integer_Apply(self, node: t.Apply) -> str | None:
+        args = [self.integer(a) for a in node.args]
+        if any(a is None for a in args):
+            return None
+        if node.fn in ("floordiv", "mod"):
+            return f"_{node.fn}({args[0]}, {args[1]})"
+        if node.fn == "clamp":
+            return f"tl.minimum(tl.maximum({args[0]}, {args[1]}), {args[2]})"
+        return f"tl.{node.fn}imum({args[0]}, {args[1]})"
+
+    def _floor_to_int(self, node: t.Unary) -> str:
+        x = self.doprint(node.x).text
+        return f"tl.floor({x}).to(tl.int32)" if node.fn == "floor" else f"tl.ceil({x}).to(tl.int32)"
+
     def subscript(self, s) -> str:
-        """A subscript (a coordinate's name or an Affine) as integer arithmetic on the kernel's coordinates."""
+        """A subscript (a coordinate's name, an Affine, or an integer node: `offsets[doc[i]]`, `j // S`) as
+        integer arithmetic on the kernel's coordinates."""
         if isinstance(s, str):
             return self.coords[s]
+        if isinstance(s, t.Node):
+            text = self.integer(s)
+            if text is None:
+                raise CodegenError(f"no Triton rule for the integer subscript {type(s).__name__}")
+            return f"({text})"
         parts = [(p.negative, dim_py(p.dims) if p.index is None else self.coords[p.index] if p.coefficient == 1
                   else f"{p.coefficient} * {self.coords[p.index]}") for p in pieces(s)]
         return f"({signed_sum(parts) or '0'})"
@@ -136,6 +169,9 @@ class TritonPrinter(Printer):
         return Printed("s_", ATOM)
 
     def _print_Entry(self, node: t.Entry) -> Printed:
+        exact = self._integer_Entry(node)
+        if exact is not None:
+            return Printed(f"tl.cast({exact}, tl.float32)", self.prec("call"))
         offset, mask = self.address(node)
         masked = f", mask={mask}, other=0.0" if mask else ""
         return Printed(f"tl.load(T_{node.tensor} + {offset}{masked}).to(tl.float32)", ATOM)
@@ -186,6 +222,17 @@ class TritonPrinter(Printer):
         if node.op == "not":
             return Printed(f"{LOGICAL['not']}{parts[0]}", NEG)
         return Printed(f" {LOGICAL[node.op]} ".join(parts), COMPARE)
+
+    def _print_Apply(self, node: t.Apply) -> Printed:
+        exact = self.integer(node)
+        if exact is not None:  # integer arithmetic (// % min max clamp of integers), then a value
+            return Printed(f"tl.cast({exact}, tl.float32)", self.prec("call"))
+        args = [self.doprint(a).text for a in node.args]
+        if node.fn == "clamp":
+            return Printed(f"tl.minimum(tl.maximum({args[0]}, {args[1]}), {args[2]})", self.prec("call"))
+        if node.fn not in ("min", "max"):
+            raise CodegenError(f"no Triton rule for {node.fn} of real values")
+        return Printed(f"tl.{node.fn}imum({args[0]}, {args[1]})", self.prec("call"))
 
     def _print_Where(self, node: t.Where) -> Printed:
         cond = self.doprint(node.cond).text

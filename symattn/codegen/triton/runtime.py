@@ -55,6 +55,20 @@ else:
 
 
 @triton.jit
+def _floordiv(a, b):
+    """Python's a // b on integer tiles, whichever way the backend's // rounds (the remainder fixes it)."""
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _mod(a, b):
+    """Python's a % b on integer tiles: the sign of b."""
+    return a - _floordiv(a, b) * b
+
+
+@triton.jit
 def _mma(x, UPCAST: tl.constexpr):
     """A tile loaded for tl.dot: as loaded, or as float32 where the interpreter needs it (bfloat16)."""
     if UPCAST:

@@ -33,17 +33,23 @@ def _leaves(spec, n: int, width: int = 16, dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
     typed = spec.typed
     sizes = {d: n if d in ("N", "M", "T") else width if d.startswith("d") else typed.sizes[d] for d in typed.dims}
+    if "H" in sizes and "W" in sizes and "N" not in sizes:  # a 2-D grid of H x W tokens (NATTEN): n of them
+        sizes.update(H=n // 32, W=32)
     sizes.update(SIZES.get(typed.name, {}))
     typed = symattn.load(typed.source, dims=sizes, filename=typed.filename).typed
     leaves = {}
     for name in typed.given:
         value = rng.standard_normal(typed.concrete_shape(typed.tensors[name].shape)).astype(dtype)
-        if typed.tensors[name].kind == "buffer":
+        if typed.tensors[name].integer:  # document ids, offsets, image intervals: integers in their range
+            value = rng.integers(*typed.integer_range(name), size=value.shape)
+        elif typed.tensors[name].kind == "buffer":
             value = np.abs(value)  # padding and dropout buffers: every key kept
         leaves[name] = value
     upstream = {f"grad_{o}": rng.standard_normal(typed.concrete_shape(typed.tensors[o].shape)).astype(dtype)
                 for o in typed.outputs}
     keywords = {d: sizes[d] for d in SIZES.get(typed.name, {})}
+    if "H" in sizes and "W" in sizes and "N" not in sizes:
+        keywords.update(H=sizes["H"], W=sizes["W"])  # no array has an axis of size H or W alone
     return leaves, upstream, keywords
 
 

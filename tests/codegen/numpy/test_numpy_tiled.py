@@ -254,7 +254,12 @@ def test_every_fusing_example_tiled_against_its_plain_pass(name):
     for leaf in spec.given:
         shape = tuple(int(sympy.sympify(d).subs(subs)) for d in spec.tensors[leaf].shape)
         batch = (2,) if spec.tensors[leaf].kind == "input" else ()
-        args[leaf] = rng.standard_normal(batch + shape)
+        info = spec.tensors[leaf]
+        if info.integer:  # document ids, offsets, intervals: integers in their range at these sizes
+            low, high = (int(sympy.sympify(v).subs(subs)) for v in info.values)
+            args[leaf] = rng.integers(low, high, size=shape)
+        else:
+            args[leaf] = rng.standard_normal(batch + shape)
     keywords = {n: sizes[n] for n in sizes if f"{n}=" in numpy_source(spec).split("def forward(")[1].split(")")[0]}
     outs = mod.forward(**args, **keywords)
     upstream = {f"grad_{o}": rng.standard_normal(outs[o].shape) for o in spec.outputs}

@@ -33,3 +33,24 @@ def test_triton_kernels_against_the_dense_reference(name):
         _check(name, {k: v.float() for k, v in outs.items()}, {k: v.float() for k, v in grads.items()},
                {k: v.float() for k, v in want[0].items()}, {k: v.float() for k, v in want[1].items()}, tolerance,
                f"triton {dtype}")
+
+
+# The mask language's reference specs (test_mask_language.py's peer definitions) that the plan fuses.
+from test_mask_language import VARIANTS as MASKS  # noqa: E402
+from test_mask_language import _check as _check_mask, _leaves as _mask_leaves  # noqa: E402
+from test_mask_language import _reference as _mask_reference, _spec as _mask_spec  # noqa: E402
+
+FUSED_MASKS = [name for name in MASKS if name != "paged_decode"]  # a decode step of index sums: no core
+
+
+@pytest.mark.parametrize("name", FUSED_MASKS)
+def test_triton_kernels_against_the_peer_masks(name):
+    leaves, integers, upstream, sizes = _mask_leaves(name)
+    module = load_triton(_mask_spec(name).emit("triton").text, interpret=not torch.cuda.is_available())
+    for dtype, tolerance in ((torch.float32, 2e-5), (torch.bfloat16, 3e-2)):
+        want = _mask_reference(name, leaves, integers, upstream, torch.float64 if dtype == torch.float32 else dtype)
+        tensors = {k: torch.tensor(v, dtype=dtype) for k, v in {**leaves, **upstream}.items()}
+        outs, grads = module.forward_backward(**tensors, **{k: torch.from_numpy(v) for k, v in integers.items()},
+                                              **sizes)
+        _check_mask(name, {k: v.float() for k, v in outs.items()}, {k: v.float() for k, v in grads.items()},
+                    tuple({k: v.float() for k, v in part.items()} for part in want), tolerance, f"triton {dtype}")
