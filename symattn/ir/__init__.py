@@ -9,6 +9,7 @@ broadcasting, formatting); `build` the node builders that simplify as they
 build, recording each rule in a `Recorder`; `printer` the base every printer
 subclasses (`_print_<Node>` dispatch, one precedence table); `printing` the
 spec-text printer (every printed expression parses back to the same nodes); `sizes` concrete
-sizes that keep a spec valid and fit a budget. Nothing here imports a later
+sizes that keep a spec valid and fit a budget; `philox` dropout's generator
+(Philox-4x32-10 and the keep test every target matches bit for bit). Nothing here imports a later
 stage: the front end builds this IR, everything after it consumes it.
 """

@@ -117,7 +117,7 @@ def test_wheel_ships_license_types_marker_and_cuda_runtime(venv):
     wheel = zipfile.ZipFile(venv["wheel"])
     names = wheel.namelist()
     assert {"symattn/py.typed", "symattn/runtime/cuda_host.h", "symattn/runtime/cuda_warp.h",
-            "symattn/codegen/cuda/__init__.py"} <= set(names)
+            "symattn/runtime/philox.h", "symattn/codegen/cuda/__init__.py"} <= set(names)
     (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     assert wheel.read(license_file) == (REPO / "LICENSE").read_bytes()
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]

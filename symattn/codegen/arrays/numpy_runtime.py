@@ -9,12 +9,21 @@ copies into a generated module that uses it (so that the module needs nothing
 but NumPy), with the helpers it calls in turn. Being real functions, they
 are tested and linted like any other code. Each keeps the dtype of its arrays
 and never loops over tokens.
+
+Dropout's keep test, `_dropout_keep(seed, stream, index, threshold)` (a bool
+array: whether the entries at the flat positions `index`, an integer array,
+are kept) and the `_philox4x32_10` it calls, are the reference evaluator's own
+functions (`symattn.ir.philox.NUMPY_HELPERS`, whose docstring states the
+contract every target follows), so that a generated module draws the very
+bits the reference draws. A tiled pass computes `index` from the tile's
+(batch, row, column) positions in the full shape.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...ir.philox import NUMPY_HELPERS
 from .runtime import Runtime
 
 __all__ = ["HOST", "CALLS", "runtime"]
@@ -226,11 +235,11 @@ HOST = (  # in module order
     "_as_float", "_integers", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid", "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
-    "_gather", "_Score", "_key_blocks",
+    "_gather", "_Score", "_key_blocks", "_philox4x32_10", "_dropout_keep",
 )
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",)}
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_dropout_keep": ("_philox4x32_10",)}
 
 
 def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:
     """The host helpers, with a target's own (`extra`: name -> function, listed in `helpers`, calling `calls`)."""
-    return Runtime({**globals(), **(extra or {})}, HOST + tuple(helpers), {**CALLS, **(calls or {})})
+    return Runtime({**globals(), **NUMPY_HELPERS, **(extra or {})}, HOST + tuple(helpers), {**CALLS, **(calls or {})})

@@ -10,11 +10,25 @@ the interpreter the kernels run with one fixed small config (16 x 16 tiles,
 so that small tests cross tile borders); on a GPU they are autotuned over
 `FWD_CONFIGS`, `DKDV_CONFIGS`, `DQ_CONFIGS` (keyed on the sizes, pruned
 by the shared memory and accumulator registers a config needs at the head dim).
+
+`PHILOX` is the source of the `@triton.jit` device function
+`_dropout_keep_block(seed, stream, index, threshold)` that a module whose
+kernels apply `dropout` adds after the prelude: whether dropout keeps the
+entries of a block at the flat positions `index` (an integer block computed
+from the program's block indices, as int64 where positions reach 2**31),
+under the contract of `symattn.ir.philox` (Philox-4x32-10, key (seed low,
+seed high), counter (index low, index high, stream, 0), kept iff word 0 >=
+threshold). It calls `tl.philox`, which is Random123's Philox-4x32-10 with
+that key for 32-bit counter words (tests/codegen/all_targets/test_philox_targets.py
+checks it bit for bit); `tl.randint4x(seed, offset)` is the same generator at
+counter (offset low, offset high, 0, 0), stream 0 only. The kernel is handed
+`seed`, `stream` and `threshold` as integers (never p); the seed may reach
+2**64 - 1 (Triton passes it as uint64).
 """
 
 from __future__ import annotations
 
-__all__ = ["PRELUDE", "RUNTIME", "CONFIGS"]
+__all__ = ["PRELUDE", "RUNTIME", "CONFIGS", "PHILOX"]
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, best first; the compile gate builds the first
 # one that the head dim keeps.
@@ -74,6 +88,19 @@ def _mma(x, UPCAST: tl.constexpr):
     if UPCAST:
         x = x.to(tl.float32)
     return x
+'''
+
+PHILOX = '''\
+@triton.jit
+def _dropout_keep_block(seed, stream, index, threshold):
+    """Whether dropout keeps the entries at the flat positions `index` (a block): Philox-4x32-10 word 0 at
+    counter (index low, index high, stream, 0) under key (seed low, seed high) is at least `threshold`."""
+    position = index.to(tl.int64)
+    lo = (position & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    zero = lo * 0
+    word, _, _, _ = tl.philox(seed, lo, hi, zero + tl.to_tensor(stream).to(tl.uint32), zero)
+    return word >= tl.to_tensor(threshold).to(tl.uint32)
 '''
 
 RUNTIME = '''\
