@@ -14,7 +14,9 @@ needs from the finiteness analysis and its row facts
   from softmax's argument and taken out of logsumexp, max and min:
   `softmax(x + c) = softmax(x)`, `logsumexp(x + c) = logsumexp(x) + c`. A
   term that may be -inf is kept (on a fully masked row `S - max(S)` is NaN).
-- A reduction over an axis of size 1 is its one entry.
+- A reduction over an axis of size 1 is its one entry: always for max and
+  min, for logsumexp only where the entry is never NaN nor +inf (the stable
+  formula makes `logsumexp([inf])` NaN: inf - inf).
 - A `concat` along the reduced axis (blocks of keys, as in split-K and ring
   attention, any number of them, nested concats flattened):
   `logsumexp(concat(A, B)) = log(exp(logsumexp(A)) + exp(logsumexp(B)))`,
@@ -99,8 +101,10 @@ class SoftmaxForms:
             inner, fresh = self._reduced(x.shape, list(range(len(x.shape))), idx)
             axes = list(range(len(x.shape)))
             return self._opaque(f"${kind}{axes}", node, [(x, inner)], idx, env, local=fresh)
-        if x.shape[axis] == 1:
-            return self.conv(x, idx, env)  # one entry: log(exp(v)) = v, max(v) = v
+        if x.shape[axis] == 1 and (kind != "logsumexp" or self.klass(x) <= MINUS_INF):
+            # one entry: max(v) = v for every v; logsumexp(v) = v only where v is never +inf (the stable
+            # formula's inf - inf makes logsumexp([inf]) NaN), so not for a v that may be NaN or inf
+            return self.conv(x, idx, env)
         parts = self.blocks(x, axis)
         if parts is not None and self.klass(x) <= MINUS_INF:
             row = _with_one(x.shape, axis)
