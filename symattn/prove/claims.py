@@ -257,6 +257,8 @@ def _check_equal(session: _Session, check: t.CheckInfo) -> Verdict:
     spec = session.spec
     finiteness = session.finiteness
     worst = max(finiteness.deep(check.lhs), finiteness.deep(check.rhs))
+    if worst == MINUS_INF and (finiteness.data_minus_inf(check.lhs) or finiteness.data_minus_inf(check.rhs)):
+        worst = ANY  # a log of a value that may be 0: -inf where the data say, compared region by region
     may_be_nan, masked = worst == ANY, worst == MINUS_INF
     search = session.searcher()  # the spec itself, or at sizes the size guard picked
     if search is not session and reads_sizes(spec, [check.lhs, check.rhs]):
@@ -313,9 +315,13 @@ def _element_proof(session: _Session, sessions: list[_Session], check: t.CheckIn
     for each in sessions:
         if not may_be_nan:
             lhs, rhs = each.symbolic(check.lhs), each.symbolic(check.rhs)
-            same, unfolded = each.model.identical(lhs, rhs)
+            # a mask whose comparison the model does not decide (of inputs, or of buffers not split into
+            # cases) is a Piecewise that SymPy's algebra does not follow as float64 does: exp(m) / exp(m)
+            # is 1 even where m is -oo, so a softmax row it empties would sum to 1
+            sides = (check.lhs, check.rhs)
+            same, unfolded = ((False, []) if each.model.undecided_masks(sides) else each.model.identical(lhs, rhs))
             cases = 0 if same else identical_in_every_case(
-                each.model, lambda m: (each.symbolic(check.lhs, m), each.symbolic(check.rhs, m)))
+                each.model, lambda m: (each.symbolic(check.lhs, m), each.symbolic(check.rhs, m)), sides)
             if not (same or cases):
                 return ""
             how = f" after unfolding {', '.join(unfolded)}" if unfolded and same else ""

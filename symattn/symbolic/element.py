@@ -240,6 +240,22 @@ class ElementModel:
         self._truth: dict[str, np.ndarray] = {}
         self._adjoint: dict[str, np.ndarray] = {}
 
+    def undecided_masks(self, nodes) -> bool:
+        """Whether a value `nodes` read may be -inf at an entry this model does not settle: a mask
+        whose comparison it does not decide (`where(X > 0, 0, -inf)` of inputs; of buffers outside a
+        case), a Piecewise holding an infinity. SymPy's algebra on such entries is not float64's
+        (exp(m) / exp(m) is 1 even where m is -oo), so exact identity of them is not a proof."""
+        names = {n.name if isinstance(n, t.Tensor) else n.tensor
+                 for n in t.depends_on(self.spec, list(nodes)) if isinstance(n, (t.Tensor, t.Entry))}
+        infinities = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan)
+        for name in names:
+            if name not in self.risky:
+                continue
+            for v in self.forward[name].flat:
+                if isinstance(v, sympy.Basic) and v.has(sympy.Piecewise) and any(v.has(x) for x in infinities):
+                    return True
+        return False
+
     def _decided(self, entries: np.ndarray) -> np.ndarray:
         """Entries with the case's comparisons decided (no case: as they are)."""
         if not self.case:

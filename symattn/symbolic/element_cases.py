@@ -87,10 +87,14 @@ def mask_cases(model: ElementModel) -> list[ElementModel]:
 
 
 def identical_in_every_case(model: ElementModel, sides: Callable[[ElementModel], tuple[np.ndarray, np.ndarray]],
-                            unfold_grads: bool = True) -> int:
-    """The number of mask cases when `sides` agree exactly in each of them, 0 when not shown."""
+                            nodes: tuple = (), unfold_grads: bool = True) -> int:
+    """The number of mask cases when `sides` agree exactly in each of them, 0 when not shown.
+    `nodes`: what the sides read; a case where a mask they read is still undecided (one of inputs,
+    which no case of the buffers decides) shows nothing."""
     models = mask_cases(model)
     for case in models:
+        if nodes and case.undecided_masks(nodes):
+            return 0
         a, b = sides(case)
         same, _ = case.identical(a, b, unfold_grads=unfold_grads)
         if not same:

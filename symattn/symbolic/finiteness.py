@@ -164,6 +164,17 @@ class Finiteness:
                 break
         return worst
 
+    def data_minus_inf(self, node: t.Node) -> bool:
+        """Whether a value `node` depends on may be -inf where the data say so rather than at fixed
+        entries: a log of a value >= 0 that may be 0 (class MINUS_INF, `log((X - c)^2)` is -inf where
+        X = c). Masks are -inf at entries the element level substitutes exactly; a log's -inf is at
+        the zero set of its argument, which it does not follow (SymPy writes exp(v) / exp(v) as 1
+        whatever v is), so such values are compared region by region, as values of class ANY are."""
+        for n in t.depends_on(self.spec, [node]):
+            if isinstance(n, t.Unary) and n.fn == "log" and self.node(n) != FINITE:
+                return True
+        return False
+
     def node(self, node: t.Node) -> int:
         hit = self.memo.get(id(node))
         if hit is not None and hit[0] is node:
