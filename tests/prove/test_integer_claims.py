@@ -97,3 +97,46 @@ def _first(definitions):
 def test_the_cases_cover_both_answers():
     truths = [_truth(d, f) for d, _, _, f in CASES]
     assert any(truths) and not all(truths)
+
+
+DOC_MASK = """\
+dim N = 4, D = 2, d_k = 2
+input Q[N, d_k], K[N, d_k], V[N, d_k]
+buffer doc[N] in 0:D
+M[i:N, j:N] = where(doc[i] == doc[j], 0, -inf)
+S = Q @ K.T / sqrt(d_k) + M
+O = softmax(S, axis=-1) @ V
+output O
+"""
+
+
+def _doc_attention(q, k, v, doc):
+    s = q @ k.T / np.sqrt(q.shape[-1]) + np.where(doc[:, None] == doc[None, :], 0.0, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True) @ v
+
+
+@pytest.mark.parametrize("claim, moved, holds", [
+    ("equivariant(O, (Q, K, V, doc))", ("Q", "K", "V", "doc"), True),   # the ids move with their tokens
+    ("equivariant(O, (Q, K, V))", ("Q", "K", "V"), False),              # the ids stay: the mask does not move
+    ("invariant(O, (K, V, doc))", ("K", "V", "doc"), False),            # the queries' ids move too
+])
+def test_a_document_mask_under_permutations(claim, moved, holds):
+    """A document mask is permutation-equivariant when the document ids move with the tokens, not otherwise
+    (never a relabelling of the ids' values): against NumPy on every permutation of 4 tokens."""
+    verdict = symattn.load(DOC_MASK + f"check {claim}\n").check()[-1]
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((4, 2)) for _ in range(3))
+    truth = True
+    for doc in itertools.product(range(2), repeat=4):
+        doc = np.array(doc)
+        base = _doc_attention(q, k, v, doc)
+        for perm in itertools.permutations(range(4)):
+            perm = np.array(perm)
+            args = {"Q": q, "K": k, "V": v, "doc": doc}
+            args = {n: (a[perm] if n in moved else a) for n, a in args.items()}
+            out = _doc_attention(args["Q"], args["K"], args["V"], args["doc"])
+            want = base if claim.startswith("invariant") else base[perm]
+            truth = truth and np.allclose(out, want, atol=1e-12)
+    assert truth == holds
+    assert verdict.verdict == ("proved" if holds else "refuted"), verdict.method
