@@ -153,7 +153,7 @@ def module_source(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, ru
     lses = [printer.lse_name(core) for core in cores]
     layout = dataclasses.replace(layout, saved=layout.saved + [n for n in dict.fromkeys(lses)
                                                                if n not in layout.saved and n not in layout.outputs])
-    printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream", "_own"})
+    printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream", "_own", "_no_tangents"})
 
     forward_body = _forward_body(program, printer, plans, layout)
     printer.defined.clear()  # the backward is a function of its own: it defines the score closures again
@@ -307,6 +307,7 @@ def _public(spec: t.TypedSpec, program: Program, layout: _Layout, printer: Array
     return [
         f"def forward({sig_f}):",
         f'    """The outputs {outs}, by name; differentiable through `op` (the derived backward)."""', *pre_f,
+        f"    _no_tangents(\"{spec.name}\", ({args}{',' if len(leaves) == 1 else ''}))",
         f"    return _outputs(op(*_tensors({args}){tail})[:{n_out}])", "", "",
         f"def backward({sig_b}):",
         '    """dL/dT for every input and param T, by name (no autograd graph is built)."""', *pre_b,
@@ -382,6 +383,12 @@ def _autograd(spec: t.TypedSpec, layout: _Layout, op_name: str) -> list[str]:
         f"    return {grads_tuple}",
         "", "",
         "op.register_autograd(_op_backward, setup_context=_setup_context)", "", "",
+        "def _double_backward(ctx, grads):",
+        f'    raise NotImplementedError("{spec.name}: the gradient of its derived backward (double backward, "'
+        '"create_graph=True) "',
+        '                              "is not generated yet; it is not zero, so this module does not pretend it is")',
+        "", "",
+        "op_backward.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)", "", "",
         "class Function(torch.autograd.Function):",
         '    """The same forward and derived backward as a torch.autograd.Function: Function.apply(' +
         ", ".join(leaves + layout.sizes) + ') -> outputs."""',

@@ -309,6 +309,25 @@ def _mod(a, b):
     return torch.remainder(a, b) if isinstance(a, torch.Tensor) else torch.remainder(torch.as_tensor(a), b)
 
 
+def _no_tangents(spec, tensors):
+    """Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) through the module is not derived yet: a
+    NotImplementedError, not the zero tangents a custom op without a forward-mode formula would give."""
+    if torch.compiler.is_compiling():  # torch.compile traces the forward: no tangents there, nothing to ask
+        return
+    try:
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        from torch._C._functorch import TransformType
+        jvp = any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    except ImportError:  # another torch: its transforms are not looked for
+        jvp = False
+    forward_ad = torch.autograd.forward_ad
+    dual = getattr(forward_ad, "_current_level", -1) >= 0 and any(
+        isinstance(x, torch.Tensor) and forward_ad.unpack_dual(x).tangent is not None for x in tensors)
+    if jvp or dual:
+        raise NotImplementedError(f"{spec}: forward-mode AD (tangents, torch.func.jvp, torch.autograd.forward_ad) "
+                                  "through the generated module is not generated yet; it would be zero here")
+
+
 def _own(values, inputs):
     """What a custom op returns may alias neither its inputs nor each other: a view or an input is copied."""
     seen = []
@@ -373,7 +392,7 @@ HOST = (  # in module order
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_gather", "_minimum", "_maximum", "_floordiv", "_mod",
-    "_own", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_Score", "_key_blocks",
+    "_own", "_no_tangents", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_Score", "_key_blocks",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
          "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
