@@ -411,6 +411,12 @@ def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch
         # O(sqrt(d)) rather than O(d^1.5) and a float32 kernel is not held to an ill-conditioned softmax.
         scale = 1.0 / np.sqrt(shape[-2]) if b.kind == "param" and len(shape) >= 2 else 1.0
         arrays[id(b)] = np.asarray(scale * rng.standard_normal(shape), dtype=np.float32)
+    given = dict(zip(typed.given, p.inputs))
+    for name, b in given.items():  # an integer buffer: integers in its range (as float32, the C API's type)
+        if typed.tensors[name].integer:
+            low, high = (int(sympy.sympify(v).subs({typed.dims[n].symbol: k for n, k in sizes.items()}))
+                         for v in typed.tensors[name].values)
+            arrays[id(b)] = rng.integers(low, high, size=arrays[id(b)].shape).astype(np.float32)
     for b in (*p.outputs, *p.gradients):
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
     leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}

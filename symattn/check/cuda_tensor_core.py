@@ -43,7 +43,7 @@ import sympy
 
 from ..codegen.plan import ProductEntry
 from ..ir import typed as t
-from ..ir.functions import FUNCTIONS
+from ..ir.functions import FUNCTIONS, OPERATIONS
 from ..ir.sizes import repair, valid_sizes
 from ..codegen.cuda import CudaCode
 from ..codegen.cuda.tensor_core import TC_DTYPES, TC_HEAD_DIMS, TensorCoreForward, shared_bytes
@@ -132,6 +132,9 @@ def _entry_values(node: t.Node, spec: t.TypedSpec, core, sizes: Mapping[str, int
                 np.logical_and(*parts) if n.op == "and" else np.logical_or(*parts))
         if isinstance(n, t.Where):
             return np.where(value(n.cond), value(n.a), value(n.b))
+        if isinstance(n, t.Apply):  # // % min max clamp, by the operation records' float64 values
+            with np.errstate(all="ignore"):
+                return OPERATIONS[n.fn].float64(*(np.asarray(value(a)) for a in n.args))
         raise TypeError(f"the tensor-core check evaluates no {type(n).__name__}")
 
     return np.broadcast_to(value(node), s.shape)

@@ -183,10 +183,20 @@ def test_mutations_reach_every_stage():
 @pytest.mark.slow  # sixteen fresh interpreters; the in-process tests above cover thousands of mutants
 def test_cli_never_prints_a_traceback(tmp_path):
     rng = random.Random(20240601)
+    valid, invalid = [], []  # 8 mutants that load and 8 that do not (told in process), each run in a fresh interpreter
+    while len(valid) < 8 or len(invalid) < 8:
+        text = mutated_spec(rng)
+        try:
+            symattn.load(text, filename="fuzz.attn")
+            group = valid
+        except SpecError:
+            group = invalid
+        if len(group) < 8:
+            group.append(text)
     paths = []
-    for n in range(16):  # each run is a fresh interpreter; the in-process tests above cover thousands
+    for n, text in enumerate(valid + invalid):
         path = tmp_path / f"mutant_{n}.attn"
-        path.write_text(mutated_spec(rng), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
         paths.append(path)
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda p: run_cli("show", str(p)), paths))

@@ -239,7 +239,10 @@ def test_verify_forward_backward_with_and_without_tsan(builds, stem):
     assert set(report.errors) == expected == set(report.tsan_errors)
     assert report.ok, report.problems
     assert report.tsan_report == ""
-    assert all(n % 16 for n in report.sizes.values()) and max(report.sizes.values()) > 64
+    assert all(n % 16 for n in report.sizes.values())
+    rows = [sympy.sympify(c.n_q) for c in code.plan.cores]
+    if all(r.is_Symbol for r in rows):  # (NATTEN's rows are an H x W grid: no one dim spans the tiles)
+        assert max(report.sizes.values()) > 64
     # A fused path runs every head-dim instantiation: the main sizes one, the other runs the rest.
     if code.plan.cores:
         (core,) = code.plan.cores
