@@ -209,6 +209,7 @@ output O
 ), other_sizes=({"N": 1, "d": 1}, {"N": 4, "d": 3}), masks=("keep",))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_minus_inf_where_the_data_say():
     check(DATA_MASKS, budget=60)
 
@@ -318,6 +319,7 @@ output O
 ), other_sizes=({"N": 1, "M1": 1, "M2": 3, "d": 1}, {"N": 4, "M1": 3, "M2": 1, "d": 2}), masks=("keep1", "keep2"))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_running_max_rescale():
     check(RESCALE, budget=60)
 
@@ -434,6 +436,7 @@ output O
 ), other_sizes=({"N": 1, "M": 1, "d": 1}, {"N": 4, "M": 2, "d": 2}, {"N": 2, "M": 4, "d": 3}), masks=("keep",))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_masked_and_nonfinite_rows():
     check(ROWS, budget=60)
 
@@ -547,6 +550,7 @@ output O
     masks=("keep",))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_key_blocks():
     check(BLOCKS, budget=60)
 
@@ -625,6 +629,7 @@ output O
 ), other_sizes=({"N": 1, "M": 1, "d": 1, "e": 1}, {"N": 4, "M": 2, "d": 1, "e": 3}, {"N": 2, "M": 4, "d": 3, "e": 1}))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_coinciding_dims():
     check(DIMS, budget=60)
 
@@ -698,6 +703,7 @@ output O
 ), other_sizes=({"N": 1, "d": 1}, {"N": 4, "d": 3}))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_norms_and_divisions():
     check(NORMS, budget=60)
 
@@ -780,6 +786,7 @@ def _sin_table(shape):
     return np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
 
 
+@pytest.mark.slow  # about 5 s of SymPy each: the slow step runs it
 def test_rotations_and_relative():
     verdicts = check(ROTATIONS, budget=60)
     # "for all N" (the other dims at the spec's sizes) must hold at other N as well

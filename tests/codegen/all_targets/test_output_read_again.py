@@ -145,6 +145,7 @@ def test_an_output_read_by_another_core(name):
     assert "_softmax" not in tiled_pass.split("\ndef _as_float")[0]  # both cores stay fused
 
 
+@pytest.mark.slow  # two passes at N = 4096 (5 s each)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_an_output_read_by_another_core_keeps_memory_linear(threads):
     """The chain with both outputs takes about what it takes with the second output alone, and grows

@@ -248,6 +248,7 @@ def test_backward_strict_causal_f16_head_dim_32(built):
     _check_gradients(grads, want, "f16")
 
 
+@pytest.mark.slow  # the emulated mma over 200 keys (6 s each)
 @needs_cxx
 @pytest.mark.parametrize("name, sizes", [("key_padding", {"N": 130, "T": 150, "L": 100, "d": 64}),
                                          ("window", {"N": 200, "w": 20, "d": 64})])
