@@ -437,8 +437,8 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
     else:
         session.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
     verdicts = []
-    for number, check in enumerate(spec.checks):
-        progress.step(f"check, line {check.line}", number, len(spec.checks))
+    for k, check in enumerate(spec.checks):
+        progress.step(f"check, line {check.line}", k, len(spec.checks))
         try:
             with time_budget(budget):
                 if check.kind == "equal":
@@ -506,8 +506,8 @@ def verify_gradients(spec: t.TypedSpec, force: bool = False, derivation: Derivat
     finiteness = session.finiteness
     sessions = session.assignments()
     out = []
-    for number, (name, grad) in enumerate(session.derivation.gradients.items()):
-        progress.step(f"checking grad({name})", number, len(session.derivation.gradients))
+    for k, (name, grad) in enumerate(session.derivation.gradients.items()):
+        progress.step(f"checking grad({name})", k, len(session.derivation.gradients))
         if sessions is None:
             out.append(GradientCheck(name, False, f"not checked: {session.too_many()}"))
             continue
