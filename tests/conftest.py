@@ -80,3 +80,41 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
 def example(request) -> Path:
     """Each example spec in derivations/."""
     return request.param
+
+
+def run_cuda_on_cpu(spec, given, upstream, sizes, batch, tmp_path):
+    """(outputs, gradients) by name from the emitted fp32 CUDA kernels built for the CPU (the emulation header)
+    and called through their C API: `given` the arrays of the spec's given tensors (a batch axis on inputs and
+    buffers), `upstream` grad_<output> arrays, `sizes` dims no array gives. Pointers pass as c_void_p."""
+    import ctypes
+
+    import numpy as np
+
+    from symattn.check.cuda import build_cpu
+
+    code = spec.emit("cuda")
+    p = code.plan
+    lib = ctypes.CDLL(str(build_cpu(code, tmp_path)))
+    dims = {**{d: int(spec.typed.sizes[d]) for d in p.dims}, **sizes}
+    for x in spec.typed.given:  # every dim from the arrays: a param's axes, or an input's after its batch axis
+        shape = given[x].shape
+        for axis, d in zip(shape[len(shape) - len(spec.typed.tensors[x].shape):], spec.typed.tensors[x].shape):
+            if str(d) in dims:
+                dims[str(d)] = axis
+    ints = [*map(ctypes.c_int, [dims[d] for d in p.dims] + [batch])]
+    arrays = {}
+    for b in (*p.inputs, *p.upstream):
+        arrays[b.name] = np.ascontiguousarray((given if b.kind != "upstream" else upstream)[b.name], np.float32)
+    for b in (*p.outputs, *p.gradients):
+        source = upstream[f"grad_{b.name}"] if b.kind == "output" else given[b.name[len("grad_"):]]
+        arrays[b.name] = np.zeros(source.shape, np.float32)
+    ptrs = lambda buffers: [ctypes.c_void_p(arrays[b.name].ctypes.data) for b in buffers]  # noqa: E731
+    for fn in ("workspace_bytes", "forward", "backward"):
+        getattr(lib, f"{p.prefix}_{fn}").restype = ctypes.c_size_t if fn == "workspace_bytes" else ctypes.c_int
+    workspace = np.zeros(getattr(lib, f"{p.prefix}_workspace_bytes")(*ints) // 4 + 1, np.float32)
+    ws = ctypes.c_void_p(workspace.ctypes.data)
+    assert getattr(lib, f"{p.prefix}_forward")(*ptrs((*p.inputs, *p.outputs)), ws, *ints, None) == 0
+    assert getattr(lib, f"{p.prefix}_backward")(*ptrs((*p.inputs, *p.outputs, *p.upstream, *p.gradients)), ws,
+                                                *ints, None) == 0
+    return ({b.name: arrays[b.name] for b in p.outputs},
+            {b.name[len("grad_"):]: arrays[b.name] for b in p.gradients})

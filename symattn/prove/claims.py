@@ -39,7 +39,7 @@ from ..ir import typed as t
 from ..budget import DEFAULT_SECONDS, OutOfTime, time_budget
 from ..symbolic.derive import Derivation, derive
 from ..symbolic.element import ElementModel, guard
-from ..symbolic.element import MAX_ASSIGNMENTS, count_assignments, integer_assignments
+from ..symbolic.element import MAX_ASSIGNMENTS, count_assignments, exact_integers, integer_assignments
 from ..symbolic.element_cases import generalized, identical_in_every_case
 from ..symbolic.guarded import CaseProof, compare_by_cases
 from ..errors import SizeGuardError, SymAttnError
@@ -199,7 +199,6 @@ class _Session:
                 return np.vectorize(lambda v: sympy.sympify(v).evalf(digits + 10), otypes=[object])(
                     np.asarray(array, dtype=object))
             ev.settle = settle
-        exact_integers = np.vectorize(lambda x: sympy.Integer(int(x)), otypes=[object])
         ev.run({n: exact_integers(v) if digits is not None and spec.tensors[n].integer else convert(v)
                 for n, v in values.items()})
         ev.grads = {n: convert(v) for n, v in upstream.items()}

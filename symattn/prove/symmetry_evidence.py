@@ -27,7 +27,7 @@ from ..ir import typed as t
 from ..ir.shapes import same_dim
 from ..ir.sizes import SEARCH_BUDGET, SizeChoice, fit_sizes, reads_sizes, user_sizes
 from ..symbolic.element import guard, same_entry, settled, shared_xreplace, symbol_name
-from ..symbolic.element import MAX_ASSIGNMENTS, count_assignments, integer_assignments
+from ..symbolic.element import MAX_ASSIGNMENTS, count_assignments, exact_integers, integer_assignments
 from ..symbolic.evaluate import NUMERIC, SYMBOLIC, Evaluator
 from .verdicts import Counterexample
 
@@ -83,10 +83,12 @@ def _one_assignment(spec, output, sources, dim, invariant, n, integers):
     leaf = {}
     for name in spec.given:
         shape = spec.concrete_shape(spec.tensors[name].shape)
+        if name in integers:
+            leaf[name] = exact_integers(integers[name])
+            continue
         leaf[name] = np.empty(shape, dtype=object)
         for index in np.ndindex(*shape) if shape else [()]:
-            leaf[name][index] = (sympy.Integer(int(integers[name][index])) if name in integers
-                                 else sympy.Symbol(symbol_name(name, index), real=True))
+            leaf[name][index] = sympy.Symbol(symbol_name(name, index), real=True)
     symbol = spec.dims[dim].symbol
     ev = Evaluator(spec, SYMBOLIC)
     ev.run(leaf)

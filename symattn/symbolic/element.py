@@ -68,7 +68,8 @@ from .exact import (entry_diff, extreme_diff, free_symbols, mp_value, same_entry
 from .relations import radicals_as_roots
 
 __all__ = ["ElementModel", "symbol_name", "guard", "zero_test", "same_entry", "settled", "shared_xreplace",
-           "ELEMENT_BUDGET", "MAX_ASSIGNMENTS", "integer_assignments", "count_assignments", "example_assignment"]
+           "ELEMENT_BUDGET", "MAX_ASSIGNMENTS", "integer_assignments", "count_assignments", "example_assignment",
+           "exact_integers"]
 
 def symbol_name(tensor: str, index: tuple[int, ...], grad: bool = False) -> str:
     """`X_{1,2}`, `W^{q}_{2,1}`, `\\bar{O}_{1,1}`: 1-based, LaTeX-friendly."""
@@ -86,10 +87,12 @@ def _symbols(tensor: str, shape: tuple[int, ...], grad: bool = False) -> np.ndar
     return out
 
 
-def _integers(values: np.ndarray) -> np.ndarray:
-    out = np.empty(np.shape(values), dtype=object)
+def exact_integers(values) -> np.ndarray:
+    """An integer buffer's values as an object array of SymPy Integers (its entries in exact arithmetic)."""
+    values = np.asarray(values)
+    out = np.empty(values.shape, dtype=object)
     for index in np.ndindex(*out.shape) if out.shape else [()]:
-        out[index] = sympy.Integer(int(np.asarray(values)[index]))
+        out[index] = sympy.Integer(int(values[index]))
     return out
 
 
@@ -197,7 +200,7 @@ class ElementModel:
         self.case = dict(case or {})
         self.progress = progress is not False  # report steps to symattn.progress (silent outside a task)
         self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) if n not in self.integers
-                     else _integers(self.integers[n]) for n in spec.given}
+                     else exact_integers(self.integers[n]) for n in spec.given}
         self.slot = {n: _symbols(n, spec.concrete_shape(i.shape)) for n, i in spec.tensors.items()
                      if i.expr is not None}
         self.upstream = {n: _symbols(n, spec.concrete_shape(i.shape), grad=True) for n, i in spec.tensors.items()

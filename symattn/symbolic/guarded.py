@@ -47,7 +47,7 @@ import sympy
 from ..budget import checkpoint
 from ..ir import typed as t
 from ..ir.functions import FUNCTIONS, OPERATIONS
-from .element import symbol_name
+from .element import exact_integers, symbol_name
 from .ieee_values import (FINITE, INF, INFINITE, NAN, NEG_INF, NONFINITE, UNKNOWN, Guard, Value, add, constant, finite,
                           multiply, negate, wrap)
 from .evaluate import Evaluator, reduce_lines
@@ -418,7 +418,7 @@ class _Regions:
                  gradients: Mapping[str, t.Node | None], integers: Mapping) -> None:
         self.spec, self.lhs, self.rhs, self.shape, self.gradients = spec, lhs, rhs, shape, gradients
         self.leaf = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape)) if n not in integers
-                     else np.vectorize(lambda v: sympy.Integer(int(v)), otypes=[object])(integers[n]) for n in spec.given}
+                     else exact_integers(integers[n]) for n in spec.given}
         self.upstream = {n: _symbols(n, spec.concrete_shape(spec.tensors[n].shape), grad=True)
                          for n in spec.outputs}
         self.memo: dict[frozenset, tuple[np.ndarray, np.ndarray, _Guarded]] = {}

@@ -20,7 +20,7 @@ import pytest
 import symattn
 from symattn.codegen.arrays.module import load_module
 
-from conftest import REPO
+from conftest import REPO, run_cuda_on_cpu
 
 torch = pytest.importorskip("torch", reason="the dense references are written in torch")
 
@@ -258,9 +258,7 @@ def test_every_index_only_mask_is_fused():
 def test_cuda_kernels_against_the_peer_definition(name, tmp_path):
     """The fp32 CUDA kernels, built for the CPU with the emulation header, through their C API (an integer
     buffer is passed as float32, exact below 2^24)."""
-    import ctypes
-
-    from symattn.check.cuda import build_cpu, find_cxx
+    from symattn.check.cuda import find_cxx
 
     if find_cxx() is None:
         pytest.skip("no C++ compiler: the CUDA kernels cannot run on the CPU")
@@ -269,32 +267,7 @@ def test_cuda_kernels_against_the_peer_definition(name, tmp_path):
     want = _reference(name, leaves, integers, upstream)
     code = spec.emit("cuda")
     assert code.path == ("generic" if name == "paged_decode" else "fused")
-    p = code.plan
-    lib = ctypes.CDLL(str(build_cpu(code, tmp_path)))
-    given = {**leaves, **integers}
-    dims = {d: int(spec.typed.sizes[d]) for d in p.dims}
-    for x in spec.typed.given:  # every dim from the arrays: a param's axes, or an input's after its batch axis
-        shape = given[x].shape
-        for axis, d in zip(shape[len(shape) - len(spec.typed.tensors[x].shape):], spec.typed.tensors[x].shape):
-            if str(d) in dims:
-                dims[str(d)] = axis
-    ints = [*map(ctypes.c_int, [dims[d] for d in p.dims] + [B])]
-    arrays = {}
-    for b in (*p.inputs, *p.upstream):
-        arrays[b.name] = np.ascontiguousarray((given if b.kind != "upstream" else upstream)[b.name], np.float32)
-    for b in (*p.outputs, *p.gradients):
-        source = upstream[f"grad_{b.name}"] if b.kind == "output" else leaves[b.name[len("grad_"):]]
-        arrays[b.name] = np.zeros(source.shape, np.float32)
-    ptrs = lambda buffers: [ctypes.c_void_p(arrays[b.name].ctypes.data) for b in buffers]  # noqa: E731
-    for fn in ("workspace_bytes", "forward", "backward"):
-        getattr(lib, f"{p.prefix}_{fn}").restype = ctypes.c_size_t if fn == "workspace_bytes" else ctypes.c_int
-    workspace = np.zeros(getattr(lib, f"{p.prefix}_workspace_bytes")(*ints) // 4 + 1, np.float32)
-    ws = ctypes.c_void_p(workspace.ctypes.data)
-    assert getattr(lib, f"{p.prefix}_forward")(*ptrs((*p.inputs, *p.outputs)), ws, *ints, None) == 0
-    assert getattr(lib, f"{p.prefix}_backward")(*ptrs((*p.inputs, *p.outputs, *p.upstream, *p.gradients)), ws,
-                                                *ints, None) == 0
-    outs = {b.name: arrays[b.name] for b in p.outputs}
-    grads = {b.name[len("grad_"):]: arrays[b.name] for b in p.gradients}
+    outs, grads = run_cuda_on_cpu(spec, {**leaves, **integers}, upstream, sizes, B, tmp_path)
     _check(name, outs, grads, want, 1e-5, "cuda")
 
 
