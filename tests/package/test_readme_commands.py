@@ -82,5 +82,7 @@ def test_the_readme_commands_pass_in_a_fresh_clone_and_venv(tmp_path):
     tail = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, tail
     closing = done.stdout.strip().splitlines()[-1]
-    assert re.search(r"\d+ passed", closing) and "failed" not in closing and "error" not in closing, closing
+    # "1 xfailed" is fine; "1 failed" or "1 error" is not
+    assert re.search(r"\d+ passed", closing), closing
+    assert not re.search(r"\b\d+ (failed|errors?)\b", closing), closing
     assert re.search(r"\d+ skipped", closing), f"tools that are not installed must skip: {closing}"
