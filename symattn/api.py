@@ -366,7 +366,9 @@ def format_typed(spec: t.TypedSpec) -> str:
         shape = format_shape(info.shape, order)
         sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
         definition = definition_text(spec, name)
-        if info.integer:  # an integer buffer: its range, as declared, and at these sizes
+        if info.dropout is not None:
+            definition = f"0/1, drawn from the seed: {info.dropout.of} = dropout(..., {info.dropout.p})"
+        elif info.integer:  # an integer buffer: its range, as declared, and at these sizes
             low, high = (format_dim(v, order) for v in info.values)
             definition = f"integers in {low}:{high} ({':'.join(map(str, spec.integer_range(name)))} here)"
         rows.append((name, info.role, shape, sizes, f"line {info.pos.line}", definition))

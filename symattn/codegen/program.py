@@ -34,12 +34,14 @@ import dataclasses
 from collections import Counter
 from typing import Iterable
 
+import sympy
+
 from ..ir import typed as t
 from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Definition, FusedAttention, FusedAttentionGrad, Namer,
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, DropoutBase, DropoutMask, FusedAttention, FusedAttentionGrad, Namer,
                          Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
@@ -97,7 +99,12 @@ class _Builder:
         for name in spec.given:
             var = self.names.take(name)
             self.tensor_vars[name] = var
-            self._argument(var, spec.tensors[name].shape, frozenset({name}))
+            if spec.tensors[name].dropout is None:  # a dropout mask is drawn (`mask`), not given
+                self._argument(var, spec.tensors[name].shape, frozenset({name}))
+        self.seed = None
+        if spec.dropouts:  # `seed`, unless the spec names something so
+            self.seed = self.names.take("seed", "dropout_seed")
+            self._argument(self.seed, (), frozenset())
         self.upstream: dict[str, str] = {}
         for out in spec.outputs:
             self.upstream[out] = f"grad_{out}"
@@ -117,7 +124,30 @@ class _Builder:
         info = self.spec.tensors[name]
         if info.kind == "intermediate" and name not in self.emitted:
             self.emit_tensor(name)
+        if info.dropout is not None and name not in self.emitted:
+            self.mask(name)
         return Var(self.tensor_vars[name], info.shape)
+
+    def mask(self, name: str) -> None:
+        """The statement that draws dropout's mask `name` for the value it multiplies: x of D = x * mask / (1 - p)
+        (`symattn.front.dropout`), whose runtime shape it takes."""
+        info = self.spec.tensors[name]
+        what = f"the 0/1 mask of {info.dropout.of} = dropout(..., {float(info.dropout.p)!r})"
+        core = next((c for c in (self.fused.cores.values() if self.fused is not None else ())
+                     if name in c.read_tensors), None)
+        if core is not None:  # drawn per entry inside the core: only each batch entry's first position
+            tensors = self.spec.tensors
+            sources = tuple((self.tensor(n), len(tensors[n].shape)) for n in (core.q, core.k, *core.read_tensors)
+                            if tensors[n].dropout is None)
+            node = DropoutBase(sympy.Mul(*tensors[info.dropout.of].shape), sources)
+            self.add(self.tensor_vars[name], node, f"{name}: where each batch entry's positions start in {what}, "
+                     "drawn inside the fused core", shape=())
+        else:
+            definition = self.spec.tensors[info.dropout.of].expr
+            like = self.lower(definition.a.a)
+            node = DropoutMask(like, info.dropout.stream, info.dropout.threshold, info.shape)
+            self.add(self.tensor_vars[name], node, f"{name}: {what}, drawn from {self.seed}", shape=info.shape)
+        self.emitted.add(name)
 
     def grad(self, name: str) -> Var:
         if name not in self.grad_vars:
@@ -293,6 +323,8 @@ class _Builder:
             self.forward_exprs.update(self.fused.forward)
         self.named = {expr: name for name, expr in self.forward_exprs.items() if not isinstance(expr, t.IndexDef)}
         self.shared = _shared_nodes(list(self.forward_exprs.values()) + list(backward_exprs.values()))
+        # the value a dropout mask takes its shape from is computed once, for the mask and its product
+        self.shared |= {spec.tensors[spec.tensors[m].dropout.of].expr.a.a for m in spec.dropouts}
         index_defs = [n for e in list(self.forward_exprs.values()) + list(backward_exprs.values())
                       for n in t.walk(e) if isinstance(n, t.IndexDef)]
         self.index = IndexLowering(self, count_shared(index_defs))
@@ -318,7 +350,7 @@ class _Builder:
 
         program = Program(spec, derivation, self.stmts, forward_count, self.tensor_vars, self.grad_vars,
                           self.upstream, self.dim_vars, leaf_grads, names=self.names, info=self.info,
-                          cores=dict(self.fused.cores) if self.fused is not None else {})
+                          cores=dict(self.fused.cores) if self.fused is not None else {}, seed=self.seed)
         _liveness(program)
         return program
 

@@ -68,6 +68,40 @@ class Arange:
 
 
 @dataclass(frozen=True, slots=True)
+class DropoutMask(t.Node):
+    """The 0/1 mask of a `dropout` definition, drawn from the module's seed (`Program.seed`) for every entry
+    of `like`, the value it multiplies, in its shape at run time (leading batch axes included): entry n
+    (flat, row-major) is 1 iff `symattn.ir.philox.keep_at(seed, stream, n, threshold)`. The forward pass
+    and the backward pass each draw it (a module's backward runs the forward statements again), so no
+    mask is stored between them."""
+
+    like: t.Node
+    stream: int
+    threshold: int
+    shape: tuple
+
+    @property
+    def children(self):
+        return (self.like,)
+
+
+@dataclass(frozen=True, slots=True)
+class DropoutBase(t.Node):
+    """In a fused program, a dropout mask that an attention core draws per entry (`plan.DropoutEntry`) held as
+    the flat position of each batch entry's first mask entry: `size` (the mask's entries per batch entry)
+    times the entry's number over the batch axes of `sources` (the core's q, k and score reads, each with its
+    spec rank), those of the scores the mask has the shape of. An integer array of those batch axes."""
+
+    size: sympy.Expr
+    sources: tuple  # of (Var, rank)
+    shape: tuple = ()
+
+    @property
+    def children(self):
+        return tuple(v for v, _ in self.sources)
+
+
+@dataclass(frozen=True, slots=True)
 class FusedAttention(t.Node):
     """An attention core's output `softmax(score(q @ k.T)) @ v` computed as one operation (block by block,
     never the whole score), with the row log-sum-exp its backward reads; `core` names the core's output
@@ -218,6 +252,12 @@ class Program:
     names: Namer | None = None  # for printers that need more variables
     info: dict[str, Stmt] = field(default_factory=dict)  # variable -> statement (arguments too)
     cores: dict = field(default_factory=dict)  # core output -> AttentionCore, for FusedAttention statements
+    seed: str | None = None  # the keyword argument dropout's masks are drawn from (None: the spec has no dropout)
+
+    @property
+    def arguments(self) -> list[str]:
+        """The variables of the module's tensor arguments (the spec's `arguments`), then the seed's, if any."""
+        return [self.tensor_vars[n] for n in self.spec.arguments] + ([self.seed] if self.seed else [])
 
     @property
     def forward(self) -> list[Stmt]:

@@ -335,6 +335,10 @@ RULES: dict[str, Callable] = {
 
 
 def validate_call(v, call: ir.Call, scope) -> t.Node:
+    if call.func == "dropout":
+        from .dropout import misplaced
+
+        raise misplaced(call, scope)
     rule = RULES.get(call.func) or (_elementwise if call.func in FUNCTIONS else None)
     if rule is None:
         if call.func in v.tensors or call.func in v.dims:
@@ -346,5 +350,5 @@ def validate_call(v, call: ir.Call, scope) -> t.Node:
         close = get_close_matches(call.func, list(RULES), n=1, cutoff=0.75)
         raise _err(SpecNameError, f"unknown function '{call.func}'", call.func_pos,
                    f"did you mean '{close[0]}'?" if close else
-                   "the builtins are " + ", ".join(sorted([*FUNCTIONS, *(n for n in RULES if n not in ("equivariant", "invariant", "relative"))])))
+                   "the builtins are " + ", ".join(sorted([*FUNCTIONS, *(n for n in RULES if n not in ("equivariant", "invariant", "relative")), "dropout"])))
     return rule(v, call, scope)

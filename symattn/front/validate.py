@@ -33,6 +33,7 @@ from .claim_forms import relative_check, symmetry_check
 from .check_only import CHECK_ONLY_HINT, CheckOnly, grad_entry, output_reads_backward, read_backward
 from . import dims, hints, operators, subscripts
 from .dims import number_value
+from .dropout import dropout_definition, hidden_read, is_dropout
 from .parse import KEYWORDS
 from ..ir.printing import to_spec
 from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_shape, matmul_shape, same_dim
@@ -40,7 +41,7 @@ from ..ir.shapes import ONE, ShapeMismatch, broadcast, dim_symbol, format_shape,
 __all__ = ["validate", "BUILTINS"]
 
 _MATRIX_FUNCTIONS = (
-    "softmax", "where", "merge_heads", "split_heads", "concat", "transpose", "clamp",
+    "softmax", "where", "merge_heads", "split_heads", "concat", "transpose", "clamp", "dropout",
 ) + t.REDUCTIONS + t.CONSTANTS
 _CHECK_FUNCTIONS = ("grad", "equivariant", "invariant", "relative")
 class _Builtins:
@@ -202,7 +203,7 @@ class _Validator:
                            "dim that is used as a number alone (no shape, index range or divisor) may be 0", at)
         tensors = {
             name: t.TensorInfo(info.name, info.kind, info.shape, info.pos, info.expr, name in self.outputs,
-                               values=info.values)
+                               values=info.values, dropout=info.dropout)
             for name, info in self.tensors.items()
         }
         return t.TypedSpec(self.name, self.filename, "", dict(self.dims), self.sizes, tensors,
@@ -262,7 +263,9 @@ class _Validator:
         self.reads = []
         self.defining = stmt.name.id
         try:
-            if stmt.indices is None:
+            if is_dropout(stmt):
+                node = dropout_definition(self, stmt)
+            elif stmt.indices is None:
                 node = self.expr(stmt.expr, None)
                 if isinstance(node, (t.Compare, t.Logical)):
                     raise _err(SpecShapeError, "a condition is not a tensor; use it as where(cond, a, b)", node.pos)
@@ -400,6 +403,8 @@ class _Validator:
         if name in self.check_only and scope is None:
             read_backward(self, node.pos, f"'{name}'", name)
             return self.check_only[name].node  # a check sees the definition in its place
+        if name in self.tensors and self.tensors[name].dropout is not None:
+            raise hidden_read(self, name, node.pos)
         if name in self.tensors:
             shape = self.tensors[name].shape
             if scope is not None and shape != ():
@@ -492,6 +497,8 @@ class _Validator:
                                      node.name, node.pos)
         if node.name not in self.tensors:
             raise self.unknown(node.name, node.pos, tuple(scope.ranges))
+        if self.tensors[node.name].dropout is not None:
+            raise hidden_read(self, node.name, node.pos)
         shape = self.tensors[node.name].shape
         if len(node.indices) != len(shape):
             raise _err(SpecShapeError, f"{node.name} has shape {self.shape_text(shape)}: it takes {len(shape)} "

@@ -22,7 +22,7 @@ from .position import Pos
 Shape = tuple  # of SymPy dim expressions
 Node = Any     # a `symattn.ir.typed.Node` (this module comes before the nodes it holds)
 
-__all__ = ["DimInfo", "TensorInfo", "CheckInfo", "TypedSpec"]
+__all__ = ["DimInfo", "Dropout", "TensorInfo", "CheckInfo", "TypedSpec"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,31 @@ class DimInfo:
     symbol: sympy.Symbol
     default: int
     pos: Pos
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """What makes a buffer the 0/1 mask Z of `D = dropout(x, p)` (D = x * Z / (1 - p)): the tensor D it
+    belongs to, its x, p (an exact rational in [0, 1)) and its stream (0, 1, 2, ... in spec order).
+
+    To every stage that reasons about values the mask is an integer buffer in 0:2 of x's shape (claims
+    hold for every Z); generated code never takes it as an argument but draws it from a `seed`:
+    entry n (flat, row-major, in the full shape of x at run time) is 1 iff Philox-4x32-10 keeps it
+    (`symattn.ir.philox`: `keep_at(seed, stream, n, threshold)`), in the forward pass and again in the
+    backward."""
+
+    of: str
+    x: str | None
+    p: sympy.Rational
+    stream: int
+
+    @property
+    def threshold(self) -> int:
+        """The uint32 word 0 is compared with (`symattn.ir.philox.dropout_threshold`)."""
+        from .philox import dropout_threshold
+        from fractions import Fraction
+
+        return dropout_threshold(Fraction(int(self.p.p), int(self.p.q)))
 
 
 @dataclass(frozen=True)
@@ -49,6 +74,7 @@ class TensorInfo:
     expr: Node | None = None
     is_output: bool = False
     values: tuple[sympy.Expr, sympy.Expr] | None = None  # an integer buffer's entries: low .. high - 1
+    dropout: Dropout | None = None  # the buffer is the mask of a `dropout` definition, drawn from the seed
 
     @property
     def integer(self) -> bool:
@@ -57,7 +83,7 @@ class TensorInfo:
 
     @property
     def role(self) -> str:
-        return "output" if self.is_output else self.kind
+        return "output" if self.is_output else "dropout mask" if self.dropout is not None else self.kind
 
     @property
     def has_gradient(self) -> bool:
@@ -112,6 +138,17 @@ class TypedSpec:
     def given(self) -> tuple[str, ...]:
         """Inputs, params and buffers, in declaration order: the arguments of the forward pass."""
         return tuple(n for n, t in self.tensors.items() if t.kind in ("input", "param", "buffer"))
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The given tensors a generated module takes, in declaration order: every one but dropout's masks,
+        which it draws from its `seed` argument (`dropouts`)."""
+        return tuple(n for n in self.given if self.tensors[n].dropout is None)
+
+    @property
+    def dropouts(self) -> tuple[str, ...]:
+        """The masks of the spec's `dropout` definitions (buffers in 0:2), in stream order."""
+        return tuple(n for n, t in self.tensors.items() if t.dropout is not None)
 
     @property
     def differentiable(self) -> tuple[str, ...]:

@@ -42,7 +42,7 @@ from ...errors import CodegenError
 from ...ir import typed as t
 from ...ir.affine import Affine, pieces, signed_sum
 from ...ir.printer import ADD, ATOM, COMPARE, MUL, NEG, Printed, Printer
-from ..plan import KEY, ROW, AttentionCore, ProductEntry, Read, entry_text, linear, scaled, tile_bounds
+from ..plan import KEY, ROW, AttentionCore, DropoutEntry, ProductEntry, Read, entry_text, linear, scaled, tile_bounds
 from ..plan.bounds import I0, I1
 from ..plan.entry import conditions
 from .syntax import BINARY, COMPARISON, LOGICAL, PYTHON_PRECEDENCE
@@ -154,6 +154,27 @@ class BlockPrinter(Printer):
         if not at:
             return Piece(name, ATOM, kind)
         return Piece(f"{name}[{', '.join(at)}]", ATOM, kind)
+
+    def _print_DropoutEntry(self, node: DropoutEntry) -> Piece:
+        """The mask drawn at the block's positions: `_dropout_keep` of the module's seed, a bool array."""
+        base = self.doprint(node.base)
+        self.outer.helpers.add("_dropout_keep")
+        at = f"{base.text} + {self.position(node.index)}"
+        return Piece(f"_dropout_keep({self.outer.p.seed}, {node.stream}, {at}, {node.threshold})", ATOM, "bool")
+
+    def position(self, node: t.Node) -> str:
+        """An integer expression of coordinates, integers and dims (a flat position) as exact integer arithmetic."""
+        if isinstance(node, t.IndexVar):
+            return self.coords[node.name]
+        if isinstance(node, t.DimValue):
+            return self.outer.parenthesize(self.outer.dim(node.dim), ATOM)
+        if isinstance(node, t.Scalar) and sympy.sympify(node.value).is_integer:
+            return str(int(node.value))
+        if isinstance(node, t.Unary) and node.fn == "neg":
+            return f"-({self.position(node.x)})"
+        if isinstance(node, t.Binary) and node.op in ("add", "sub", "mul"):
+            return f"({self.position(node.a)} {BINARY[node.op]} {self.position(node.b)})"
+        raise CodegenError(f"dropout's position {entry_text(node, [])} is not integer arithmetic on the block")
 
     def core_integer(self, name: str) -> bool:
         info = self.outer.p.spec.tensors.get(name)

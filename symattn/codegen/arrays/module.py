@@ -36,14 +36,14 @@ def size_keywords(spec: t.TypedSpec) -> list[str]:
 
     (`split_heads(X, h)` with no tensor of shape [h, ...]: `forward(X=..., h=4)`, default the spec's size.)
     """
-    alone = {d for name in spec.given for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
+    alone = {d for name in spec.arguments for d in spec.tensors[name].shape if getattr(d, "is_Symbol", False)}
     return [name for name, info in spec.dims.items() if info.symbol not in alone]
 
 
 def cast_line(spec: t.TypedSpec, program: Program) -> str:
     """`dtype, (X, W) = _as_float(X, W)`: the given tensors in their common floating dtype (an integer buffer
     keeps its integers: `_integers` checks it once the sizes are known)."""
-    leaves = [program.tensor_vars[n] for n in spec.given if not spec.tensors[n].integer]
+    leaves = [program.tensor_vars[n] for n in spec.arguments if not spec.tensors[n].integer]
     return f"dtype, ({', '.join(leaves)}{',' if len(leaves) == 1 else ''}) = _as_float({', '.join(leaves)})"
 
 
@@ -54,11 +54,11 @@ def header_lines(spec: t.TypedSpec, program: Program, first: str, target: str, f
 
     order = list(spec.dims)
     rows = []
-    for tensor in list(spec.given) + list(spec.outputs):
+    for tensor in list(spec.arguments) + list(spec.outputs):
         info = spec.tensors[tensor]
         rows.append((info.kind if tensor not in spec.outputs else "output", tensor, format_shape(info.shape, order)))
     width = max(len(r[1]) for r in rows)
-    leaves = ", ".join(spec.given)
+    leaves = ", ".join(list(spec.arguments) + ([program.seed] if program.seed else []))
     grads = ", ".join(program.upstream[o] for o in spec.outputs)
     outs = ", ".join(f'"{o}": ...' for o in spec.outputs)
     lines = [
@@ -78,6 +78,14 @@ def header_lines(spec: t.TypedSpec, program: Program, first: str, target: str, f
     if sizes:
         lines += ["", "Sizes that no input's shape gives are keywords too: "
                   + ", ".join(f"{n}={spec.sizes[n]}" for n in sizes) + " by default."]
+    if program.seed:
+        masks = ", ".join(f"{spec.tensors[m].dropout.of} (stream {spec.tensors[m].dropout.stream}, p = "
+                          f"{float(spec.tensors[m].dropout.p)!r})" for m in spec.dropouts)
+        lines += ["", f"`{program.seed}` (an integer in [0, 2**64)) draws the dropout masks of {masks}: entry n",
+                  "of a mask (flat, row-major, in the full shape of the tensor dropped, batch axes included) is",
+                  "kept iff word 0 of Philox-4x32-10 at counter (n low word, n high word, stream, 0) under key",
+                  "(seed low word, seed high word) is at least floor(p * 2**32), the same bits on every symattn",
+                  "target; the backward pass draws the masks again from the same seed."]
     return lines
 
 
@@ -119,9 +127,11 @@ def comment_lines(stmt: Stmt, lines: list[str], consumed: str | None) -> list[st
     return out + lines
 
 
-def bind_dims(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, batch: str | None = None) -> list[str]:
+def bind_dims(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, batch: str | None = None,
+              checked_seed: bool = False) -> list[str]:
     """Read each dim's size from the first array that has it alone on an axis; check every array against them
-    (and keep the broadcast batch axes as `batch`, when named)."""
+    (and keep the broadcast batch axes as `batch`, when named), and dropout's seed (`checked_seed`: the caller
+    checked it, and passes it as the int64 of its bits, a custom op's int)."""
     order = list(spec.dims)
     bound: set[sympy.Symbol] = set()
     lines: list[str] = []
@@ -132,7 +142,7 @@ def bind_dims(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, batch:
         tail = "," if len(expected) == 1 else ""
         return f'_bind("{leaf}", {program.tensor_vars[leaf]}, "{shape}", ({", ".join(expected)}{tail}))'
 
-    for leaf in spec.given:
+    for leaf in spec.arguments:
         targets, expected, new = [], [], set()
         for d in map(sympy.sympify, spec.tensors[leaf].shape):
             if d.is_Symbol and d not in bound:
@@ -161,7 +171,12 @@ def bind_dims(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, batch:
     lines += exact_dims(spec, printer)
     for leaf in later:
         lines.append(call(leaf, [printer.dim(d).text for d in spec.tensors[leaf].shape]))
-    for leaf in spec.buffers:  # an integer buffer: integers in its range, or a ValueError naming it
+    if program.seed and checked_seed:
+        lines.append(f"{program.seed} %= 2 ** 64  # the seed's bits as an unsigned integer again")
+    elif program.seed:
+        lines.append(f"{program.seed} = _seed({program.seed})")
+        printer.helpers.add("_seed")
+    for leaf in spec.arguments:  # an integer buffer: integers in its range, or a ValueError naming it
         info = spec.tensors[leaf]
         if info.integer:
             var = program.tensor_vars[leaf]
@@ -169,7 +184,7 @@ def bind_dims(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, batch:
             lines.append(f'{var} = _integers("{leaf}", {var}, {low}, {high})')
             printer.helpers.add("_integers")
     ranks = ", ".join(f'("{leaf}", {program.tensor_vars[leaf]}, {len(spec.tensors[leaf].shape)})'
-                      for leaf in spec.given)
+                      for leaf in spec.arguments)
     lines.append(f"{batch + ' = ' if batch else ''}_batch_axes({ranks})")
     return lines
 
@@ -183,7 +198,7 @@ def exact_dims(spec: t.TypedSpec, printer: ArrayPrinter) -> list[str]:
     from ...ir.sizes import constraints
 
     # split_heads checks its own width ("not a multiple of 3 heads"), unless an input's shape has it too
-    in_leaves = {d for name in spec.given for d in spec.tensors[name].shape}
+    in_leaves = {d for name in spec.arguments for d in spec.tensors[name].shape}
     seen = {n.shape[-1] for info in spec.tensors.values() if info.expr is not None for n in t.walk(info.expr)
             if isinstance(n, t.SplitHeads)} - in_leaves
     lines = []

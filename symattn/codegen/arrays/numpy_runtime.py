@@ -231,13 +231,35 @@ def _gather(x, at, rank):
     return x[(*batch, *at)]
 
 
+def _seed(seed):
+    """The seed dropout's masks are drawn from, an integer in [0, 2**64), or a ValueError."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2 ** 64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+def _dropout_mask(seed, stream, like, threshold):
+    """Dropout's 0/1 mask for the array `like`, in its shape and dtype: entry n (flat, row-major) is 1 iff
+    `_dropout_keep` keeps position n."""
+    positions = np.arange(np.size(like), dtype=np.int64).reshape(np.shape(like))
+    return _dropout_keep(seed, stream, positions, threshold).astype(np.result_type(like))
+
+
+def _dropout_base(size, *sources):
+    """The flat position where each batch entry's dropout mask starts: its number over the batch axes of the
+    `sources` ((array, spec rank) pairs: the fused core's q, k and score reads) times `size`, an int64 array."""
+    batch = np.broadcast_shapes(*(np.shape(x)[:np.ndim(x) - rank] for x, rank in sources))
+    return np.arange(int(np.prod(batch)), dtype=np.int64).reshape(batch) * int(size)
+
+
 HOST = (  # in module order
     "_as_float", "_integers", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid", "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
-    "_gather", "_Score", "_key_blocks", "_philox4x32_10", "_dropout_keep",
+    "_gather", "_Score", "_key_blocks", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_base",
 )
-CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_dropout_keep": ("_philox4x32_10",)}
+CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_dropout_keep": ("_philox4x32_10",),
+         "_dropout_mask": ("_dropout_keep",)}
 
 
 def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:

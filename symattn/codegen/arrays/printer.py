@@ -33,7 +33,7 @@ from ...errors import CodegenError
 from ...ir import typed as t
 from ...ir.printer import ADD, ATOM, MUL, NEG, POW
 from ..index import IndexArray, LEntry, LScalarTensor, LVar
-from ..program_ir import (Arange, FusedAttention, FusedAttentionGrad, FusedLse, FusedPart, Program, SoftmaxGrad, Stmt,
+from ..program_ir import (Arange, DropoutBase, DropoutMask, FusedAttention, FusedAttentionGrad, FusedLse, FusedPart, Program, SoftmaxGrad, Stmt,
                           Var, walk_labelled)
 from .index_printer import IndexNotationPrinter
 from .syntax import INPLACE, SCALAR_UNARY, Code, Spelling
@@ -55,7 +55,8 @@ class ArrayPrinter(IndexNotationPrinter):
         self.dims = {self.spec.dims[n].symbol: v for n, v in program.dim_vars.items()}
         self.fused: dict[str, tuple[str, ...]] = {}  # fused core or gradient variable -> the names it binds
         self.integers: set[str] = {program.tensor_vars[n] for n in self.spec.buffers  # positions, integer
-                                   if self.spec.tensors[n].integer}  # buffers: kept as integers
+                                   if self.spec.tensors[n].integer  # buffers: kept as integers
+                                   and self.spec.tensors[n].dropout is None}  # (a dropout mask: its values')
 
     # --- dims and scalars -----------------------------------------------------------------
 
@@ -411,6 +412,18 @@ class ArrayPrinter(IndexNotationPrinter):
             if self.spell.integer_positions:
                 self.integers.add(var)
             return [f"{var} = {self.spell.arange_values.format(n=self.dim(stmt.node.size).text)}"]
+        if isinstance(stmt.node, DropoutMask):
+            self.owned[var] = True
+            self.helpers.add("_dropout_mask")
+            node = stmt.node
+            return [f"{var} = _dropout_mask({self.p.seed}, {node.stream}, {self.doprint(node.like).text}, "
+                    f"{node.threshold})"]
+        if isinstance(stmt.node, DropoutBase):
+            self.owned[var] = True
+            self.integers.add(var)
+            self.helpers.add("_dropout_base")
+            sources = "".join(f", ({self.doprint(v).text}, {rank})" for v, rank in stmt.node.sources)
+            return [f"{var} = _dropout_base({self.dim(stmt.node.size).text}{sources})"]
         if isinstance(stmt.node, (FusedAttention, FusedAttentionGrad)):
             self.owned[var] = True
             return self.fused_statement(var, stmt.node)

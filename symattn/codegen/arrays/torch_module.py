@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import CodegenError
 from ...ir import typed as t
-from ..program_ir import FusedAttention, SoftmaxGrad, Var, walk_labelled
+from ..program_ir import DropoutMask, FusedAttention, SoftmaxGrad, Var, walk_labelled
 from .module import (bind_dims, cast_line, comment_lines, header_lines, helper_sources, load_module, one_batch_check,
                      size_keywords, upstream_lines)
 
@@ -103,17 +103,18 @@ def recompute_plan(program: Program) -> list[SoftmaxRecompute]:
 class _Layout:
     """The names the generated functions pass between them."""
 
-    leaves: list[str]  # variables of the given tensors, in the spec's order
+    leaves: list[str]  # variables of the given tensors, in the spec's order (dropout masks aside)
     outputs: list[str]
     saved: list[str]  # forward values the backward reads (outputs and leaves aside)
     upstream: list[str]  # grad_O keywords
-    sizes: list[str]  # size keywords (dims no input has alone on an axis)
+    sizes: list[str]  # size keywords (dims no input has alone on an axis), then the dropout seed, if any
     differentiable: list[str]  # variables of the inputs and params, in the spec's order
+    masks: tuple[int, ...] = ()  # forward statements of dropout masks that the backward draws again
 
 
 def _layout(program: Program, plans: list[SoftmaxRecompute]) -> _Layout:
     spec = program.spec
-    leaves = [program.tensor_vars[n] for n in spec.given]
+    leaves = [program.tensor_vars[n] for n in spec.arguments]
     outputs = [program.tensor_vars[o] for o in spec.outputs]
     forward = [s.var for s in program.forward]
     recomputed = {program.stmts[j].var for p in plans for j in p.statements} | {p.weights for p in plans}
@@ -121,13 +122,18 @@ def _layout(program: Program, plans: list[SoftmaxRecompute]) -> _Layout:
     for p in plans:
         wanted |= {v for j in p.statements for v in program.stmts[j].reads} - recomputed
         wanted.add(p.lse)
+    masks = tuple(k for k, stmt in enumerate(program.forward) if isinstance(stmt.node, DropoutMask)
+                  and stmt.var in wanted)
+    for k in masks:  # drawn again from the seed, not saved; what they take their shape from is
+        wanted.discard(program.stmts[k].var)
+        wanted |= set(program.stmts[k].reads) - recomputed
     lses = {p.lse for p in plans}
     saved = [v for v in forward if v in wanted and v not in outputs and v not in leaves]
     saved += [p.lse for p in plans if p.lse in lses]
     # outputs are passed to the backward as themselves; duplicates (two outputs, one variable) once
     return _Layout(leaves, list(dict.fromkeys(outputs)), saved, [program.upstream[o] for o in spec.outputs],
-                   [program.dim_vars[n] for n in size_keywords(spec)],
-                   [program.tensor_vars[n] for n in spec.differentiable])
+                   [program.dim_vars[n] for n in size_keywords(spec)] + ([program.seed] if program.seed else []),
+                   [program.tensor_vars[n] for n in spec.differentiable], masks)
 
 
 def _op_name(spec: t.TypedSpec, source_hint: str) -> str:
@@ -162,7 +168,7 @@ def module_source(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, ru
     lines += ["", "import math", "", "import torch", "", *prelude,
               '__all__ = ["forward", "backward", "forward_backward", "Function", "op", "op_backward"]', "",
               *(list(constants) + [""] if cores and constants else []),
-              f"LEAVES = {_tuple(spec.given)}", f"DIFFERENTIABLE = {_tuple(spec.differentiable)}",
+              f"LEAVES = {_tuple(spec.arguments)}", f"DIFFERENTIABLE = {_tuple(spec.differentiable)}",
               f"OUTPUTS = {_tuple(spec.outputs)}", "", ""]
     lines += _public(spec, program, layout, printer)
     lines += _autograd(spec, layout, _op_name(spec, "\n".join(forward_body + backward_body)))
@@ -187,7 +193,7 @@ def _tuple(names) -> str:
 def _prologue(program: Program, printer: ArrayPrinter, layout: _Layout) -> list[str]:
     leaves = layout.leaves
     body = [cast_line(program.spec, program), f"device = {leaves[0]}.device"]
-    return body + bind_dims(program.spec, program, printer)
+    return body + bind_dims(program.spec, program, printer, checked_seed=True)  # the public functions checked it
 
 
 def _forward_body(program: Program, printer: ArrayPrinter, plans, layout: _Layout) -> list[str]:
@@ -229,6 +235,12 @@ def _backward_body(program: Program, printer: ArrayPrinter, plans, layout: _Layo
             defined.add(stmt.var)
         body += printer.softmax_from_lse(program.stmts[plan.index], plan.lse)
         defined.add(plan.weights)
+    if layout.masks:
+        body += ["", "# the dropout masks again, from the seed (drawn, not saved)"]
+    for k in layout.masks:
+        stmt = program.stmts[k]
+        body += comment_lines(stmt, printer.statement(k, stmt), None)
+        defined.add(stmt.var)
     body += ["", "# backward pass: L = " + " + ".join(f"sum({o} * grad({o}))" for o in spec.outputs)
              + "; dT is grad(T) = dL/dT"]
     body += upstream_lines(spec, program, printer)
@@ -284,20 +296,25 @@ def _header(spec: t.TypedSpec, program: Program, layout: _Layout, title: str, ta
 def _public(spec: t.TypedSpec, program: Program, layout: _Layout, printer: ArrayPrinter) -> list[str]:
     leaves, keywords = layout.leaves, layout.upstream
     sizes = size_keywords(spec)
-    unsafe = [n for n in list(spec.given) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
+    seed = [program.seed] if program.seed else []
+    unsafe = [n for n in list(spec.arguments) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
     if unsafe:
         printer.helpers.add("_take")
-        names = ", ".join(f'"{n}"' for n in spec.given)
-        both = ", ".join(f'"{n}"' for n in list(spec.given) + keywords)
+        names = ", ".join(f'"{n}"' for n in list(spec.arguments) + seed)
+        both = ", ".join(f'"{n}"' for n in list(spec.arguments) + seed + keywords)
         pops = [f'    {program.dim_vars[n]} = tensors.pop("{n}", {spec.sizes[n]})' for n in sizes]
         sig_f = sig_b = "**tensors"
-        pre_f = pops + [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]
-        pre_b = pops + [f"    {', '.join(leaves + keywords)}, = _take(tensors, ({both},))"]
+        pre_f = pops + [f"    {', '.join(leaves + seed)}, = _take(tensors, ({names},))"]
+        pre_b = pops + [f"    {', '.join(leaves + seed + keywords)}, = _take(tensors, ({both},))"]
     else:
         defaults = [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes]
-        sig_f = "*, " + ", ".join(leaves + defaults)
-        sig_b = "*, " + ", ".join(leaves + keywords + defaults)
+        sig_f = "*, " + ", ".join(leaves + seed + defaults)
+        sig_b = "*, " + ", ".join(leaves + seed + keywords + defaults)
         pre_f, pre_b = [], []
+    if seed:  # an int64 for the custom op (a seed of 2**63 or more as its bit pattern)
+        printer.helpers.add("_seed")
+        pre_f = pre_f + [f"    {seed[0]} = _seed({seed[0]})"]
+        pre_b = pre_b + [f"    {seed[0]} = _seed({seed[0]})"]
     args = ", ".join(leaves)
     dims = ", ".join(layout.sizes)
     tail = f", {dims}" if dims else ""
@@ -341,7 +358,7 @@ def _autograd(spec: t.TypedSpec, layout: _Layout, op_name: str) -> list[str]:
                         + [f"{v}: int" for v in layout.sizes])
     args = ", ".join(leaves + layout.sizes)
     bargs = ", ".join(leaves + layout.outputs + layout.saved + layout.upstream + layout.sizes)
-    differentiable = [k for k, name in enumerate(spec.given) if name in spec.differentiable]
+    differentiable = [k for k, name in enumerate(spec.arguments) if name in spec.differentiable]
     sizes = ", ".join(layout.sizes)
     grads_tuple = ("(" + ", ".join(f"_cast(gradients[{differentiable.index(k)}], inputs[{k}])"
                                    if k in differentiable else "None" for k in range(n_leaves))

@@ -386,19 +386,46 @@ def _dropout_keep(seed, stream, index, threshold):
     return keep.reshape(index.shape)
 
 
+def _seed(seed):
+    """The seed dropout's masks are drawn from, an integer in [0, 2**64), as the int64 of the same bits (what a
+    custom op passes), or a ValueError; an int64 already (negative: a seed of 2**63 or more) stays itself."""
+    if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.dtype.is_floating_point \
+            and seed.dtype != torch.bool:
+        seed = int(seed)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return seed - 2 ** 64 if seed >= 2 ** 63 else seed
+
+
+def _dropout_mask(seed, stream, like, threshold):
+    """Dropout's 0/1 mask for the tensor `like`, in its shape, dtype and device: entry n (flat, row-major) is
+    1 iff `_dropout_keep` keeps position n."""
+    positions = torch.arange(like.numel(), dtype=torch.int64, device=like.device).reshape(like.shape)
+    return _dropout_keep(seed, stream, positions, threshold).to(like.dtype)
+
+
+def _dropout_base(size, *sources):
+    """The flat position where each batch entry's dropout mask starts: its number over the batch axes of the
+    `sources` ((tensor, spec rank) pairs: the fused core's q, k and score reads) times `size`, an int64 tensor
+    on their device."""
+    batch = torch.broadcast_shapes(*(x.shape[:x.dim() - rank] for x, rank in sources))
+    return torch.arange(math.prod(batch), dtype=torch.int64, device=sources[0][0].device).reshape(batch) * int(size)
+
+
 HOST = (  # in module order
     "_as_float", "_integers", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_lse_", "_softmax_from_lse_", "_softmax_backward_",
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_gather", "_minimum", "_maximum", "_floordiv", "_mod",
-    "_own", "_no_tangents", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_Score", "_key_blocks",
+    "_own", "_no_tangents", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_base", "_Score",
+    "_key_blocks",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
          "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
          "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
          "_logsumexp": ("_exp_shifted_",), "_minimum": ("_maximum",), "_philox4x32_10": ("_mulhilo32",),
-         "_dropout_keep": ("_philox4x32_10",)}
+         "_dropout_keep": ("_philox4x32_10",), "_dropout_mask": ("_dropout_keep",)}
 
 
 def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:

@@ -70,13 +70,13 @@ def numpy_source(spec: t.TypedSpec, derivation=None, tiled: bool = True) -> str:
             raise CodegenError(f"tensor {keyword} has the name of the keyword that passes grad({out}) to "
                                f"backward(); rename it")
     printer = NumPyPrinter(program)
-    leaves = [program.tensor_vars[n] for n in spec.given]
+    leaves = program.arguments
     keywords = [program.upstream[o] for o in spec.outputs]
     sizes = size_keywords(spec)
     for name in sizes:
         if name in keywords:
             raise CodegenError(f"dim {name} has the name of the keyword that passes an upstream gradient; rename it")
-    unsafe = [n for n in list(spec.given) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
+    unsafe = [n for n in list(spec.arguments) + sizes if program.tensor_vars.get(n, program.dim_vars.get(n)) != n]
     signature = ", ".join(leaves + [f"{kw}=None" for kw in keywords]
                           + [f"{program.dim_vars[n]}={spec.sizes[n]}" for n in sizes])
 
@@ -240,8 +240,9 @@ def _public(spec: t.TypedSpec, program: Program, leaves, keywords, unsafe, print
     dims = [program.dim_vars[n] for n in sizes]
     if unsafe:  # a spec name that Python cannot take as a parameter: take keywords as a dict
         printer.helpers.add("_take")
-        names = ", ".join(f'"{n}"' for n in spec.given)
-        both = ", ".join(f'"{n}"' for n in list(spec.given) + keywords)
+        given = list(spec.arguments) + ([program.seed] if program.seed else [])
+        names = ", ".join(f'"{n}"' for n in given)
+        both = ", ".join(f'"{n}"' for n in given + keywords)
         pops = [f'    {program.dim_vars[n]} = tensors.pop("{n}", {spec.sizes[n]})' for n in sizes]
         sig_f, sig_b = "**tensors", "**tensors"
         pre_f = pops + [f"    {', '.join(leaves)}, = _take(tensors, ({names},))"]

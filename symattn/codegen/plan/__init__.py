@@ -24,18 +24,19 @@ gives the blocks a core's mask lets a target skip, statically.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ...ir import typed as t
 from ...symbolic.derive import Derivation, derive
 from ..program_ir import FusedAttention, FusedAttentionGrad, FusedLse, FusedPart
 from .bounds import Bounds, tile_bounds
-from .core import KEY, ROW, AttentionCore, Product, ProductEntry, Read, coordinate_node, entry_text, head
+from .core import KEY, ROW, AttentionCore, DropoutEntry, Product, ProductEntry, Read, coordinate_node, entry_text, head
 from .entry import Linear, derivative, integer, linear, positive_constant, scaled, split_mask
 from .find import find_cores, substitute
 from .gradients import read_again, roles, whole_gradient, written_sum
 
-__all__ = ["AttentionPlan", "attention_plan", "AttentionCore", "Product", "ProductEntry", "Read", "Bounds",
+__all__ = ["AttentionPlan", "attention_plan", "AttentionCore", "DropoutEntry", "Product", "ProductEntry", "Read", "Bounds",
            "tile_bounds", "find_cores", "substitute", "Linear", "linear", "scaled", "derivative", "integer",
            "positive_constant", "split_mask", "coordinate_node", "entry_text", "head", "ROW", "KEY", "roles",
            "read_again", "whole_gradient", "written_sum"]
@@ -81,7 +82,7 @@ def attention_plan(spec: t.TypedSpec, derivation: Derivation | None = None) -> A
         plan = _fused(named, derivation, cores, notes)
         stored = _stored(plan)
         if not stored:
-            return plan
+            return _drawn_per_entry(plan)
         core, name = stored
         cores = [c for c in cores if c is not core]
         notes = notes + [f"{core.output}: softmax(...) @ V not fused: {name} is needed outside the core"]
@@ -144,9 +145,13 @@ def _fused(named: t.TypedSpec, derivation: Derivation, cores: list[AttentionCore
 
 
 def _stored(plan: AttentionPlan) -> tuple[AttentionCore, str] | None:
-    """A core intermediate that something the program computes still reads (then that core cannot fuse)."""
+    """A core intermediate, or a dropout mask a core draws per entry, that something the program computes still
+    reads (then that core cannot fuse)."""
     spec = plan.spec
+    drawn = {r.tensor: core for core in plan.cores.values() for r in core.reads if spec.tensors[r.tensor].dropout}
     exprs = [e for e in plan.gradients.values() if e is not None]
+    exprs += [g.expr for name, g in plan.derivation.gradients.items() if drawn and g.expr is not None
+              and name not in plan.gradients and name not in plan.absorbed]
     for name, info in spec.tensors.items():
         if info.expr is not None and name not in plan.absorbed and name not in plan.forward:
             exprs.append(info.expr)
@@ -154,4 +159,37 @@ def _stored(plan: AttentionPlan) -> tuple[AttentionCore, str] | None:
         for name in t.tensors_read(expr):
             if name in plan.absorbed:
                 return plan.core_of(name), name
+        for name in _read_outside_cores(expr):
+            if name in drawn:
+                return drawn[name], name
     return None
+
+
+def _read_outside_cores(expr: t.Node) -> set[str]:
+    """The tensors `expr` reads other than as the operands of a fused core's statements."""
+    found: set[str] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (FusedAttention, FusedAttentionGrad)):
+            continue
+        if isinstance(node, t.Tensor):
+            found.add(node.name)
+        elif isinstance(node, t.Entry):
+            found.add(node.tensor)
+            stack.extend(s for s in node.indices if isinstance(s, t.Node))
+        stack.extend(node.children)
+    return found
+
+
+def _drawn_per_entry(plan: AttentionPlan) -> AttentionPlan:
+    """The plan with each dropout mask that a core draws per entry (`DropoutEntry`) held as the offsets of its
+    batch entries: in the plan's spec its shape is () (a scalar per batch entry), which the program computes
+    (`DropoutBase`) instead of the [N, N] mask."""
+    spec = plan.spec
+    drawn = {r.tensor for core in plan.cores.values() for r in core.reads if spec.tensors[r.tensor].dropout}
+    if not drawn:
+        return plan
+    tensors = {name: dataclasses.replace(info, shape=()) if name in drawn else info
+               for name, info in spec.tensors.items()}
+    return dataclasses.replace(plan, spec=dataclasses.replace(spec, tensors=tensors))

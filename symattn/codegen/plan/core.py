@@ -16,7 +16,7 @@ core, FlexAttention's model made exact by the derivation:
   -inf whatever the product is (mask_mod; None: every entry is kept), and
   `value`, the score where `keep` holds: score = where(keep, value, -inf);
 - `weights`: a factor of the weights after the softmax (a dropout mask read
-  from a buffer), in entry form, or None;
+  from a buffer, or drawn per entry: `DropoutEntry`), in entry form, or None;
 - what leaves it: O, and the row log-sum-exp when the spec has a tensor that
   is it (`lse`);
 - its backward in entry form: `d_product` = d value / d product, and for each
@@ -39,7 +39,7 @@ from ...ir.typed import subscript_names
 from ...ir.printer import ATOM, Printed
 from ...ir.printing import SpecPrinter
 
-__all__ = ["ProductEntry", "Product", "Read", "AttentionCore", "ROW", "KEY", "head", "coordinate_node",
+__all__ = ["ProductEntry", "DropoutEntry", "Product", "Read", "AttentionCore", "ROW", "KEY", "head", "coordinate_node",
            "entry_text", "leaves"]
 
 ROW, KEY = "i", "j"  # the coordinates of a score entry: query row i, key j (heads: z0, z1, ...)
@@ -55,6 +55,25 @@ class ProductEntry(t.Node):
     """The core's score product at the entry's coordinates: (q @ k.T)[..., i, j]."""
 
     shape: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DropoutEntry(t.Node):
+    """A dropout mask at the entry's coordinates, drawn where the entry is computed: 1 (True) iff Philox keeps
+    flat position `base` + `index` (`symattn.ir.philox`), for the module's seed. `index` is the entry's flat
+    position in the mask's spec shape (an integer expression of the coordinates and dims); `base` is the
+    read (no subscripts) of the mask tensor, which a fused program holds as the offset of each batch entry's
+    first position (`symattn.codegen.program_ir.DropoutBase`), so no [N, N] mask exists."""
+
+    base: t.Entry
+    index: t.Node
+    stream: int
+    threshold: int
+    shape: tuple = ()
+
+    @property
+    def children(self):
+        return (self.base, self.index)
 
 
 @dataclass(frozen=True)
@@ -182,6 +201,9 @@ class _EntryText(SpecPrinter):
 
     def _print_ProductEntry(self, node: ProductEntry) -> Printed:
         return Printed(self.product, ATOM)
+
+    def _print_DropoutEntry(self, node: DropoutEntry) -> Printed:
+        return Printed(f"{node.base.tensor}[{self.doprint(node.index).text}]", ATOM)
 
 
 def entry_text(node: t.Node, dims, core: AttentionCore | None = None) -> str:

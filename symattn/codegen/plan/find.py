@@ -34,11 +34,11 @@ import sympy
 from ...errors import Unfusable
 from ...front.syntax import NOWHERE
 from ...ir import typed as t
-from ...ir.affine import affine
+from ...ir.affine import Affine, affine
 from ...ir.integers import substituted
 from ...ir.printing import to_spec
 from ...ir.shapes import same_dim
-from .core import KEY, ROW, AttentionCore, Product, ProductEntry, Read, coordinate_node, head
+from .core import KEY, ROW, AttentionCore, DropoutEntry, Product, ProductEntry, Read, coordinate_node, head
 from .entry import derivative, linear, split_mask
 
 __all__ = ["find_cores", "substitute"]
@@ -133,6 +133,8 @@ class _Matcher:
             return self.product(node, coords)
         if isinstance(node, t.Tensor):
             info = self.spec.tensors[node.name]
+            if info.dropout is not None:
+                return self.drawn(node.name, coords)
             if info.expr is None:
                 return self.read(node.name, coords)
             if not self.recomputed(node.name):
@@ -229,6 +231,21 @@ class _Matcher:
         if entry not in self.reads:
             self.reads.append(entry)
         return entry
+
+    def drawn(self, name: str, coords: tuple) -> t.Node:
+        """A dropout mask's entry, drawn from its flat position where the entry is computed (`DropoutEntry`)."""
+        info = self.spec.tensors[name]
+        index = None
+        for axis, c in enumerate(coords):
+            if isinstance(c, Affine) and not c.indices and c.offset == 0:
+                continue  # entry 0 of an axis of size 1
+            term = coordinate_node(c)
+            stride = sympy.Mul(*info.shape[axis + 1:])
+            if stride != 1:
+                term = t.Binary("mul", term, t.DimValue(stride), ())
+            index = term if index is None else t.Binary("add", index, term, ())
+        return DropoutEntry(self.read(name, ()), index if index is not None else t.Scalar(sympy.Integer(0)),
+                            info.dropout.stream, info.dropout.threshold)
 
     def constant(self, node: t.Constant, coords: tuple) -> t.Node:
         zero, one = t.Scalar(sympy.Integer(0)), t.Scalar(sympy.Integer(1))
