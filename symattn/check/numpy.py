@@ -30,7 +30,7 @@ from ..ir import typed as t
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Row", "Report", "verify_numpy", "reference_forward", "finite_difference_gradients",
+__all__ = ["Row", "Report", "verify_numpy", "reference_forward", "finite_difference_gradients", "draw_dropout",
            "relative_error", "FORWARD_TOLERANCE", "BACKWARD_TOLERANCE", "USER_BUDGET"]
 
 FORWARD_TOLERANCE = 1e-9  # float64 against float64, the same formulas in another order
@@ -128,6 +128,34 @@ def _instances(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str
     batch = np.broadcast_shapes(*(leaves[n].shape[: leaves[n].ndim - ranks[n]] for n in spec.given))
     full = {n: np.broadcast_to(leaves[n], batch + leaves[n].shape[leaves[n].ndim - ranks[n]:]) for n in spec.given}
     return batch, lambda idx: {n: np.array(full[n][idx], dtype=np.float64) for n in spec.given}
+
+
+def draw_dropout(spec: t.TypedSpec, leaves: dict, rng) -> dict:
+    """With `dropout` in the spec: `leaves` with each mask replaced by the one the generated code draws from a
+    seed (taken from `rng`, above 2**63 half the time: every bit of the key is used), in the full shape of
+    the tensor dropped (the batch axes of what it is computed from, `symattn.ir.philox.keep_mask`), and the
+    keyword arguments of a generated module: the spec's arguments and the seed. Without, (leaves, leaves)."""
+    import numpy as np
+
+    from ..ir.philox import keep_mask
+
+    if not spec.dropouts:
+        return leaves, leaves
+    seed = int(rng.integers(0, 2 ** 63)) + (2 ** 63 if rng.random() < 0.5 else 0)
+    drawn = dict(leaves)
+    for name in spec.dropouts:
+        info = spec.tensors[name]
+        x = spec.tensors[info.dropout.of].expr.a.a  # D = x * mask / (1 - p)
+        read = {n.name if isinstance(n, t.Tensor) else n.tensor for n in t.depends_on(spec, [x])
+                if isinstance(n, t.Tensor) or (isinstance(n, t.Entry) and not n.grad)}
+        sources = [n for n in read if spec.tensors[n].expr is None and spec.tensors[n].dropout is None]
+        batch = np.broadcast_shapes(*(np.shape(leaves[n])[:np.ndim(leaves[n]) - len(spec.tensors[n].shape)]
+                                      for n in sources))
+        shape = batch + np.shape(leaves[name])[np.ndim(leaves[name]) - len(info.shape):]
+        drawn[name] = keep_mask(seed, info.dropout.stream, shape, info.dropout.threshold).astype(np.float64)
+    arguments = {n: drawn[n] for n in spec.arguments}
+    arguments[spec.seed_keyword] = seed
+    return drawn, arguments
 
 
 def reference_forward(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str, int]) -> dict:
@@ -245,6 +273,7 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
         for name in spec.given:
             one = random_leaves(spec, rng, batch_of(name), sizes)[name]
             leaves[name] = one
+        leaves, arguments = draw_dropout(spec, leaves, rng)
         reference = reference_forward(spec, leaves, sizes)
         upstream = {o: rng.standard_normal(np.shape(reference[o])) for o in spec.outputs}
         expected = finite_difference_gradients(spec, leaves, upstream, sizes)
@@ -254,9 +283,9 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
                            f"{TILED_BLOCKS[1]} keys, on 2 threads", (0, *TILED_BLOCKS, 2)))
         for shown, constants in passes:
             with _constants(module, constants):
-                outputs = module.forward(**leaves, **dims)
+                outputs = module.forward(**arguments, **dims)
                 try:
-                    generated = module.backward(**leaves, **{f"grad_{o}": upstream[o] for o in spec.outputs},
+                    generated = module.backward(**arguments, **{f"grad_{o}": upstream[o] for o in spec.outputs},
                                                 **dims)
                 except ValueError as why:  # outputs of different batch axes: refused, not computed wrongly
                     if "different batch axes" not in str(why):

@@ -29,7 +29,7 @@ class AutogradView:
 
         return {name: torch.tensor(value, dtype=torch.float64,
                                    requires_grad=grad and name in self.spec.differentiable)
-                if name in self.spec.given else value for name, value in arrays.items()}
+                if name in self.spec.arguments else value for name, value in arrays.items()}
 
     def forward(self, **arrays):
         outputs = self.module.forward(**self._tensors(arrays, grad=False))

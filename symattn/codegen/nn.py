@@ -5,7 +5,12 @@ spec as an `nn.Parameter` of the spec's shape at its sizes (drawn from a normal
 distribution with standard deviation 1 / sqrt(fan in), the size of the
 param's second-to-last axis, or its only one), and is called with the inputs
 and buffers as keywords (`module(X=x, keep=k)`, any leading batch axes, size
-keywords too) returning the outputs as a dict. `.double()`, `.to(device)`,
+keywords too) returning the outputs as a dict. A spec with `dropout` takes
+`seed=` too; in training mode without one, each call draws a fresh seed from
+torch's default generator (so `torch.manual_seed` makes runs repeatable); in
+eval mode a seed must be given, since dropout is part of the spec's
+mathematics and `eval()` cannot take it out (write the spec without it for
+inference). `.double()`, `.to(device)`,
 state dicts, DDP and FSDP see ordinary parameters. The computation is the
 generated torch module's differentiable `forward` (the derived backward) for
 the "eager" backend; "triton" runs the Triton target's module, which
@@ -51,12 +56,23 @@ class AttentionModule(torch.nn.Module):
             self.register_parameter(name, torch.nn.Parameter(value))
 
     def extra_repr(self) -> str:
-        inputs = ", ".join(list(self.spec.inputs) + list(self.spec.buffers))
+        inputs = ", ".join(list(self.spec.inputs) + [b for b in self.spec.buffers if b in self.spec.arguments]
+                           + ([self.spec.seed_keyword] if self.spec.dropouts else []))
         return f"spec={self.spec.name}, inputs=({inputs}), outputs=({', '.join(self.spec.outputs)}), " \
                f"backend={self.backend}"
 
     def forward(self, **inputs) -> dict:
-        wanted = set(self.spec.inputs) | set(self.spec.buffers)
+        wanted = set(self.spec.arguments) - set(self.spec.params)
+        seed = self.spec.seed_keyword
+        if seed is not None and seed not in inputs:
+            if not self.training:
+                masks = ", ".join(self.spec.tensors[m].dropout.of for m in self.spec.dropouts)
+                raise TypeError(f"{self.spec.name}: eval mode, and the spec applies dropout ({masks}); pass {seed}= "
+                                "to apply it, or load a spec without dropout for inference")
+            inputs[seed] = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) * 4 + \
+                int(torch.randint(0, 4, (), dtype=torch.int64))
+        if seed is not None:
+            wanted.add(seed)
         unknown = sorted(set(inputs) - wanted - set(self.spec.dims))
         if unknown:
             raise TypeError(f"{self.spec.name}: unexpected keywords {unknown}; expected {sorted(wanted)}")

@@ -103,7 +103,9 @@ class _Builder:
                 self._argument(var, spec.tensors[name].shape, frozenset({name}))
         self.seed = None
         if spec.dropouts:  # `seed`, unless the spec names something so
-            self.seed = self.names.take("seed", "dropout_seed")
+            self.seed = self.names.take(spec.seed_keyword)
+            if self.seed != spec.seed_keyword:
+                raise CodegenError(f"the seed keyword {spec.seed_keyword} is a name the generated code reserves")
             self._argument(self.seed, (), frozenset())
         self.upstream: dict[str, str] = {}
         for out in spec.outputs:
@@ -140,8 +142,8 @@ class _Builder:
             sources = tuple((self.tensor(n), len(tensors[n].shape)) for n in (core.q, core.k, *core.read_tensors)
                             if tensors[n].dropout is None)
             node = DropoutBase(sympy.Mul(*tensors[info.dropout.of].shape), sources)
-            self.add(self.tensor_vars[name], node, f"{name}: where each batch entry's positions start in {what}, "
-                     "drawn inside the fused core", shape=())
+            self.add(self.tensor_vars[name], node, f"{name}: (where each batch entry's positions start, the seed) for "
+                     f"{what}, drawn inside the fused core", shape=(sympy.Integer(2),))
         else:
             definition = self.spec.tensors[info.dropout.of].expr
             like = self.lower(definition.a.a)

@@ -88,13 +88,14 @@ class DropoutMask(t.Node):
 @dataclass(frozen=True, slots=True)
 class DropoutBase(t.Node):
     """In a fused program, a dropout mask that an attention core draws per entry (`plan.DropoutEntry`) held as
-    the flat position of each batch entry's first mask entry: `size` (the mask's entries per batch entry)
-    times the entry's number over the batch axes of `sources` (the core's q, k and score reads, each with its
-    spec rank), those of the scores the mask has the shape of. An integer array of those batch axes."""
+    (offset, seed) per batch entry: the offset is `size` (the mask's entries per batch entry) times the
+    entry's number over the batch axes of `sources` (the core's q, k and score reads, each with its spec
+    rank), those of the scores the mask has the shape of; the seed is the program's, its 64 bits as an
+    int64. An int64 array of those batch axes and [2]."""
 
     size: sympy.Expr
     sources: tuple  # of (Var, rank)
-    shape: tuple = ()
+    shape: tuple = (2,)
 
     @property
     def children(self):

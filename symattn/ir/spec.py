@@ -146,6 +146,19 @@ class TypedSpec:
         return tuple(n for n in self.given if self.tensors[n].dropout is None)
 
     @property
+    def seed_keyword(self) -> str | None:
+        """The keyword generated code takes dropout's seed as: `seed`, unless the spec names something so
+        (then `dropout_seed`, `dropout_seed_2`, ...); None without dropout."""
+        if not self.dropouts:
+            return None
+        taken = set(self.tensors) | set(self.dims)
+        name, k = "seed", 1
+        while name in taken:
+            k += 1
+            name = "dropout_seed" if k == 2 else f"dropout_seed_{k - 1}"
+        return name
+
+    @property
     def dropouts(self) -> tuple[str, ...]:
         """The masks of the spec's `dropout` definitions (buffers in 0:2), in stream order."""
         return tuple(n for n, t in self.tensors.items() if t.dropout is not None)

@@ -245,11 +245,15 @@ def _dropout_mask(seed, stream, like, threshold):
     return _dropout_keep(seed, stream, positions, threshold).astype(np.result_type(like))
 
 
-def _dropout_base(size, *sources):
-    """The flat position where each batch entry's dropout mask starts: its number over the batch axes of the
-    `sources` ((array, spec rank) pairs: the fused core's q, k and score reads) times `size`, an int64 array."""
+def _dropout_base(size, seed, *sources):
+    """(offset, seed) per batch entry for a dropout mask a fused core draws: the offset is where the entry's
+    positions start, its number over the batch axes of the `sources` ((array, spec rank) pairs: the core's q,
+    k and score reads) times `size`; the seed's 64 bits as an int64. An int64 array of those axes and [2]."""
     batch = np.broadcast_shapes(*(np.shape(x)[:np.ndim(x) - rank] for x, rank in sources))
-    return np.arange(int(np.prod(batch)), dtype=np.int64).reshape(batch) * int(size)
+    out = np.empty(batch + (2,), dtype=np.int64)
+    out[..., 0] = np.arange(int(np.prod(batch)), dtype=np.int64).reshape(batch) * int(size)
+    out[..., 1] = int(seed) - 2 ** 64 if int(seed) >= 2 ** 63 else int(seed)
+    return out
 
 
 HOST = (  # in module order

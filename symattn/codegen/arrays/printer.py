@@ -423,7 +423,7 @@ class ArrayPrinter(IndexNotationPrinter):
             self.integers.add(var)
             self.helpers.add("_dropout_base")
             sources = "".join(f", ({self.doprint(v).text}, {rank})" for v, rank in stmt.node.sources)
-            return [f"{var} = _dropout_base({self.dim(stmt.node.size).text}{sources})"]
+            return [f"{var} = _dropout_base({self.dim(stmt.node.size).text}, {self.p.seed}{sources})"]
         if isinstance(stmt.node, (FusedAttention, FusedAttentionGrad)):
             self.owned[var] = True
             return self.fused_statement(var, stmt.node)

@@ -404,12 +404,15 @@ def _dropout_mask(seed, stream, like, threshold):
     return _dropout_keep(seed, stream, positions, threshold).to(like.dtype)
 
 
-def _dropout_base(size, *sources):
-    """The flat position where each batch entry's dropout mask starts: its number over the batch axes of the
-    `sources` ((tensor, spec rank) pairs: the fused core's q, k and score reads) times `size`, an int64 tensor
-    on their device."""
+def _dropout_base(size, seed, *sources):
+    """(offset, seed) per batch entry for a dropout mask a fused core draws: the offset is where the entry's
+    positions start, its number over the batch axes of the `sources` ((tensor, spec rank) pairs: the core's q,
+    k and score reads) times `size`; the seed's 64 bits as an int64. An int64 tensor of those axes and [2]."""
     batch = torch.broadcast_shapes(*(x.shape[:x.dim() - rank] for x, rank in sources))
-    return torch.arange(math.prod(batch), dtype=torch.int64, device=sources[0][0].device).reshape(batch) * int(size)
+    device = sources[0][0].device
+    offsets = torch.arange(math.prod(batch), dtype=torch.int64, device=device).reshape(batch) * int(size)
+    seed = int(seed) - 2 ** 64 if int(seed) >= 2 ** 63 else int(seed)
+    return torch.stack([offsets, torch.full_like(offsets, seed)], dim=-1)
 
 
 HOST = (  # in module order

@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import sympy
+
 from ...ir import typed as t
 from ...symbolic.derive import Derivation, derive
 from ..program_ir import FusedAttention, FusedAttentionGrad, FusedLse, FusedPart
@@ -183,13 +185,13 @@ def _read_outside_cores(expr: t.Node) -> set[str]:
 
 
 def _drawn_per_entry(plan: AttentionPlan) -> AttentionPlan:
-    """The plan with each dropout mask that a core draws per entry (`DropoutEntry`) held as the offsets of its
-    batch entries: in the plan's spec its shape is () (a scalar per batch entry), which the program computes
-    (`DropoutBase`) instead of the [N, N] mask."""
+    """The plan with each dropout mask that a core draws per entry (`DropoutEntry`) held as (offset, seed) per
+    batch entry: in the plan's spec its shape is [2], which the program computes (`DropoutBase`) instead of
+    the [N, N] mask."""
     spec = plan.spec
     drawn = {r.tensor for core in plan.cores.values() for r in core.reads if spec.tensors[r.tensor].dropout}
     if not drawn:
         return plan
-    tensors = {name: dataclasses.replace(info, shape=()) if name in drawn else info
+    tensors = {name: dataclasses.replace(info, shape=(sympy.Integer(2),)) if name in drawn else info
                for name, info in spec.tensors.items()}
     return dataclasses.replace(plan, spec=dataclasses.replace(spec, tensors=tensors))

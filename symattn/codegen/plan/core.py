@@ -60,12 +60,14 @@ class ProductEntry(t.Node):
 @dataclass(frozen=True, slots=True)
 class DropoutEntry(t.Node):
     """A dropout mask at the entry's coordinates, drawn where the entry is computed: 1 (True) iff Philox keeps
-    flat position `base` + `index` (`symattn.ir.philox`), for the module's seed. `index` is the entry's flat
-    position in the mask's spec shape (an integer expression of the coordinates and dims); `base` is the
-    read (no subscripts) of the mask tensor, which a fused program holds as the offset of each batch entry's
-    first position (`symattn.codegen.program_ir.DropoutBase`), so no [N, N] mask exists."""
+    flat position `base` + `index` under the module's seed (`symattn.ir.philox`). `index` is the entry's flat
+    position in the mask's spec shape (an integer expression of the coordinates and dims); `base` and `seed`
+    are entries 0 and 1 of the mask tensor, which a fused program holds per batch entry as (the flat position
+    of its first mask entry, the seed's 64 bits as an int64) (`symattn.codegen.program_ir.DropoutBase`): a
+    target reads them as it reads any score tensor, and no [N, N] mask exists."""
 
     base: t.Entry
+    seed: t.Entry
     index: t.Node
     stream: int
     threshold: int
@@ -73,7 +75,7 @@ class DropoutEntry(t.Node):
 
     @property
     def children(self):
-        return (self.base, self.index)
+        return (self.base, self.seed, self.index)
 
 
 @dataclass(frozen=True)

@@ -244,8 +244,9 @@ class _Matcher:
             if stride != 1:
                 term = t.Binary("mul", term, t.DimValue(stride), ())
             index = term if index is None else t.Binary("add", index, term, ())
-        return DropoutEntry(self.read(name, ()), index if index is not None else t.Scalar(sympy.Integer(0)),
-                            info.dropout.stream, info.dropout.threshold)
+        return DropoutEntry(self.read(name, (_ZERO,)), self.read(name, (affine({}, 1),)),
+                            index if index is not None else t.Scalar(sympy.Integer(0)), info.dropout.stream,
+                            info.dropout.threshold)
 
     def constant(self, node: t.Constant, coords: tuple) -> t.Node:
         zero, one = t.Scalar(sympy.Integer(0)), t.Scalar(sympy.Integer(1))

@@ -45,10 +45,10 @@ from ..arrays.tiled import TiledPrinter
 from ..arrays.syntax import TORCH
 from ..arrays.torch_module import module_source
 from ..arrays.torch_runtime import runtime
-from ..plan import AttentionCore, attention_plan
+from ..plan import AttentionCore, DropoutEntry, attention_plan
 from ..program_ir import FusedAttention
 from .kernels import CoreKernels, core_kernels
-from .runtime import PRELUDE, RUNTIME
+from .runtime import PHILOX, PRELUDE, RUNTIME
 
 __all__ = ["TritonCode", "emit_triton", "core_names", "triton_module", "load_source"]
 
@@ -177,7 +177,10 @@ def emit_triton(spec: t.TypedSpec) -> TritonCode:
             ops=ops, ops_tuple=ops, output=core.output, formula=made.formula,
             d_ops="".join(f", d{n}" for n in core.read_tensors), cls=f"{made.prefix[1:].capitalize()}AttentionFunction",
             learned_text="".join(f", {n}" for n in made.learned), ops_call="".join(f", {n}" for n in core.read_tensors)))
-    prelude = "\n".join(head) + "\n\n" + PRELUDE + "\n\n" + RUNTIME + "\n\n" + "\n\n\n".join(texts)
+    drawn = any(isinstance(n, DropoutEntry) for c in cores for e in (c.score, c.weights) if e is not None
+                for n in t.walk(e))
+    prelude = "\n".join(head) + "\n\n" + PRELUDE + "\n\n" + (PHILOX + "\n\n" if drawn else "") + RUNTIME + "\n\n" \
+        + "\n\n\n".join(texts)
     program = plan.program(TORCH.reserved | set(HOST.HELPERS) | _kernel_names(named, cores, names))
     printer = TritonPrinter(program, dict(zip(plan.cores, names)))
     try:
@@ -190,7 +193,8 @@ def emit_triton(spec: t.TypedSpec) -> TritonCode:
 
 def _kernel_names(spec: t.TypedSpec, cores, names) -> set[str]:
     """The names the kernels' part of the module defines at its top level (no spec name may take them)."""
-    out = {"triton", "tl", "os", "INTERPRET", "libdevice", "_tanh", "_pow", "_mma", "_floordiv", "_mod", "CONFIGS", "SHARED_BUDGET",
+    out = {"triton", "tl", "os", "INTERPRET", "libdevice", "_tanh", "_pow", "_mma", "_floordiv", "_mod", "CONFIGS",
+           "SHARED_BUDGET", "_dropout_keep_block",
            "ACCUMULATORS", "_fits", "_config", "_tuned", "_fixed", "_fake", "_pow2", "_Core"}
     for name, core in zip(names, cores):
         prefix = f"_{core.output}"

@@ -26,7 +26,7 @@ from ...ir.affine import pieces, signed_sum
 from ...ir.functions import table
 from ...ir import printer as base
 from ...ir.printer import ADD, ATOM, COMPARE, NEG, PRECEDENCE, Printed, Printer
-from ..plan import KEY, ROW, AttentionCore, ProductEntry
+from ..plan import KEY, ROW, AttentionCore, DropoutEntry, ProductEntry
 
 __all__ = ["TritonPrinter", "UNARY", "BINARY", "COMPARISON", "dim_py", "float_py", "operand_args"]
 
@@ -175,6 +175,25 @@ class TritonPrinter(Printer):
         offset, mask = self.address(node)
         masked = f", mask={mask}, other=0.0" if mask else ""
         return Printed(f"tl.load(T_{node.tensor} + {offset}{masked}).to(tl.float32)", ATOM)
+
+    def _print_DropoutEntry(self, node: DropoutEntry) -> Printed:
+        """The mask drawn on the tile: 1.0 where Philox keeps position base + index (int64), else 0.0; base and
+        seed are entries 0 and 1 of the mask tensor's int64 (offset, seed) at the batch entry."""
+        base, seed = (f"tl.load(T_{e.tensor} + {self.address(e)[0]})" for e in (node.base, node.seed))
+        keep = f"_dropout_keep_block({seed}, {node.stream}, {base} + {self.position(node.index)}, {node.threshold})"
+        return Printed(f"tl.where({keep}, 1.0, 0.0)", self.prec("call"))
+
+    def position(self, node: t.Node) -> str:
+        """A flat position (coordinates, integers and dims) as int64 arithmetic: positions reach 2**31."""
+        if isinstance(node, t.IndexVar):
+            return f"{self.coords[node.name]}.to(tl.int64)"
+        if isinstance(node, t.DimValue):
+            return dim_py(node.dim)
+        if isinstance(node, t.Scalar) and sympy.sympify(node.value).is_integer:
+            return str(int(node.value))
+        if isinstance(node, t.Binary) and node.op in ("add", "sub", "mul"):
+            return f"({self.position(node.a)} {BINARY[node.op]} {self.position(node.b)})"
+        raise CodegenError(f"no Triton rule for the dropout position {type(node).__name__}")
 
     def _print_Scalar(self, node: t.Scalar) -> Printed:
         text = float_py(node.value)
