@@ -349,6 +349,9 @@ def definition_text(spec: t.TypedSpec, name: str) -> str:
         body = to_spec(info.expr.body, order)
         idx = ", ".join(f"{i.name}:{format_shape((i.range,), order)[1:-1]}" for i in info.expr.indices)
         return f"{name}[{idx}] = {body}"
+    mask = next((m for m in spec.dropouts if spec.tensors[m].dropout.of == name), None)
+    if mask is not None:  # x * mask / (1 - p), as written
+        return f"{name} = dropout({to_spec(info.expr.a.a, order)}, {spec.tensors[mask].dropout.p_text})"
     return f"{name} = {to_spec(info.expr, order)}"
 
 
@@ -367,7 +370,7 @@ def format_typed(spec: t.TypedSpec) -> str:
         sizes = "[" + ", ".join(map(str, spec.concrete_shape(info.shape))) + "]"
         definition = definition_text(spec, name)
         if info.dropout is not None:
-            definition = f"0/1, drawn from the seed: {info.dropout.of} = dropout(..., {info.dropout.p})"
+            definition = f"0/1, drawn from the seed: {info.dropout.of} = dropout(..., {info.dropout.p_text})"
         elif info.integer:  # an integer buffer: its range, as declared, and at these sizes
             low, high = (format_dim(v, order) for v in info.values)
             definition = f"integers in {low}:{high} ({':'.join(map(str, spec.integer_range(name)))} here)"

@@ -76,6 +76,18 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["symattn", *args], code, out.getvalue(), err.getvalue())
 
 
+DROPOUT_SEED = 2 ** 62 + 12345  # the seed generic tests hand a module whose spec has dropout (an int64: torch.tensor takes it)
+
+
+def module_arguments(typed, leaves: dict, seed: int = DROPOUT_SEED) -> dict:
+    """A generated module's keyword arguments from leaves drawn for every given tensor (`random_leaves`):
+    dropout's masks left out (the module draws them), the seed added when the spec has dropout."""
+    out = {n: v for n, v in leaves.items() if n not in typed.tensors or typed.tensors[n].dropout is None}
+    if typed.dropouts:
+        out[typed.seed_keyword] = seed
+    return out
+
+
 @pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def example(request) -> Path:
     """Each example spec in derivations/."""

@@ -134,7 +134,7 @@ class _Builder:
         """The statement that draws dropout's mask `name` for the value it multiplies: x of D = x * mask / (1 - p)
         (`symattn.front.dropout`), whose runtime shape it takes."""
         info = self.spec.tensors[name]
-        what = f"the 0/1 mask of {info.dropout.of} = dropout(..., {float(info.dropout.p)!r})"
+        what = f"the 0/1 mask of {info.dropout.of} = dropout(..., {info.dropout.p_text})"
         core = next((c for c in (self.fused.cores.values() if self.fused is not None else ())
                      if name in c.read_tensors), None)
         if core is not None:  # drawn per entry inside the core: only each batch entry's first position

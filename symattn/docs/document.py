@@ -266,12 +266,19 @@ def _backward(doc: Document, spec: t.TypedSpec, derivation: Derivation, verified
                   "listed under it, applied from the outputs back to the inputs, with dims symbolic. Each was then "
                   "compared with the exact element-level chain rule (every entry written out in SymPy and "
                   "differentiated with sympy.diff)."]))
-    if spec.buffers:
-        listed = ", ".join(f"`{n}`" for n in spec.buffers)
-        which = "is a buffer" if len(spec.buffers) == 1 else "are buffers"
+    given = [n for n in spec.buffers if spec.tensors[n].dropout is None]
+    if given:
+        listed = ", ".join(f"`{n}`" for n in given)
+        which = "is a buffer" if len(given) == 1 else "are buffers"
         doc.add(Para([f"{listed} {which}: given, never differentiated, so there is no gradient of "
-                      f"{'it' if len(spec.buffers) == 1 else 'them'}; the backward pass reads "
-                      f"{'it' if len(spec.buffers) == 1 else 'them'} as a constant."]))
+                      f"{'it' if len(given) == 1 else 'them'}; the backward pass reads "
+                      f"{'it' if len(given) == 1 else 'them'} as a constant."]))
+    for name in spec.dropouts:
+        drop = spec.tensors[name].dropout
+        doc.add(Para([f"`{name}` is the 0/1 mask of `{drop.of} = dropout(..., {drop.p_text})`: every claim and "
+                      "step here holds for each value it can take; generated code draws it from a seed "
+                      f"(Philox-4x32-10 at each entry's position, stream {drop.stream}), and the backward pass "
+                      "draws the same mask again and reads it as a constant."]))
     for name, grad in derivation.gradients.items():
         if grad.expr is None:
             doc.add(Para([Math.of(grad_box(name)), f" = 0: L does not depend on {name}."]))

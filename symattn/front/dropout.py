@@ -7,8 +7,9 @@ buffer in 0:2 of x's shape whose `TensorInfo.dropout` says what it is, under a
 name that nothing in the spec uses (`D_keep`, else `D_keep_2`, ...), and
 returns `x * D_keep / (1 - p)`. Claims then hold for every mask, as the
 language says, with no rule of their own; generated code draws the mask from
-its seed (`symattn.ir.spec.Dropout`). A spec cannot name the mask: a claim
-reads it through D. `dropout` anywhere else (inside an expression, in index
+its seed (`symattn.ir.spec.Dropout`). No definition may name the mask (it
+belongs to D alone); a check may, as derivations write it (`grad(P) == grad(D) /
+0.9 * D_keep`). `dropout` anywhere else (inside an expression, in index
 notation, in a check) is `misplaced`, a located error with the form to write.
 """
 
@@ -92,7 +93,7 @@ def misplaced(call: ir.Call, scope) -> SpecShapeError:
 
 
 def hidden_read(v, name: str, pos: ir.Pos) -> SpecNameError:
-    """The error for naming a dropout mask: the spec never declared it."""
+    """The error for a definition that names a dropout mask: it belongs to its dropout definition alone."""
     of = v.tensors[name].dropout.of
-    return _err(SpecNameError, f"'{name}' is the mask that `{of} = dropout(...)` draws; a spec cannot name it",
-                pos, f"read it through {of} (claims hold for every mask)")
+    return _err(SpecNameError, f"'{name}' is the mask that `{of} = dropout(...)` draws; no definition may read it",
+                pos, f"read it through {of} (a check may name it: its claims hold for every mask)")

@@ -403,7 +403,7 @@ class _Validator:
         if name in self.check_only and scope is None:
             read_backward(self, node.pos, f"'{name}'", name)
             return self.check_only[name].node  # a check sees the definition in its place
-        if name in self.tensors and self.tensors[name].dropout is not None:
+        if name in self.tensors and self.tensors[name].dropout is not None and not self.in_check:
             raise hidden_read(self, name, node.pos)
         if name in self.tensors:
             shape = self.tensors[name].shape
@@ -497,7 +497,7 @@ class _Validator:
                                      node.name, node.pos)
         if node.name not in self.tensors:
             raise self.unknown(node.name, node.pos, tuple(scope.ranges))
-        if self.tensors[node.name].dropout is not None:
+        if self.tensors[node.name].dropout is not None and not self.in_check:
             raise hidden_read(self, node.name, node.pos)
         shape = self.tensors[node.name].shape
         if len(node.indices) != len(shape):

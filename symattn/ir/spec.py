@@ -50,6 +50,16 @@ class Dropout:
     stream: int
 
     @property
+    def p_text(self) -> str:
+        """p as the exact decimal literal it was written as (its denominator divides a power of 10): 0.1."""
+        import decimal
+
+        with decimal.localcontext() as ctx:
+            ctx.prec = 60
+            text = format(decimal.Decimal(int(self.p.p)) / decimal.Decimal(int(self.p.q)), "f")
+        return (text.rstrip("0").rstrip(".") if "." in text else text) or "0"
+
+    @property
     def threshold(self) -> int:
         """The uint32 word 0 is compared with (`symattn.ir.philox.dropout_threshold`)."""
         from .philox import dropout_threshold

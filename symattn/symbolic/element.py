@@ -5,7 +5,12 @@ Contract: `ElementModel(spec)` holds, at the spec's sizes,
 - `leaf[X]`: a real symbol per entry of every input, param and buffer (`X_{1,2}`,
   `W^{q}_{2,1}`, 1-based as people write them), except an integer buffer's, which are
   the integers of one assignment (`integers`; `integer_assignments(spec)` lists them
-  all when there are at most MAX_ASSIGNMENTS, and a claim is shown in each);
+  all when there are at most MAX_ASSIGNMENTS, and a claim is shown in each). A
+  dropout mask is an integer buffer (0 or 1) that only multiplies (`D = x * Z / (1 - p)`:
+  no subscript, condition or integer operation can read it), so it keeps real symbols:
+  what holds for every real entry holds for 0 and 1, and its 2^entries assignments
+  are not enumerated (the element level never claims a difference, and every
+  counterexample is a point with the mask's entries drawn from {0, 1});
 - `slot[T]`: a symbol per entry of every defined tensor, and `local[T]`: its
   entries written in the slots of the tensors its definition reads (softmax
   with exp, masks with -oo giving exactly 0 weight);
@@ -102,7 +107,7 @@ MAX_ASSIGNMENTS = 128  # integer-buffer assignments the element level enumerates
 def integer_assignments(spec: t.TypedSpec) -> list[dict[str, np.ndarray]] | None:
     """Every assignment of values in range to the entries of the spec's integer buffers at its sizes
     ([{}] when it has none), or None when there are more than MAX_ASSIGNMENTS of them."""
-    names = [n for n in spec.given if spec.tensors[n].integer]
+    names = _enumerated(spec)
     if not names:
         return [{}]
     shapes = {n: spec.concrete_shape(spec.tensors[n].shape) for n in names}
@@ -122,27 +127,30 @@ def integer_assignments(spec: t.TypedSpec) -> list[dict[str, np.ndarray]] | None
     return out
 
 
+def _enumerated(spec: t.TypedSpec) -> list[str]:
+    """The integer buffers whose values the element level enumerates: all but dropout's masks (real symbols)."""
+    return [n for n in spec.given if spec.tensors[n].integer and spec.tensors[n].dropout is None]
+
+
 def example_assignment(spec: t.TypedSpec) -> dict[str, np.ndarray]:
     """One assignment of the integer buffers, their entries spread over the range in order (document ids
     0 0 1 1 2 2, offsets 0 2 4): an example when there are too many to enumerate."""
     out = {}
-    for n in spec.given:
-        if spec.tensors[n].integer:
-            low, high = spec.integer_range(n)
-            shape = spec.concrete_shape(spec.tensors[n].shape)
-            count = int(np.prod(shape, dtype=int))
-            out[n] = np.array([low + k * (high - low) // max(count, 1) for k in range(count)],
-                              dtype=np.int64).reshape(shape)
+    for n in _enumerated(spec):
+        low, high = spec.integer_range(n)
+        shape = spec.concrete_shape(spec.tensors[n].shape)
+        count = int(np.prod(shape, dtype=int))
+        out[n] = np.array([low + k * (high - low) // max(count, 1) for k in range(count)],
+                          dtype=np.int64).reshape(shape)
     return out
 
 
 def count_assignments(spec: t.TypedSpec) -> int:
     """How many assignments the integer buffers have at the spec's sizes (1 when there are none)."""
     count = 1
-    for n in spec.given:
-        if spec.tensors[n].integer:
-            low, high = spec.integer_range(n)
-            count *= max(high - low, 0) ** int(np.prod(spec.concrete_shape(spec.tensors[n].shape), dtype=int))
+    for n in _enumerated(spec):
+        low, high = spec.integer_range(n)
+        count *= max(high - low, 0) ** int(np.prod(spec.concrete_shape(spec.tensors[n].shape), dtype=int))
     return count
 
 

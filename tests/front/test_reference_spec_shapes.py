@@ -49,6 +49,7 @@ class Facts:
     lines: dict[str, int] = field(default_factory=dict)       # name -> line of its declaration
     shapes: dict[str, str] = field(default_factory=dict)      # name -> shape stated in the text
     outputs: list[str] = field(default_factory=list)
+    masks: set[str] = field(default_factory=set)              # the buffers `D = dropout(x, p)` declares
     checks: int = 0
     comment_shapes: list[tuple[int, str, str]] = field(default_factory=list)  # (line, name, shape)
 
@@ -88,6 +89,10 @@ def read_facts(path: Path) -> Facts:
             m = DEF_LINE.match(raw.strip())
             assert m, f"{path.name}:{number}: cannot read definition {raw!r}"
             name, indices, comment = m[1], m[2], m[4]
+            if m[3].strip().startswith("dropout("):  # LANGUAGE.md: the definition's own mask, a buffer, before it
+                facts.kinds[f"{name}_keep"] = "buffer"
+                facts.lines[f"{name}_keep"] = number
+                facts.masks.add(f"{name}_keep")
             facts.kinds[name] = "intermediate"
             facts.lines[name] = number
             if indices:
@@ -194,7 +199,7 @@ def test_with_dims_changes_concrete_sizes(example):
 
 # --- the command line ---------------------------------------------------------------
 
-ROW = re.compile(rf"^  ({NAME})\s+(input|param|buffer|intermediate|output)\s+({BRACKET})\s+(\[[0-9, ]*\])\s+line (\d+)")
+ROW = re.compile(rf"^  ({NAME})\s+(input|param|buffer|dropout mask|intermediate|output)\s+({BRACKET})\s+(\[[0-9, ]*\])\s+line (\d+)")
 
 
 def show_rows(stdout: str) -> dict[str, tuple[str, str, list[int], int]]:
@@ -212,7 +217,8 @@ def check_show(stdout: str, facts: Facts, sizes: dict[str, int]) -> None:
     assert set(rows) == set(facts.kinds), stdout
     for name, kind in facts.kinds.items():
         shown_kind, shape, concrete_sizes, line = rows[name]
-        assert shown_kind == ("output" if name in facts.outputs else kind), name
+        assert shown_kind == ("output" if name in facts.outputs else "dropout mask" if name in facts.masks
+                              else kind), name
         assert line == facts.lines[name], name
         if name in facts.shapes:
             assert squash(shape) == squash(facts.shapes[name]), name

@@ -49,10 +49,13 @@ def _definitions(spec) -> dict[str, t.Node]:
 
 
 def _printed(spec) -> dict[str, str]:
-    """Each matrix-notation definition, printed back in spec syntax (index notation keeps its line)."""
+    """Each matrix-notation definition, printed back in spec syntax (index notation keeps its line; a dropout
+    definition too: its typed form x * D_keep / (1 - p) reads the mask no definition may name, and it prints
+    back as `dropout(x, p)`, tests/codegen/all_targets/test_dropout.py)."""
     order = list(spec.typed.dims)
+    dropped = {spec.typed.tensors[m].dropout.of for m in spec.typed.dropouts}
     return {name: to_spec(info.expr, order) for name, info in spec.tensors.items()
-            if info.expr is not None and not isinstance(info.expr, t.IndexDef)}
+            if info.expr is not None and not isinstance(info.expr, t.IndexDef) and name not in dropped}
 
 
 def _with_definition(source: str, spec, name: str, body: str) -> str:

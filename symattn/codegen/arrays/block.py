@@ -158,9 +158,13 @@ class BlockPrinter(Printer):
     def _print_DropoutEntry(self, node: DropoutEntry) -> Piece:
         """The mask drawn at the block's positions: `_dropout_keep` of the module's seed, a bool array."""
         base = self.doprint(node.base)
-        self.outer.helpers.add("_dropout_keep")
-        at = f"{base.text} + {self.position(node.index)}"
-        return Piece(f"_dropout_keep({self.outer.p.seed}, {node.stream}, {at}, {node.threshold})", ATOM, "bool")
+        rows, cols = [base.text], []
+        for term in _terms(node.index):  # the key's term apart: no [rows, keys] int64 array is made
+            (cols if any(isinstance(n, t.IndexVar) and n.name == KEY for n in t.walk(term)) else rows).append(
+                self.position(term))
+        self.outer.helpers.add("_dropout_keep_outer")
+        return Piece(f"_dropout_keep_outer({self.outer.p.seed}, {node.stream}, {' + '.join(rows)}, "
+                     f"{' + '.join(cols) or '0'}, {node.threshold})", ATOM, "bool")
 
     def position(self, node: t.Node) -> str:
         """An integer expression of coordinates, integers and dims (a flat position) as exact integer arithmetic."""
@@ -254,6 +258,13 @@ class BlockPrinter(Printer):
             return v
         return Piece(f"{self.spell.where}({self.doprint(keep).text}, {v.text}, -{self.spell.numbers['inf']})", ATOM,
                      "value")
+
+
+def _terms(node: t.Node) -> list[t.Node]:
+    """The terms of a sum (a flat position: heads, row and key parts)."""
+    if isinstance(node, t.Binary) and node.op == "add":
+        return _terms(node.a) + _terms(node.b)
+    return [node]
 
 
 def _constant(node: t.Node) -> bool:

@@ -80,7 +80,7 @@ def header_lines(spec: t.TypedSpec, program: Program, first: str, target: str, f
                   + ", ".join(f"{n}={spec.sizes[n]}" for n in sizes) + " by default."]
     if program.seed:
         masks = ", ".join(f"{spec.tensors[m].dropout.of} (stream {spec.tensors[m].dropout.stream}, p = "
-                          f"{float(spec.tensors[m].dropout.p)!r})" for m in spec.dropouts)
+                          f"{spec.tensors[m].dropout.p_text})" for m in spec.dropouts)
         lines += ["", f"`{program.seed}` (an integer in [0, 2**64)) draws the dropout masks of {masks}: entry n",
                   "of a mask (flat, row-major, in the full shape of the tensor dropped, batch axes included) is",
                   "kept iff word 0 of Philox-4x32-10 at counter (n low word, n high word, stream, 0) under key",

@@ -245,6 +245,27 @@ def _dropout_mask(seed, stream, like, threshold):
     return _dropout_keep(seed, stream, positions, threshold).astype(np.result_type(like))
 
 
+def _dropout_keep_outer(seed, stream, rows, cols, threshold):
+    """`_dropout_keep` at the positions rows + cols, rows over the leading axes ([..., 1]) and cols over the last
+    one ([1, keys] or a number), computed a few rows at a time: no int64 array of the whole block is made."""
+    rows, cols = np.asarray(rows), np.asarray(cols)
+    shape = np.broadcast_shapes(rows.shape, cols.shape)
+    keep = np.empty(shape, dtype=bool)
+    if keep.size == 0:
+        return keep
+    if not shape:
+        keep[()] = _dropout_keep(seed, stream, rows + cols, threshold)
+        return keep
+    width = shape[-1]
+    starts = np.broadcast_to(rows, shape)[..., :1].reshape(-1, 1)  # (small: one per row)
+    offsets = np.broadcast_to(cols, shape)[(0,) * (len(shape) - 1)].reshape(1, -1)
+    out = keep.reshape(-1, width)
+    step = max(1, (1 << 16) // width)
+    for r in range(0, starts.shape[0], step):
+        out[r:r + step] = _dropout_keep(seed, stream, starts[r:r + step] + offsets, threshold)
+    return keep
+
+
 def _dropout_base(size, seed, *sources):
     """(offset, seed) per batch entry for a dropout mask a fused core draws: the offset is where the entry's
     positions start, its number over the batch axes of the `sources` ((array, spec rank) pairs: the core's q,
@@ -260,10 +281,10 @@ HOST = (  # in module order
     "_as_float", "_integers", "_bind", "_batch_axes", "_take", "_size", "_exact", "_upstream", "_one_batch", "_sum_to",
     "_softmax_", "_softmax", "_softmax_backward_", "_softmax_backward", "_rowdot", "_logsumexp", "_reverse_cumsum",
     "_sigmoid", "_merge_heads", "_split_heads", "_concat", "_expand", "_sinusoidal", "_causal_mask", "_scatter",
-    "_gather", "_Score", "_key_blocks", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_base",
+    "_gather", "_Score", "_key_blocks", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_keep_outer", "_dropout_base",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_dropout_keep": ("_philox4x32_10",),
-         "_dropout_mask": ("_dropout_keep",)}
+         "_dropout_mask": ("_dropout_keep",), "_dropout_keep_outer": ("_dropout_keep",)}
 
 
 def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:

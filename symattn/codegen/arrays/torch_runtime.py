@@ -404,6 +404,27 @@ def _dropout_mask(seed, stream, like, threshold):
     return _dropout_keep(seed, stream, positions, threshold).to(like.dtype)
 
 
+def _dropout_keep_outer(seed, stream, rows, cols, threshold):
+    """`_dropout_keep` at the positions rows + cols, rows over the leading axes ([..., 1]) and cols over the last
+    one ([1, keys] or a number), computed a few rows at a time: no int64 tensor of the whole block is made."""
+    rows, cols = torch.as_tensor(rows), torch.as_tensor(cols, device=torch.as_tensor(rows).device)
+    shape = torch.broadcast_shapes(rows.shape, cols.shape)
+    keep = torch.empty(shape, dtype=torch.bool, device=rows.device)
+    if keep.numel() == 0:
+        return keep
+    if not len(shape):
+        keep[()] = _dropout_keep(seed, stream, rows + cols, threshold)
+        return keep
+    width = shape[-1]
+    starts = rows.expand(shape)[..., :1].reshape(-1, 1)  # (small: one per row)
+    offsets = cols.expand(shape)[(0,) * (len(shape) - 1)].reshape(1, -1)
+    out = keep.view(-1, width)
+    step = max(1, ((1 << 16) if rows.device.type == "cpu" else (1 << 22)) // width)
+    for r in range(0, starts.shape[0], step):
+        out[r:r + step] = _dropout_keep(seed, stream, starts[r:r + step] + offsets, threshold)
+    return keep
+
+
 def _dropout_base(size, seed, *sources):
     """(offset, seed) per batch entry for a dropout mask a fused core draws: the offset is where the entry's
     positions start, its number over the batch axes of the `sources` ((tensor, spec rank) pairs: the core's q,
@@ -421,14 +442,15 @@ HOST = (  # in module order
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_gather", "_minimum", "_maximum", "_floordiv", "_mod",
-    "_own", "_no_tangents", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_base", "_Score",
+    "_own", "_no_tangents", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_keep_outer", "_dropout_base", "_Score",
     "_key_blocks",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
          "_exp_shifted_": ("_log2_shift", "_exp2_plus_"),
          "_softmax_lse_": ("_exp_shifted_",), "_softmax_from_lse_": ("_exp_shifted_",),
          "_logsumexp": ("_exp_shifted_",), "_minimum": ("_maximum",), "_philox4x32_10": ("_mulhilo32",),
-         "_dropout_keep": ("_philox4x32_10",), "_dropout_mask": ("_dropout_keep",)}
+         "_dropout_keep": ("_philox4x32_10",), "_dropout_mask": ("_dropout_keep",),
+         "_dropout_keep_outer": ("_dropout_keep",)}
 
 
 def runtime(extra: dict | None = None, helpers: tuple[str, ...] = (), calls: dict | None = None) -> Runtime:

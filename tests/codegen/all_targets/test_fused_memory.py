@@ -21,7 +21,7 @@ import pytest
 import symattn
 from symattn.codegen.arrays.module import load_module
 
-from conftest import EXAMPLES, REPO
+from conftest import EXAMPLES, REPO, module_arguments
 
 FUSED = [p.stem for p in EXAMPLES if symattn.load(p).plan().cores]
 SIZES = {"prefix_lm": {"L": 64}}  # dims no array gives
@@ -45,6 +45,7 @@ def _leaves(spec, n: int, width: int = 16, dtype=np.float32, seed=0):
         elif typed.tensors[name].kind == "buffer":
             value = np.abs(value)  # padding and dropout buffers: every key kept
         leaves[name] = value
+    leaves = module_arguments(typed, leaves)  # a dropout mask is drawn by the module, from the seed
     upstream = {f"grad_{o}": rng.standard_normal(typed.concrete_shape(typed.tensors[o].shape)).astype(dtype)
                 for o in typed.outputs}
     keywords = {d: sizes[d] for d in SIZES.get(typed.name, {})}
@@ -95,7 +96,8 @@ torch.set_num_threads(1)
 spec = symattn.load({path!r})
 module = load_torch_module(spec.emit("torch"), "memory")
 def run(leaves, upstream, keywords):
-    module.forward_backward(**{{k: torch.from_numpy(v) for k, v in leaves.items()}},
+    module.forward_backward(**{{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                               for k, v in leaves.items()}},
                             **{{k: torch.from_numpy(v) for k, v in upstream.items()}}, **keywords)
 large = _leaves(spec, 4096)  # (made first: a given [N, N] buffer, a dropout mask, is the caller's memory)
 run(*_leaves(spec, 256))

@@ -24,7 +24,7 @@ from symattn.symbolic.evaluate import random_leaves
 from symattn.golden import COMMAND, golden_files
 from symattn.check.numpy import reference_forward, relative_error, verify_numpy
 
-from conftest import EXAMPLES, REPO, run_cli
+from conftest import EXAMPLES, REPO, module_arguments, run_cli
 
 SPECS = {p.stem: p for p in EXAMPLES}
 
@@ -195,8 +195,8 @@ def test_specs_beyond_the_examples(name):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dtype_is_kept(name, dtype, modules):
     spec = _spec(name)
-    leaves = random_leaves(spec.typed, np.random.default_rng(1), batch=(2,))
-    cast = {k: v.astype(dtype) for k, v in leaves.items()}
+    leaves = module_arguments(spec.typed, random_leaves(spec.typed, np.random.default_rng(1), batch=(2,)))
+    cast = {k: v.astype(dtype) if isinstance(v, np.ndarray) else v for k, v in leaves.items()}
     module = modules[name]
     outputs = module.forward(**cast)
     upstream = {f"grad_{o}": np.ones_like(outputs[o]) for o in spec.outputs}

@@ -24,7 +24,7 @@ import sympy
 import symattn
 from symattn.codegen.numpy.emit import load_module, numpy_source
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, module_arguments
 
 CORE = """
 attention {name}
@@ -260,6 +260,7 @@ def test_every_fusing_example_tiled_against_its_plain_pass(name):
             args[leaf] = rng.integers(low, high, size=shape)
         else:
             args[leaf] = rng.standard_normal(batch + shape)
+    args = module_arguments(spec, args)  # (a dropout mask is drawn by the module, from the seed)
     keywords = {n: sizes[n] for n in sizes if f"{n}=" in numpy_source(spec).split("def forward(")[1].split(")")[0]}
     outs = mod.forward(**args, **keywords)
     upstream = {f"grad_{o}": rng.standard_normal(outs[o].shape) for o in spec.outputs}

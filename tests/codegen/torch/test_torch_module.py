@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import symattn  # noqa: E402
 from symattn.codegen.arrays.module import size_keywords  # noqa: E402
-from conftest import REPO, run_cli  # noqa: E402
+from conftest import DROPOUT_SEED, REPO, module_arguments, run_cli  # noqa: E402
 from symattn.check.numpy import relative_error  # noqa: E402
 from symattn.codegen.torch import load_torch_module as load_module  # noqa: E402
 from symattn.errors import SymAttnError, UsageError  # noqa: E402
@@ -40,7 +40,8 @@ def _leaves(spec, seed=0, batch=(2,)):
     rng = np.random.default_rng(seed)
     typed = spec.typed
     data = set(typed.inputs) | set(typed.buffers)
-    return {n: random_leaves(typed, rng, batch if n in data else (), typed.sizes)[n] for n in typed.given}, rng
+    leaves = {n: random_leaves(typed, rng, batch if n in data else (), typed.sizes)[n] for n in typed.given}
+    return module_arguments(typed, leaves), rng
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -66,7 +67,8 @@ def test_outputs_and_gradients_equal_the_numpy_module(name, modules):
         assert relative_error(tensors[n].grad.numpy(), want_grads[n]) < 1e-10, n
         assert relative_error(direct[n].numpy(), want_grads[n]) < 1e-10, n
     for n in spec.typed.buffers:
-        assert tensors[n].grad is None
+        if n in spec.typed.arguments:  # (a dropout mask is drawn, not given)
+            assert tensors[n].grad is None
 
 
 TILED = [name for name in SPECS if "_flash_forward(" in symattn.load(REPO / "derivations" / f"{name}.attn").emit("torch")]
@@ -88,7 +90,8 @@ def test_tiled_strips_and_groups_equal_the_numpy_module(name, blocks):
     sizes = {**typed.sizes, "N": 21} if "N" in typed.sizes else typed.sizes
     rng = np.random.default_rng(5)
     data = set(typed.inputs) | set(typed.buffers)
-    leaves = {n: random_leaves(typed, rng, (2,) if n in data else (), sizes)[n] for n in typed.given}
+    leaves = module_arguments(typed, {n: random_leaves(typed, rng, (2,) if n in data else (), sizes)[n]
+                                      for n in typed.given})
     keywords = {n: sizes[n] for n in size_keywords(typed)}
     want = spec.numpy().forward(**leaves, **keywords)
     upstream = {f"grad_{o}": rng.standard_normal(want[o].shape) for o in spec.outputs}
@@ -105,9 +108,10 @@ def test_tiled_strips_and_groups_equal_the_numpy_module(name, blocks):
 def test_gradcheck_float64(name, modules):
     spec, tm, _ = modules[name]
     leaves, _ = _leaves(spec, seed=1, batch=())
-    tensors = [torch.tensor(leaves[n], requires_grad=n in spec.typed.differentiable) for n in spec.typed.given]
-    # dims that no tensor's shape gives (a window width) follow the tensors, at the spec's sizes
+    tensors = [torch.tensor(leaves[n], requires_grad=n in spec.typed.differentiable) for n in spec.typed.arguments]
+    # dims that no tensor's shape gives (a window width) follow the tensors, at the spec's sizes, then the seed
     sizes = [spec.typed.dims[n].default for n in size_keywords(spec.typed)]
+    sizes += [DROPOUT_SEED] if spec.typed.dropouts else []
     assert torch.autograd.gradcheck(lambda *a: tuple(tm.op(*a, *sizes)[: len(spec.outputs)]), tensors, eps=1e-6,
                                     atol=1e-7, rtol=1e-5)
     assert torch.autograd.gradcheck(lambda *a: tm.Function.apply(*a, *sizes), tensors, eps=1e-6, atol=1e-7,
