@@ -55,7 +55,7 @@ from ..codegen.cuda.kernels import Buffer
 from ..symbolic.derive import derive
 from ..symbolic.evaluate import NUMERIC, Evaluator
 from .cuda_sizes import BUDGET, guarded_sizes, head_dim_sizes, instantiation, verify_sizes
-from .numpy import relative_error as _relative_error
+from .numpy import draw_dropout, relative_error as _relative_error
 from .cuda_tensor_core import TensorCoreCase, say_cases, verify_tensor_cores
 from .cuda_tensor_core_tsan import TSAN_DTYPE, TSAN_HEAD_DIM, tsan_driver, tsan_tensor_cores
 
@@ -228,21 +228,24 @@ def _driver(code: CudaCode) -> str:
              "    return v;", "}", "",
              "int main(int argc, char** argv) {",
              '    if (argc > 1 && strcmp(argv[1], "tc") == 0) return run_tensor_cores(argc, argv);',
-             f"    if (argc != {3 + len(p.dims) + 1 + len(arrays)}) return 2;",
+             f"    if (argc != {3 + len(p.dims) + 1 + bool(p.seed) + len(arrays)}) return 2;",
              '    FILE* in = fopen(argv[1], "rb");', "    if (!in) return 4;",
              "    int a = 3;",
              "    int dims[] = {" + ", ".join("atoi(argv[a++])" for _ in (*p.dims, p.batch)) + "};",
+             *(["    const unsigned long long seed = strtoull(argv[a++], nullptr, 10);"] if p.seed else []),
              f"    long count[{len(arrays)}];",
              f"    for (int k = 0; k < {len(arrays)}; ++k) count[k] = atol(argv[a++]);"]
     for k, b in enumerate(arrays):
         lines.append(f"    std::vector<float> a{k} = " + (f"take(in, count[{k}]);" if id(b) in given
                                                            else f"std::vector<float>(count[{k}] > 0 ? count[{k}] : 1);"))
     dims = ", ".join(f"dims[{k}]" for k in range(len(p.dims) + 1))
+    sizes = dims
+    dims += ", seed" if p.seed else ""
     index = {id(b): k for k, b in enumerate(arrays)}
     fwd = [f"a{index[id(b)]}.data()" for b in (*p.inputs, *p.outputs)]
     bwd = [f"a{index[id(b)]}.data()" for b in (*p.inputs, *p.outputs, *p.upstream, *p.gradients)]
     lines += ["    fclose(in);",
-              f"    std::vector<float> ws({p.prefix}_workspace_bytes({dims}) / sizeof(float) + 1);",
+              f"    std::vector<float> ws({p.prefix}_workspace_bytes({sizes}) / sizeof(float) + 1);",
               f"    if ({p.prefix}_forward({', '.join(fwd)}, ws.data(), {dims}, nullptr) != 0) return 5;",
               f"    if ({p.prefix}_backward({', '.join(bwd)}, ws.data(), {dims}, nullptr) != 0) return 6;",
               '    FILE* out = fopen(argv[2], "wb");', "    if (!out) return 7;"]
@@ -276,16 +279,19 @@ class _Runner:
         self.workspace_bytes.argtypes = ints
         self.forward = getattr(self.lib, f"{p.prefix}_forward")
         self.forward.restype = ctypes.c_int
-        self.forward.argtypes = [ctypes.c_void_p] * (len(p.inputs) + len(p.outputs) + 1) + ints + [ctypes.c_void_p]
+        seed = [ctypes.c_uint64] if p.seed else []  # dropout's seed, after the batch
+        self.forward.argtypes = [ctypes.c_void_p] * (len(p.inputs) + len(p.outputs) + 1) + ints + seed + [ctypes.c_void_p]
         self.backward = getattr(self.lib, f"{p.prefix}_backward")
         self.backward.restype = ctypes.c_int
         n = len(p.inputs) + len(p.outputs) + len(p.upstream) + len(p.gradients) + 1
-        self.backward.argtypes = [ctypes.c_void_p] * n + ints + [ctypes.c_void_p]
+        self.backward.argtypes = [ctypes.c_void_p] * n + ints + seed + [ctypes.c_void_p]
 
-    def __call__(self, arrays: dict[int, np.ndarray], dims: list[int]) -> None:
+    def __call__(self, arrays: dict[int, np.ndarray], dims: list[int], seed: int | None = None) -> None:
         p = self.code.plan
         ws = np.zeros(self.workspace_bytes(*dims) // 4 + 1, dtype=np.float32)
         ptr = lambda b: arrays[id(b)].ctypes.data  # noqa: E731
+        if p.seed:
+            dims = [*dims, seed]
         status = self.forward(*[ptr(b) for b in (*p.inputs, *p.outputs)], ws.ctypes.data, *dims, None)
         if status != 0:
             raise RuntimeError(f"{p.prefix}_forward returned {status}")
@@ -296,7 +302,7 @@ class _Runner:
 
 
 def _tsan_run(executable: Path, code: CudaCode, arrays: dict[int, np.ndarray], dims: list[int],
-              timeout: float) -> tuple[str, dict[int, np.ndarray]]:
+              timeout: float, seed: int | None = None) -> tuple[str, dict[int, np.ndarray]]:
     """Run the TSan driver in a subprocess; returns (TSan's report or '', the results)."""
     p = code.plan
     order = [*p.inputs, *p.outputs, *p.upstream, *p.gradients]
@@ -306,7 +312,8 @@ def _tsan_run(executable: Path, code: CudaCode, arrays: dict[int, np.ndarray], d
             for b in (*p.inputs, *p.upstream):
                 f.write(np.ascontiguousarray(arrays[id(b)], dtype=np.float32).tobytes())
         env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0 exitcode=66 report_signal_unsafe=0")
-        cmd = [str(executable), str(inp), str(out), *map(str, dims), *[str(arrays[id(b)].size) for b in order]]
+        cmd = [str(executable), str(inp), str(out), *map(str, dims), *([str(seed)] if p.seed else []),
+               *[str(arrays[id(b)].size) for b in order]]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         report = done.stderr if "ThreadSanitizer" in done.stderr else ""
         if done.returncode not in (0, 66) or (done.returncode == 66 and not report):
@@ -332,7 +339,8 @@ def reference(spec: t.TypedSpec, sizes: Mapping[str, int], leaves: Mapping[str, 
     outputs = {o: [] for o in spec.outputs}
     grads = {x: [] for x in spec.differentiable}
     for b in range(batch):
-        entry = {x: leaves[x][b] if spec.tensors[x].kind != "param" else leaves[x] for x in spec.given}
+        entry = {x: leaves[x][b] if np.ndim(leaves[x]) > len(spec.tensors[x].shape) else leaves[x]
+                 for x in spec.given}  # (a dropout mask of params alone has no batch axis, as they have none)
         ev = Evaluator(spec, NUMERIC, sizes)
         values = ev.run(entry)
         ev.grads = {o: upstream[o][b] for o in spec.outputs}
@@ -399,6 +407,7 @@ class _Run:
     want: dict[int, np.ndarray]
     labels: dict[int, str]
     dims: list[int]
+    seed: int | None = None  # dropout's seed (None: the spec has no dropout)
 
 
 def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch: int, seed: int) -> _Run:
@@ -411,7 +420,7 @@ def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch
         # O(sqrt(d)) rather than O(d^1.5) and a float32 kernel is not held to an ill-conditioned softmax.
         scale = 1.0 / np.sqrt(shape[-2]) if b.kind == "param" and len(shape) >= 2 else 1.0
         arrays[id(b)] = np.asarray(scale * rng.standard_normal(shape), dtype=np.float32)
-    given = dict(zip(typed.given, p.inputs))
+    given = dict(zip(typed.arguments, p.inputs))
     for name, b in given.items():  # an integer buffer: integers in its range (as float32, the C API's type)
         if typed.tensors[name].integer:
             low, high = (int(sympy.sympify(v).subs({typed.dims[n].symbol: k for n, k in sizes.items()}))
@@ -419,7 +428,8 @@ def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch
             arrays[id(b)] = rng.integers(low, high, size=arrays[id(b)].shape).astype(np.float32)
     for b in (*p.outputs, *p.gradients):
         arrays[id(b)] = np.full(_concrete(b, sizes, batch), np.nan, dtype=np.float32)
-    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.given, p.inputs)}
+    leaves = {x: arrays[id(b)].astype(np.float64) for x, b in zip(typed.arguments, p.inputs)}
+    leaves, arguments = draw_dropout(typed, leaves, rng, dict(sizes))  # the masks the kernels draw, and the seed
     upstream = {o: arrays[id(b)].astype(np.float64) for o, b in zip(typed.outputs, p.upstream)}
     labels = {id(b): o for o, b in zip(typed.outputs, p.outputs)}
     labels.update({id(b): f"grad({x})" for x, b in zip(typed.differentiable, p.gradients)})
@@ -427,7 +437,7 @@ def _prepare(typed: t.TypedSpec, code: CudaCode, sizes: Mapping[str, int], batch
     want_out, want_grad = reference(typed, sizes, leaves, upstream, batch)
     want = {id(b): want_out[o] for o, b in zip(typed.outputs, p.outputs)}
     want.update({id(b): want_grad[x] for x, b in zip(typed.differentiable, p.gradients)})
-    return _Run(arrays, want, labels, _dim_values(code, sizes) + [batch])
+    return _Run(arrays, want, labels, _dim_values(code, sizes) + [batch], arguments.get(typed.seed_keyword))
 
 
 def _compare(run: _Run, results: Mapping[int, np.ndarray], tolerance: float, where: str,
@@ -476,7 +486,7 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
     progress.step("running the kernels on the CPU")
     runner = _Runner(library, code)
     fresh = {k: v.copy() for k, v in run.arrays.items()}
-    runner(fresh, run.dims)
+    runner(fresh, run.dims, run.seed)
     report.errors = _compare(run, fresh, tolerance, "", report.problems)
     say(f"{'tensor':<16}{'max rel error':>14}")
     for label, error in report.errors.items():
@@ -494,7 +504,7 @@ def verify_cuda(spec, *, batch: int = 2, sizes: Mapping[str, int] | None = None,
         executable = build_cpu(code, workdir, tsan=True)
         progress.step("running the kernels under ThreadSanitizer")
         race, results = _tsan_run(executable, code, {k: v.copy() for k, v in run.arrays.items()}, run.dims,
-                                  timeout=900)
+                                  timeout=900, seed=run.seed)
         report.tsan_report = race
         report.tsan_errors = _compare(run, results, tolerance, "under TSan, ", report.problems)
         what = "forward and backward"
@@ -530,12 +540,12 @@ def _other_head_dim(typed, code, report: VerifyReport, sizes: dict[str, int], ru
     run = _prepare(typed, code, sizes, report.batch, seed)
     entry = HeadDimRun(sizes, bound)
     fresh = {k: v.copy() for k, v in run.arrays.items()}
-    runner(fresh, run.dims)
+    runner(fresh, run.dims, run.seed)
     entry.errors = _compare(run, fresh, report.tolerance, f"at {changed}, ", report.problems)
     line = f"head dim {bound} kernels at {changed}: max rel error {max(entry.errors.values(), default=0.0):.2e}"
     if executable is not None:
         race, results = _tsan_run(executable, code, {k: v.copy() for k, v in run.arrays.items()}, run.dims,
-                                  timeout=900)
+                                  timeout=900, seed=run.seed)
         entry.tsan_errors = _compare(run, results, report.tolerance, f"under TSan at {changed}, ", report.problems)
         if race:
             report.tsan_report = (report.tsan_report or "") + race

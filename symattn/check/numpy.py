@@ -130,12 +130,14 @@ def _instances(spec: t.TypedSpec, leaves: dict[str, np.ndarray], sizes: dict[str
     return batch, lambda idx: {n: np.array(full[n][idx], dtype=np.float64) for n in spec.given}
 
 
-def draw_dropout(spec: t.TypedSpec, leaves: dict, rng) -> dict:
+def draw_dropout(spec: t.TypedSpec, leaves: dict, rng, sizes: dict | None = None) -> tuple[dict, dict]:
     """With `dropout` in the spec: `leaves` with each mask replaced by the one the generated code draws from a
     seed (taken from `rng`, above 2**63 half the time: every bit of the key is used), in the full shape of
-    the tensor dropped (the batch axes of what it is computed from, `symattn.ir.philox.keep_mask`), and the
-    keyword arguments of a generated module: the spec's arguments and the seed. Without, (leaves, leaves)."""
+    the tensor dropped (the batch axes of what it is computed from, then its shape at `sizes`, by default the
+    spec's; `symattn.ir.philox.keep_mask`), and the keyword arguments of a generated module: the spec's
+    arguments and the seed. Without dropout, (leaves, leaves)."""
     import numpy as np
+    import sympy
 
     from ..ir.philox import keep_mask
 
@@ -151,7 +153,8 @@ def draw_dropout(spec: t.TypedSpec, leaves: dict, rng) -> dict:
         sources = [n for n in read if spec.tensors[n].expr is None and spec.tensors[n].dropout is None]
         batch = np.broadcast_shapes(*(np.shape(leaves[n])[:np.ndim(leaves[n]) - len(spec.tensors[n].shape)]
                                       for n in sources))
-        shape = batch + np.shape(leaves[name])[np.ndim(leaves[name]) - len(info.shape):]
+        shape = batch + tuple(int(d) for d in sympy.sympify(sympy.Tuple(*info.shape)).subs(
+            {spec.dims[n].symbol: v for n, v in (sizes or spec.sizes).items()}))
         drawn[name] = keep_mask(seed, info.dropout.stream, shape, info.dropout.threshold).astype(np.float64)
     arguments = {n: drawn[n] for n in spec.arguments}
     arguments[spec.seed_keyword] = seed
@@ -273,7 +276,7 @@ def verify_numpy(spec: t.TypedSpec, seed: int = 0, module=None, budget: int | No
         for name in spec.given:
             one = random_leaves(spec, rng, batch_of(name), sizes)[name]
             leaves[name] = one
-        leaves, arguments = draw_dropout(spec, leaves, rng)
+        leaves, arguments = draw_dropout(spec, leaves, rng, sizes)
         reference = reference_forward(spec, leaves, sizes)
         upstream = {o: rng.standard_normal(np.shape(reference[o])) for o in spec.outputs}
         expected = finite_difference_gradients(spec, leaves, upstream, sizes)

@@ -93,7 +93,7 @@ def signatures(plan: KernelPlan) -> dict[str, str]:
                + [f"float* {p.workspace_arg}"])
     backward = ([f"const float* {b.name}" for b in (*p.inputs, *p.outputs, *p.upstream)]
                 + [f"float* {b.name}" for b in p.gradients] + [f"float* {p.workspace_arg}"])
-    tail = _dims_params(p) + f", cudaStream_t {p.stream_arg}"
+    tail = _dims_params(p) + (f", unsigned long long {p.seed}" if p.seed else "") + f", cudaStream_t {p.stream_arg}"
     return {
         "workspace": f"size_t {p.prefix}_workspace_bytes({_dims_params(p)})",
         "forward": f"int {p.prefix}_forward({', '.join(forward)}, {tail})",
@@ -155,7 +155,7 @@ def _arguments(p: KernelPlan, kernel: Kernel, sliced: bool) -> str:
         return f"{b.host} + b0_ * ({numel_c(b.shape, p.names)})" if sliced and b.batched else b.host
     args = [pointer(b) for b in (*kernel.writes, *kernel.reads)] + [expr for _, expr in kernel.extra]
     if kernel.takes_dims:
-        args += p.dims
+        args += p.dims + p.kernel_ints(sliced)
     return ", ".join(args)
 
 
@@ -266,6 +266,7 @@ def _source(p: KernelPlan) -> str:
         "// (cuda_host.h emulates blocks, threads, __shared__ and __syncthreads).",
         "#include <cstddef>",
         '#include "cuda_host.h"',
+        *(['#include "philox.h"  // dropout\'s masks: Philox-4x32-10, drawn in the kernels'] if p.seed else []),
         f'#include "{p.prefix}.h"',
         "",
         PRELUDE,
@@ -329,7 +330,7 @@ def _readme(p: KernelPlan) -> str:
     def row(name, shape, role, code=True):
         rows.append(f"| `{name}` | {f'`{shape}`' if code else shape} | {role} |")
 
-    for b, given in zip(p.inputs, spec.given):
+    for b, given in zip(p.inputs, spec.arguments):
         info = spec.tensors[given]
         if info.integer:  # its integers as float32 (exact below 2^24): every argument is a float pointer
             low, high = (format_dim(v, list(spec.dims)) for v in info.values)
@@ -349,6 +350,13 @@ def _readme(p: KernelPlan) -> str:
     for d in spec.dims:
         row(p.names.spec("dim", d), "int", f"dim {d} (the spec's default is {spec.sizes[d]})")
     row(p.batch, "int", "number of batch entries: a leading axis of inputs, outputs and their gradients")
+    if p.seed:
+        masks = ", ".join(f"`{spec.tensors[m].dropout.of}` (stream {spec.tensors[m].dropout.stream}, p = "
+                          f"{spec.tensors[m].dropout.p_text})" for m in spec.dropouts)
+        row(p.seed, "unsigned long long", f"dropout's seed: the masks of {masks} are drawn in the kernels, entry n "
+            "(flat, row-major, batch axis included) kept iff Philox-4x32-10 word 0 at counter (n low, n high, "
+            "stream, 0) under key (seed low, seed high) is at least floor(p * 2^32), as on every symattn target; "
+            "pass the same seed to the backward, which draws them again")
     row(p.stream_arg, "cudaStream_t", "the stream every kernel is launched on (0 or NULL: the default stream; "
         "the CPU emulation ignores it)")
     kernels = [f"| `{k.name}` | {k.phase} | {k.comment[0]} |" for k in (*p.forward, *p.backward)]
@@ -363,6 +371,7 @@ def _readme(p: KernelPlan) -> str:
         f"- `{p.prefix}.cu`: the kernels and the host launch functions",
         f"- `{p.prefix}.h`: the C declarations below",
         "- `cuda_host.h`: lets the same `.cu` compile with nvcc, or with g++ for the CPU (emulation, for tests)",
+        *(["- `philox.h`: dropout's generator, Philox-4x32-10, on the device and the host"] if p.seed else []),
         "",
         "## Build",
         "```sh",
@@ -427,4 +436,6 @@ def render(plan: KernelPlan) -> dict[str, str]:
     }
     if plan.tensor_cores:
         files["cuda_warp.h"] = runtime_header("cuda_warp.h")
+    if plan.seed:
+        files["philox.h"] = runtime_header("philox.h")
     return files

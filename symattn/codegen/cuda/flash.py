@@ -45,7 +45,7 @@ from ..plan import AttentionCore, tile_bounds
 from ..plan.bounds import I0, I1, J0, J1
 from .kernels import Buffer, GridLimit, Kernel
 from .names import CNames
-from .score import ScoreSource, heads_of, read_args, read_params, score_functions, score_printer
+from .score import ScoreSource, draws, heads_of, read_args, read_params, score_functions, score_printer
 from .syntax import CPrinter, dim_c, numel_c, offset_c
 
 __all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels",
@@ -434,7 +434,7 @@ def _common(core, prefix, names, dims, lead, reads: list[Buffer], grads: list[Bu
     bounds = tile_bounds(core)
     return dict(prefix=prefix, dim_params=int_dims + read_params(reads) + read_params(grads, True),
                 dim_args=dim_args + "".join(f", {b.name}" for b in reads) + grad_part,
-                score_tail=dim_args + read_args(reads), lead_args="".join(f"{z}, " for z in lead),
+                score_tail=dim_args + read_args(reads, draws(core)), lead_args="".join(f"{z}, " for z in lead),
                 lead_coords=_lead_coords(core, lead, names),
                 key_range=_range(bounds.key_lo, bounds.key_hi, "n_k_", names),
                 query_range=_range(bounds.query_lo, bounds.query_hi, "n_q_", names))

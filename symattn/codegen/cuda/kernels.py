@@ -161,6 +161,14 @@ static unsigned int sa_blocks(long long count, int per_block) {
     return (unsigned int)(blocks < 65535 ? blocks : 65535);
 }""",
     "sa_round_up": "static size_t sa_round_up(size_t n) { return (n + 63) / 64 * 64; }  // 256-byte aligned buffers",
+    "sa_dropout": """\
+// Dropout's mask at a flat position: 1 where Philox-4x32-10 keeps it (philox.h: the contract of every
+// symattn target), else 0; the seed comes as its two 32-bit words (kernel ints).
+static __host__ __device__ __forceinline__ float sa_dropout(int seed_lo, int seed_hi, unsigned stream,
+                                                            unsigned long long position, unsigned threshold) {
+    const uint64_t seed = ((uint64_t)(uint32_t)seed_hi << 32) | (uint32_t)seed_lo;
+    return sa_dropout_keep(seed, stream, position, threshold) ? 1.0f : 0.0f;
+}""",
 }
 
 

@@ -69,9 +69,12 @@ class _Scope:
 
     def integer(self, name: str) -> bool:
         info = self.planner.spec.tensors.get(name)
-        return info is not None and info.integer
+        return info is not None and info.integer and info.dropout is None
 
     def read(self, node, coords):
+        info = self.planner.spec.tensors.get(node.name) if isinstance(node, t.Tensor) else None
+        if info is not None and info.dropout is not None:  # drawn here, from the seed: no buffer
+            return self.planner.dropout_read(node.name, offset_c(coords, info.shape, self.planner.names))
         buffer = self.planner.lookup(node)
         if buffer is None:
             return None

@@ -51,6 +51,7 @@ from . import flash, tensor_core
 from .kernels import Buffer, Kernel, batch_sum_kernel
 from .lowering import Lowering, accumulators, grad_text
 from .names import CNames, c_identifier
+from .syntax import numel_c
 
 __all__ = ["KernelPlan", "lower", "plan", "accumulators"]
 
@@ -86,10 +87,21 @@ class KernelPlan:
     notes: list[str] = field(default_factory=list)
     helpers: list[str] = field(default_factory=list)   # device functions emitted before the kernels
     tensor_cores: list[tensor_core.TensorCoreForward] = field(default_factory=list)  # each core on tensor cores
+    seed: str | None = None          # C name of dropout's seed argument (unsigned long long), None without dropout
+    dropout_ints: list[str] = field(default_factory=list)  # kernel ints after the dims: the seed's low and high
+    #                                  words, and the batch entry the launch starts at (masks are drawn in kernels)
 
     @property
     def path(self) -> str:
         return "fused" if self.cores else "generic"
+
+    def kernel_ints(self, sliced: bool) -> list[str]:
+        """The host expressions a launch passes after the dims: the dropout ints (the first batch entry of the
+        launch: b0_ in a sliced launch, else 0)."""
+        if not self.dropout_ints:
+            return []
+        return [f"(int)(unsigned)({self.seed} & 0xFFFFFFFFull)", f"(int)(unsigned)({self.seed} >> 32)",
+                "(int)b0_" if sliced else "0"]
 
 
 class _Planner(Lowering):
@@ -100,8 +112,13 @@ class _Planner(Lowering):
         self.names = names
         self.prefix = prefix
         self.order = list(spec.dims)
-        self.dims = [names.spec("dim", d) for d in spec.dims]
+        self.host_dims = [names.spec("dim", d) for d in spec.dims]
         self.batch = names.fresh("batch")
+        # Dropout: the kernels that draw a mask take the seed's words and the launch's first batch entry
+        # after the dims (the host passes them), so every kernel's int parameters are `dims`.
+        self.seed = names.fresh("seed") if spec.dropouts else None
+        self.dropout_ints = [names.fresh(n) for n in ("seed_lo_", "seed_hi_", "entry0_")] if spec.dropouts else []
+        self.dims = self.host_dims + self.dropout_ints
         self.workspace_arg = names.fresh("workspace")
         self.stream_arg = names.fresh("stream")
         self.buffers: dict[tuple, Buffer] = {}
@@ -140,7 +157,7 @@ class _Planner(Lowering):
         spec, n = self.spec, self.names
         self.inputs = [self._user(("tensor", x), n.spec("tensor", x), spec.tensors[x].shape,
                                   spec.tensors[x].kind != "param", spec.tensors[x].kind, spec.tensors[x].kind)
-                       for x in spec.given]
+                       for x in spec.arguments]  # (a dropout mask is drawn where it is read, `dropout_read`)
         self.outputs = [self._user(("tensor", o), n.spec("tensor", o), spec.tensors[o].shape, True, "output",
                                    "output") for o in spec.outputs]
         self.upstream = [self._user(("grad", o), n.fresh(f"grad_{n.spec('tensor', o)}"), spec.tensors[o].shape, True,
@@ -206,7 +223,8 @@ class _Planner(Lowering):
         prefix = self._core_prefix(core)
         self.core_prefix[core.output] = prefix
         reads = self.read_buffers(core)
-        text, lead = flash.score_functions(core, prefix, self.names, self.dims, self.order, reads, self.spec)
+        text, lead = flash.score_functions(core, prefix, self.names, self.dims, self.order, reads, self.spec,
+                                           self.dropout_read)
         self.lead_names[core.output] = lead
         self.helpers.append(text)
         out = self.tensor_buffer(core.output)
@@ -222,7 +240,7 @@ class _Planner(Lowering):
                                          self.batch, core.text))
         reason = tensor_core.unsupported(core)
         if reason is None:
-            self.tensor_cores.append(tensor_core.forward(core, prefix, self.names, self.dims, lead, self.batch,
+            self.tensor_cores.append(tensor_core.forward(core, prefix, self.names, self.host_dims, lead, self.batch,
                                                          core.text))
         else:
             self.notes.append(f"{core.output}: tensor-core kernels not generated: {reason} (the fp32 fused kernels "
@@ -232,8 +250,25 @@ class _Planner(Lowering):
         return name in self.live_set
 
     def read_buffers(self, core: AttentionCore) -> list[Buffer]:
-        """The buffers of the tensors the core's score reads, in the plan's order."""
-        return [self.tensor_buffer(n) for n in core.read_tensors]
+        """The buffers of the tensors the core's score reads, in the plan's order (a dropout mask has none: the
+        kernels draw it, `DropoutEntry`)."""
+        return [self.tensor_buffer(n) for n in core.read_tensors if self.spec.tensors[n].dropout is None]
+
+    def dropout_read(self, name: str, offset: str) -> str:
+        """The C expression of dropout's mask `name` at `offset` (its flat position in the batch entry b_): 1.0f
+        where Philox keeps it, else 0.0f (`sa_dropout`, runtime/philox.h). A mask of a tensor computed from
+        params alone has no batch axis (NumPy's semantics): every entry draws the same."""
+        info = self.spec.tensors[name]
+        x = self.spec.tensors[info.dropout.of].expr.a.a
+        read = {n.name if isinstance(n, t.Tensor) else n.tensor for n in t.depends_on(self.spec, [x])
+                if isinstance(n, t.Tensor) or (isinstance(n, t.Entry) and not n.grad)}
+        batched = any(self.spec.tensors[n].kind in ("input", "buffer") and self.spec.tensors[n].dropout is None
+                      for n in read)
+        size = numel_c(self.spec.tensors[info.dropout.of].shape, self.names)  # (the mask's own shape: a fused
+        #                                                             program holds only (offset, seed) for it)
+        lo, hi, first = self.dropout_ints
+        position = f"(unsigned long long)({first} + b_) * ({size}) + ({offset})" if batched else f"({offset})"
+        return f"sa_dropout({lo}, {hi}, {info.dropout.stream}u, {position}, {info.dropout.threshold}u)"
 
     def _core_backward(self, core: AttentionCore) -> None:
         if core.output in self.done_backward:
@@ -426,7 +461,7 @@ def lower(program: Program, fused: AttentionPlan | None = None) -> KernelPlan:
             if buffer.kind == "workspace" and buffer not in workspace:
                 workspace.append(buffer)
     workspace.sort(key=lambda buf: buf.phase != "forward")
-    return KernelPlan(spec, prefix, names, planner.dims, planner.batch, planner.workspace_arg, planner.stream_arg,
-                      planner.inputs, planner.outputs, planner.upstream, planner.gradients, workspace, forward,
-                      planner.kernels, list(fused.cores.values()), planner.notes, planner.helpers,
-                      planner.tensor_cores)
+    return KernelPlan(spec, prefix, names, planner.host_dims, planner.batch, planner.workspace_arg,
+                      planner.stream_arg, planner.inputs, planner.outputs, planner.upstream, planner.gradients,
+                      workspace, forward, planner.kernels, list(fused.cores.values()), planner.notes, planner.helpers,
+                      planner.tensor_cores, planner.seed, planner.dropout_ints)

@@ -18,22 +18,36 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...ir import typed as t
-from ..plan import AttentionCore, ProductEntry, entry_text
+from ...errors import CodegenError
+from ..plan import AttentionCore, DropoutEntry, ProductEntry, entry_text
 from .kernels import Buffer
 from .names import CNames
 from .syntax import CPrinter, dim_c, numel_c, offset_c
 
-__all__ = ["ScoreSource", "score_printer", "read_params", "read_args", "score_functions", "heads_of"]
+__all__ = ["ScoreSource", "score_printer", "read_params", "read_args", "score_functions", "heads_of", "draws"]
+
+
+def draws(core: AttentionCore) -> bool:
+    """Whether the core draws a dropout mask in its kernels (`DropoutEntry`): its score functions then take the
+    batch entry b_ even when they read no tensor."""
+    return any(isinstance(n, DropoutEntry) for e in (core.score, core.weights) if e is not None for n in t.walk(e))
 
 
 class ScoreSource:
     """Reads inside a score: entries of the given tensors the core reads (batched ones at the entry b_)."""
 
-    def __init__(self, core: AttentionCore, reads: list[Buffer], names: CNames, prefix: str = "") -> None:
-        self.buffers = dict(zip(core.read_tensors, reads))
-        self.integer = core.integers.__contains__  # integer buffers: their entries are read as ints
+    def __init__(self, core: AttentionCore, reads: list[Buffer], names: CNames, prefix: str = "",
+                 dropout=None) -> None:
+        self.buffers = dict(zip([n for n in core.read_tensors if n not in core.drawn], reads))
+        self.integer = (core.integers - core.drawn).__contains__  # integer buffers: their entries are read as ints
         self.names = names
         self.prefix = prefix
+        self.dropout = dropout  # (mask, position) -> the mask's C expression there (the planner's `dropout_read`)
+
+    def draw(self, node: DropoutEntry, position: str) -> str:
+        if self.dropout is None:
+            raise CodegenError("internal: a dropout mask is drawn where no seed is at hand")
+        return self.dropout(node.base.tensor, position)
 
     def read(self, node, coords):
         if not isinstance(node, t.Tensor) or node.name not in self.buffers:
@@ -43,10 +57,11 @@ class ScoreSource:
         return f"{self.prefix}{buffer.name}[{base}{offset_c(coords, buffer.shape, self.names)}]"
 
 
-def score_printer(core: AttentionCore, names: CNames, reads: list[Buffer] | None = None) -> CPrinter:
+def score_printer(core: AttentionCore, names: CNames, reads: list[Buffer] | None = None, dropout=None) -> CPrinter:
     """A printer of the core's entry expressions: `s_` for the product, the coordinates z0_, ..., i_, j_."""
     indices = {"i": "i_", "j": "j_", **{f"z{k}": f"z{k}_" for k in range(len(core.lead))}}
-    return CPrinter(names, ScoreSource(core, reads or [], names), indices=indices, special={ProductEntry(): "s_"})
+    return CPrinter(names, ScoreSource(core, reads or [], names, dropout=dropout), indices=indices,
+                    special={ProductEntry(): "s_"})
 
 
 def read_params(reads: list[Buffer], grads: bool = False) -> str:
@@ -56,35 +71,36 @@ def read_params(reads: list[Buffer], grads: bool = False) -> str:
     return "".join(f", const float* __restrict__ {b.name}" for b in reads)
 
 
-def read_args(reads: list[Buffer]) -> str:
-    """`, b_, T, ...`: what a call of a score device function passes after the dims (nothing without reads)."""
-    return (", b_" if reads else "") + "".join(f", {b.name}" for b in reads)
+def read_args(reads: list[Buffer], batch: bool = False) -> str:
+    """`, b_, T, ...`: what a call of a score device function passes after the dims (nothing without reads,
+    unless `batch`: a core that draws dropout needs the batch entry)."""
+    return (", b_" if reads or batch else "") + "".join(f", {b.name}" for b in reads)
 
 
 def score_functions(core: AttentionCore, prefix: str, names: CNames, dims: Sequence[str],
-                    dim_order: Sequence[str], reads: list[Buffer], spec) -> tuple[str, list[str]]:
+                    dim_order: Sequence[str], reads: list[Buffer], spec, dropout=None) -> tuple[str, list[str]]:
     """The device functions `<prefix>_score`, `_score_grad`, `_score_d<k>` (each learned read) and `_weights`, and
     the head coordinate names."""
     lead = [f"z{k}_" for k in range(len(core.lead))]
     params = ", ".join(["float s_", *[f"int {z}" for z in lead], "int i_", "int j_", *[f"int {d}" for d in dims],
-                        *(["long long b_"] if reads else [])]) + read_params(reads)
+                        *(["long long b_"] if reads or draws(core) else [])]) + read_params(reads)
     head = f"static __device__ __forceinline__ float {prefix}"
-    keep = None if core.keep is None else score_printer(core, names, reads).entry(core.keep)
-    value = score_printer(core, names, reads).entry(core.value)
+    keep = None if core.keep is None else score_printer(core, names, reads, dropout).entry(core.keep)
+    value = score_printer(core, names, reads, dropout).entry(core.value)
     score = value if keep is None else f"({keep}) ? {value} : -INFINITY"
     lines = [f"// The score of {core.text}: {entry_text(core.score, dim_order, core)}, s = the product's entry.",
              f"{head}_score({params}) {{", f"    return {score};", "}",
              "// d score / d s, for the backward.",
-             f"{head}_score_grad({params}) {{", f"    return {score_printer(core, names, reads).entry(core.d_product)};",
+             f"{head}_score_grad({params}) {{", f"    return {score_printer(core, names, reads, dropout).entry(core.d_product)};",
              "}"]
     for k, read in enumerate(r for r in core.reads if r.derivative is not None):
         lines += [f"// d score / d {entry_text(read.node, dim_order)}: its gradient takes dS times this.",
                   f"{head}_score_d{k}({params}) {{",
-                  f"    return {score_printer(core, names, reads).entry(read.derivative)};", "}"]
+                  f"    return {score_printer(core, names, reads, dropout).entry(read.derivative)};", "}"]
     if core.weights is not None:
         lines += [f"// The factor of the weights after the softmax: {entry_text(core.weights, dim_order)}.",
                   f"{head}_weights({params}) {{",
-                  f"    return {score_printer(core, names, reads).entry(core.weights)};", "}"]
+                  f"    return {score_printer(core, names, reads, dropout).entry(core.weights)};", "}"]
     return "\n".join(lines), lead
 
 

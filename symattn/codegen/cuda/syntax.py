@@ -380,6 +380,22 @@ class CPrinter(Printer):
                   else f"{p.coefficient} * {self.indices[p.index]}") for p in pieces(s)]
         return f"({signed_sum(parts) or '0'})"
 
+    def _print_DropoutEntry(self, node, coords) -> Printed:
+        """A dropout mask drawn at the entry (a fused core's `plan.DropoutEntry`): its source says how."""
+        return Printed(self.source.draw(node, self.position(node.index)), ATOM)
+
+    def position(self, node: t.Node) -> str:
+        """A flat position (coordinates, integers and dims) as long long arithmetic: positions reach 2**31."""
+        if isinstance(node, t.IndexVar):
+            return f"(long long){self.indices[node.name]}"
+        if isinstance(node, t.DimValue):
+            return f"(long long)({self._dim(node.dim)})"
+        if isinstance(node, t.Scalar) and sympy.sympify(node.value).is_integer:
+            return f"{int(node.value)}LL"
+        if isinstance(node, t.Binary) and node.op in ("add", "sub", "mul"):
+            return f"({self.position(node.a)} {BINARY[node.op]} {self.position(node.b)})"
+        raise CodegenError(f"no CUDA rule for the dropout position {type(node).__name__}")
+
     def _print_Entry(self, node: t.Entry, coords) -> Printed:
         at = tuple(self.subscript(i) for i in node.indices)
         target = t.Grad(node.tensor, ()) if node.grad else t.Tensor(node.tensor, ())

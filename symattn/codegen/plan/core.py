@@ -153,6 +153,12 @@ class AttentionCore:
         return tuple(dict.fromkeys(r.tensor for r in self.reads))
 
     @property
+    def drawn(self) -> frozenset:
+        """The dropout masks the core draws per entry (`DropoutEntry`): read tensors that hold no values."""
+        return frozenset(n.base.tensor for e in (self.score, self.weights) if e is not None for n in t.walk(e)
+                         if isinstance(n, DropoutEntry))
+
+    @property
     def learned(self) -> tuple[str, ...]:
         """Those of them that get a gradient (inputs and params)."""
         return tuple(dict.fromkeys(r.tensor for r in self.reads if r.derivative is not None))
