@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.philox import NUMPY_HELPERS
+from ...ir.philox import NUMPY_HELPERS, _dropout_keep  # (the mask helpers below call it)
 from .runtime import Runtime
 
 __all__ = ["HOST", "CALLS", "runtime"]
