@@ -94,10 +94,11 @@ def example(request) -> Path:
     return request.param
 
 
-def run_cuda_on_cpu(spec, given, upstream, sizes, batch, tmp_path):
+def run_cuda_on_cpu(spec, given, upstream, sizes, batch, tmp_path, seed=None):
     """(outputs, gradients) by name from the emitted fp32 CUDA kernels built for the CPU (the emulation header)
     and called through their C API: `given` the arrays of the spec's given tensors (a batch axis on inputs and
-    buffers), `upstream` grad_<output> arrays, `sizes` dims no array gives. Pointers pass as c_void_p."""
+    buffers; dropout's masks aside, drawn from `seed`), `upstream` grad_<output> arrays, `sizes` dims no array
+    gives. Pointers pass as c_void_p."""
     import ctypes
 
     import numpy as np
@@ -108,12 +109,13 @@ def run_cuda_on_cpu(spec, given, upstream, sizes, batch, tmp_path):
     p = code.plan
     lib = ctypes.CDLL(str(build_cpu(code, tmp_path)))
     dims = {**{d: int(spec.typed.sizes[d]) for d in p.dims}, **sizes}
-    for x in spec.typed.given:  # every dim from the arrays: a param's axes, or an input's after its batch axis
+    for x in spec.typed.arguments:  # every dim from the arrays: a param's axes, or an input's after its batch axis
         shape = given[x].shape
         for axis, d in zip(shape[len(shape) - len(spec.typed.tensors[x].shape):], spec.typed.tensors[x].shape):
             if str(d) in dims:
                 dims[str(d)] = axis
     ints = [*map(ctypes.c_int, [dims[d] for d in p.dims] + [batch])]
+    tail = [ctypes.c_uint64(seed)] if p.seed else []  # dropout's seed, after the batch
     arrays = {}
     for b in (*p.inputs, *p.upstream):
         arrays[b.name] = np.ascontiguousarray((given if b.kind != "upstream" else upstream)[b.name], np.float32)
@@ -125,8 +127,8 @@ def run_cuda_on_cpu(spec, given, upstream, sizes, batch, tmp_path):
         getattr(lib, f"{p.prefix}_{fn}").restype = ctypes.c_size_t if fn == "workspace_bytes" else ctypes.c_int
     workspace = np.zeros(getattr(lib, f"{p.prefix}_workspace_bytes")(*ints) // 4 + 1, np.float32)
     ws = ctypes.c_void_p(workspace.ctypes.data)
-    assert getattr(lib, f"{p.prefix}_forward")(*ptrs((*p.inputs, *p.outputs)), ws, *ints, None) == 0
+    assert getattr(lib, f"{p.prefix}_forward")(*ptrs((*p.inputs, *p.outputs)), ws, *ints, *tail, None) == 0
     assert getattr(lib, f"{p.prefix}_backward")(*ptrs((*p.inputs, *p.outputs, *p.upstream, *p.gradients)), ws,
-                                                *ints, None) == 0
+                                                *ints, *tail, None) == 0
     return ({b.name: arrays[b.name] for b in p.outputs},
             {b.name[len("grad_"):]: arrays[b.name] for b in p.gradients})

@@ -60,10 +60,12 @@ def dropout_definition(v, stmt: ir.Define) -> t.Node:
     """The typed `x * mask / (1 - p)` of `D = dropout(x, p)`, its mask declared in `v.tensors`."""
     call = stmt.expr
     args = [a for a in call.args if not isinstance(a, ir.Keyword)]
-    for a in call.args:
+    for a in call.args:  # p may be named, as torch's F.dropout(x, p=0.1)
         if isinstance(a, ir.Keyword):
-            raise _err(SpecShapeError, f"dropout() got an unexpected keyword argument '{a.name}'", a.pos,
-                       "dropout takes (x, p)")
+            if a.name != "p" or len(args) != 1:
+                raise _err(SpecShapeError, f"dropout() got an unexpected keyword argument '{a.name}'", a.pos,
+                           "dropout takes (x, p)")
+            args.append(a.value)
     if len(args) != 2:
         raise _err(SpecShapeError, f"dropout() takes 2 arguments (x, p), got {len(args)}", call.pos,
                    "for example `D = dropout(P, 0.1)`")
