@@ -10,7 +10,12 @@
   1 / (c * x) = (1 / c) / x, exact under IEEE semantics (0 / 0 is NaN both ways).
 - RoPE's rotation products with the keys at shifted positions, cos((j + 3) t),
   are relative: the exact zero test writes j/100 + 1/25 as j/100 + 4 * (1/100),
-  so the shifted angles share their base.
+  so the shifted angles share their base. For every number of rotation pairs h
+  (head dim 2 h) too: the contraction over 2 h is written block by block (the
+  two halves of the rotated concat), each block a sum over c < h whose summand,
+  cos(i t_c) cos((j + 3) t_c) + ..., with t_c = 10000^(-c / h) symbolic, is
+  compared by angle addition. Look-alikes (keys at 2 j + 3, halves swapped,
+  another base for the keys' frequencies, one half not rotated) are not proved.
 
 Against NumPy (`numpy_claims`), with zeros (zero rows), negatives and ties.
 """
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import numpy_claims
+import symattn
 from numpy_claims import Claim, Program, check, rsum, softmax, softmax_backward
 
 ALL = "all sizes"
@@ -119,6 +126,77 @@ def test_qk_norm_claims():
     assert "as free tensors" in backward and "division by sqrt(sum(Q * Q, axis=-1))" in backward, backward
 
 
+def _rope_pairs(v):
+    _rope(v)
+    n, h = v.X.shape[0], v.W_q.shape[1] // 2
+    i = np.arange(n)[:, None]
+    phi = 1000.0 ** (-np.arange(h) / h)
+    v["CosF"], v["SinF"] = np.cos((i + 3) * phi), np.sin((i + 3) * phi)
+    k = v.W_k[0:1]
+    v["Rs"] = np.concatenate([k[:, h:] * v.CosK + k[:, :h] * v.SinK, k[:, :h] * v.CosK - k[:, h:] * v.SinK], axis=-1)
+    v["Rf"] = np.concatenate([k[:, :h] * v.CosF - k[:, h:] * v.SinF, k[:, h:] * v.CosF + k[:, :h] * v.SinF], axis=-1)
+    v["Rh"] = np.concatenate([k[:, :h] * v.CosK - k[:, h:] * v.SinK, k[:, h:] + 0 * v.CosK], axis=-1)
+
+
+ROPE_PAIRS = Program("rope-pairs", ROPE.head.replace("h = 2", "h = 3").replace("O = X\n", """\
+CosF[j:N, c:h] = cos((j + 3) * 1000^(-c / h))
+SinF[j:N, c:h] = sin((j + 3) * 1000^(-c / h))
+Rs = concat(W_k[0:1, h:2 * h] * CosK + W_k[0:1, 0:h] * SinK, W_k[0:1, 0:h] * CosK - W_k[0:1, h:2 * h] * SinK, axis=-1)
+Rf = concat(W_k[0:1, 0:h] * CosF - W_k[0:1, h:2 * h] * SinF, W_k[0:1, h:2 * h] * CosF + W_k[0:1, 0:h] * SinF, axis=-1)
+Rh = concat(W_k[0:1, 0:h] * CosK - W_k[0:1, h:2 * h] * SinK, W_k[0:1, h:2 * h] + 0 * CosK, axis=-1)
+O = X
+"""), _rope_pairs, (
+    Claim("relative(Rq @ Rk.T)", lambda v: _rel(v.Rq @ v.Rk.T), True, "proved"),
+    Claim("relative(Cos @ CosK.T + Sin @ SinK.T)", lambda v: _rel(v.Cos @ v.CosK.T + v.Sin @ v.SinK.T), True, "proved"),
+    Claim("relative(Rq @ Rk.T - 2 * (Cos @ CosK.T + Sin @ SinK.T))",
+          lambda v: _rel(v.Rq @ v.Rk.T - 2 * (v.Cos @ v.CosK.T + v.Sin @ v.SinK.T)), True, "proved"),
+    Claim("relative(Rq @ Rk.T + Cos @ CosK.T)", lambda v: _rel(v.Rq @ v.Rk.T + v.Cos @ v.CosK.T), False),
+    # not relative: a stride, the halves swapped (angles i + j), another base for the keys, a half not rotated,
+    # a term at the query's position where the key's belongs
+    Claim("relative(Rq @ Rd.T)", lambda v: _rel(v.Rq @ v.Rd.T), False),
+    Claim("relative(Rq @ Rs.T)", lambda v: _rel(v.Rq @ v.Rs.T), False),
+    Claim("relative(Rq @ Rf.T)", lambda v: _rel(v.Rq @ v.Rf.T), False),
+    Claim("relative(Rq @ Rh.T)", lambda v: _rel(v.Rq @ v.Rh.T), False),
+    Claim("relative(Cos @ CosK.T + Sin @ Sin.T)", lambda v: _rel(v.Cos @ v.CosK.T + v.Sin @ v.Sin.T), False),
+    Claim("relative(Cos @ CosF.T + Sin @ SinF.T)", lambda v: _rel(v.Cos @ v.CosF.T + v.Sin @ v.SinF.T), False),
+), other_sizes=({"N": 3, "h": 1}, {"N": 5, "h": 2}, {"N": 2, "h": 4}))
+
+
+def _relative_for_all_sizes(program: Program, verdicts) -> None:
+    """A `relative` proof "for all sizes" holds at the program's other sizes too, in NumPy."""
+    spec = symattn.load(program.head + "".join(f"check {c.text}\n" for c in program.claims))
+    for claim, verdict in zip(program.claims, verdicts):
+        if claim.holds:
+            assert verdict.method.startswith("for all sizes"), (claim.text, verdict.method)
+            for sizes in program.other_sizes:
+                assert numpy_claims.first_difference(program, claim, spec.with_dims(**sizes)) is None, (claim, sizes)
+
+
 def test_rope_with_shifted_key_positions():
-    verdicts = check(ROPE, budget=60)
-    assert verdicts[0].method.startswith("for all N"), verdicts[0].method
+    _relative_for_all_sizes(ROPE, check(ROPE, budget=60)[:2])
+
+
+def test_rope_for_every_number_of_rotation_pairs():
+    _relative_for_all_sizes(ROPE_PAIRS, check(ROPE_PAIRS, budget=60))
+
+
+def test_no_proof_at_symbolic_positions_of_the_look_alikes():
+    """The prover of `relative` alone (no counterexample search first) proves the true claims and none of
+    the false ones, at every number of pairs."""
+    from symattn.prove.relative import prove_relative
+    from symattn.symbolic.finiteness import Finiteness
+
+    program = ROPE_PAIRS
+    for h in (1, 2, 3, 5):
+        loaded = symattn.load(program.head.replace("h = 3", f"h = {h}")
+                              + "".join(f"check {c.text}\n" for c in program.claims))
+        spec = loaded.typed
+        risk = Finiteness(spec, {})
+        for claim, check_ in zip(program.claims, spec.checks):
+            proof = prove_relative(check_.lhs.x.x, spec, risk)
+            holds = numpy_claims.first_difference(program, claim, loaded) is None  # at h = 1 one base is 1
+            assert holds == claim.holds or h == 1, (h, claim.text)  # at h = 1 both bases give angle 1
+            assert proof is None or holds, (h, claim.text, proof.method)
+            # for all sizes only where it holds at every h (at h = 1 the two bases agree, at h = 2 not)
+            assert proof is None or claim.holds or not proof.method.startswith("for all sizes"), (h, claim.text)
+            assert proof is not None or not claim.holds, (h, claim.text)
