@@ -369,6 +369,9 @@ class OpaqueForms:
         if weights is not None:
             return self.conv(weights, idx, env)
         positive = self.rows.positive(b)
+        if not positive and (b in self.assumed_positive or self.expanded(b) in self.assumed_positive):
+            positive = True  # a row norm taken as > 0: where it is 0 both sides must be NaN (`norm_rows`)
+            self.assumed_reads.append((tuple(ib), self.in_argument > 0))
         # 1/0 is inf; 1/(+0) and 1/(-0) are inf and -inf, so the divisor is keyed by its expression
         # unless its zeros are all +0 (0 * X and 0 * Y, X - X and 0 * X have one form, not one sign)
         structural = not (positive or self.plus_zero(b))
@@ -494,5 +497,9 @@ class OpaqueForms:
                 self.seen.update(f"grad({n.name})" if isinstance(n, t.Grad) else n.name
                                  for n in t.walk(arg) if isinstance(n, (t.Tensor, t.Grad)))
             else:
-                forms.append(rewrite(self.conv(arg, arg_idx, env), self.ranges))
+                self.in_argument += 1
+                try:
+                    forms.append(rewrite(self.conv(arg, arg_idx, env), self.ranges))
+                finally:
+                    self.in_argument -= 1
         return forms, risks

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numpy_claims import NEG_INF, Claim, Program, amax, check, logsumexp, rsum
+from numpy_claims import NEG_INF, Claim, Program, amax, check, logsumexp, matrix_level_proofs, rsum
 
 ALL = "all sizes"
 
@@ -106,19 +106,6 @@ output O
 
 def test_log_space_with_masked_rows():
     check(MASKED_LOG, budget=60)
-
-
-def matrix_level_proofs(program: Program) -> list[str]:
-    """The claims the matrix level alone proves for all sizes (no counterexample search first: a false
-    claim must fail there on its own, not only because a counterexample is found before it is tried)."""
-    import symattn
-    from symattn.prove.canonical import definitions_for, prove_equal
-    from symattn.symbolic.derive import derive
-
-    spec = symattn.load(program.head + "".join(f"check {c.text}\n" for c in program.claims)).typed
-    definitions = definitions_for(spec, derive(spec))
-    return [claim.text for claim, check_ in zip(program.claims, spec.checks)
-            if prove_equal(check_.lhs, check_.rhs, spec, definitions) is not None]
 
 
 def test_no_matrix_level_proof_of_the_false_look_alikes():

@@ -5,6 +5,12 @@
   is 0, so the QK-norm backward was unknown. It now compares the claim with Q
   (K, V) as free tensors, a stronger claim, in every region (a zero row: both
   sides NaN), and says which rule the matrix level lacks for all sizes.
+- The same backward for all sizes (`symattn.prove.norm_rows`): proved with the row
+  norm taken as > 0, each of its reciprocals read at the entry's own row, and
+  both sides NaN on a zero row (0 / 0 reaches every entry). Its look-alikes are
+  not proved: a side that is not NaN on a zero row (`Qn - Qn + Qz == Qz`), a norm
+  read at another row (`sum(Qn, axis=0) * 0`), a missing factor, a perturbed
+  constant, the wrong axis or the wrong norm.
 - `(c * Q) / sqrt(sum((c * Q) * (c * Q)))` is Q's normalised row for every
   number c != 0, up to sign, for all sizes: sqrt(c^2 s) = |c| sqrt(s) and
   1 / (c * x) = (1 / c) / x, exact under IEEE semantics (0 / 0 is NaN both ways).
@@ -26,7 +32,7 @@ import numpy as np
 
 import numpy_claims
 import symattn
-from numpy_claims import Claim, Program, check, rsum, softmax, softmax_backward
+from numpy_claims import Claim, Program, check, matrix_level_proofs, rsum, softmax, softmax_backward
 
 ALL = "all sizes"
 
@@ -63,7 +69,7 @@ O = P @ V
 output O
 """, _qknorm, (
     Claim("grad(Q) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Q * Q, axis=-1))",
-          lambda v: (v.gQ, (v.gQn - v.Qn * rsum(v.gQn * v.Qn)) / v.r), True, "proved"),
+          lambda v: (v.gQ, (v.gQn - v.Qn * rsum(v.gQn * v.Qn)) / v.r), True, ALL),
     Claim("(2 * Q) / sqrt(sum((2 * Q) * (2 * Q), axis=-1)) == Qn", lambda v: (_scaled(2, v.Q), v.Qn), True, ALL),
     Claim("(0.5 * Q) / sqrt(sum((0.5 * Q) * (0.5 * Q), axis=-1)) == Qn", lambda v: (_scaled(0.5, v.Q), v.Qn), True, ALL),
     Claim("(-3 * Q) / sqrt(sum((-3 * Q) * (-3 * Q), axis=-1)) == -Qn", lambda v: (_scaled(-3, v.Q), -v.Qn), True, ALL),
@@ -120,10 +126,71 @@ output O
 ), other_sizes=({"N": 3},))
 
 
+def _zero_rows(v):
+    v["Qz"] = np.where(v.keep > 0, 1.0, 0.0) * v.Q          # the rows whose keep is <= 0 are zero
+    with np.errstate(all="ignore"):
+        v["r"], v["rk"] = np.sqrt(rsum(v.Qz * v.Qz)), np.sqrt(rsum(v.K * v.K))
+        v["Qn"], v["Kn"] = v.Qz / v.r, v.K / v.rk
+        v["P"] = softmax(v.Qn @ v.Kn.T)
+        gS = softmax_backward(v.P, v.g("O") @ v.V.T)
+        v["gQn"], v["gKn"] = gS @ v.Kn, gS.T @ v.Qn
+        v["gQz"] = v.gQn / v.r - v.Qz * rsum(v.gQn * v.Qz) / v.r ** 3   # the chain rule, written out
+        v["gK"] = v.gKn / v.rk - v.K * rsum(v.gKn * v.K) / v.rk ** 3
+
+
+def _backward(v, g, n, r):
+    return (g - n * rsum(g * n)) / r
+
+
+ZERO_ROWS = Program("qk-norm-zero-rows", """\
+dim N = 3, d = 2
+input Q[N, d], K[N, d], V[N, d]
+buffer keep[N, 1]
+Qz = where(keep > 0, 1, 0) * Q
+Qn = Qz / sqrt(sum(Qz * Qz, axis=-1))
+Kn = K / sqrt(sum(K * K, axis=-1))
+P = softmax(Qn @ Kn.T, axis=-1)
+O = P @ V
+output O
+""", _zero_rows, (
+    Claim("grad(Qz) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Qz * Qz, axis=-1))",
+          lambda v: (v.gQz, _backward(v, v.gQn, v.Qn, v.r)), True, ALL),
+    Claim("grad(K) == (grad(Kn) - Kn * sum(grad(Kn) * Kn, axis=-1)) / sqrt(sum(K * K, axis=-1))",
+          lambda v: (v.gK, _backward(v, v.gKn, v.Kn, v.rk)), True, ALL),
+    Claim("grad(Qz) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Qz * Qz, axis=-1)) + 0 * Qz",
+          lambda v: (v.gQz, _backward(v, v.gQn, v.Qn, v.r) + 0 * v.Qz), True, ALL),
+    Claim("Qn - Qn == 0 * Qn", lambda v: (v.Qn - v.Qn, 0 * v.Qn), True, ALL),
+    # not NaN on a zero row on one side: the zero row is the counterexample
+    Claim("Qn - Qn + Qz == Qz", lambda v: (v.Qn - v.Qn + v.Qz, v.Qz), False),
+    Claim("Qn - Qn == 0 * Qz", lambda v: (v.Qn - v.Qn, 0 * v.Qz), False),
+    Claim("Qn * sqrt(sum(Qz * Qz, axis=-1)) == Qz", lambda v: (v.Qn * v.r, v.Qz), False),
+    # the norm read at another row: a zero row there makes the left side NaN on every row
+    Claim("Qn - Qn + sum(Qn, axis=0) * 0 == 0 * Qn", lambda v: (v.Qn - v.Qn + rsum(v.Qn, 0) * 0, 0 * v.Qn), False),
+    # a missing factor, a perturbed constant, the wrong axis, the wrong norm, a norm that is never 0
+    Claim("grad(Qz) == (grad(Qn) - sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Qz * Qz, axis=-1))",
+          lambda v: (v.gQz, (v.gQn - rsum(v.gQn * v.Qn)) / v.r), False),
+    Claim("grad(Qz) == (grad(Qn) - 2 * Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Qz * Qz, axis=-1))",
+          lambda v: (v.gQz, (v.gQn - 2 * v.Qn * rsum(v.gQn * v.Qn)) / v.r), False),
+    Claim("grad(Qz) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=0)) / sqrt(sum(Qz * Qz, axis=-1))",
+          lambda v: (v.gQz, (v.gQn - v.Qn * rsum(v.gQn * v.Qn, 0)) / v.r), False),
+    Claim("grad(Qz) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(K * K, axis=-1))",
+          lambda v: (v.gQz, _backward(v, v.gQn, v.Qn, v.rk)), False),
+    Claim("grad(Qz) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Qz * Qz, axis=-1) + 1)",
+          lambda v: (v.gQz, _backward(v, v.gQn, v.Qn, np.sqrt(v.r * v.r + 1))), False),
+    Claim("grad(Qz) == grad(Qn) / sqrt(sum(Qz * Qz, axis=-1))", lambda v: (v.gQz, v.gQn / v.r), False),
+), other_sizes=({"N": 1, "d": 1}, {"N": 4, "d": 3}, {"N": 2, "d": 5}), masks=("keep",))
+
+
 def test_qk_norm_claims():
     verdicts = check(QKNORM, budget=60)
     backward = verdicts[0].method
-    assert "as free tensors" in backward and "division by sqrt(sum(Q * Q, axis=-1))" in backward, backward
+    assert "matrix level" in backward and "on a row where it is 0 both sides are NaN" in backward, backward
+
+
+def test_qk_norm_backward_with_zero_rows():
+    check(ZERO_ROWS, budget=60)
+    proved = matrix_level_proofs(ZERO_ROWS)  # the matrix level alone, no counterexample search first
+    assert set(proved) == {c.text for c in ZERO_ROWS.claims if c.proof == ALL}, proved
 
 
 def _rope_pairs(v):
