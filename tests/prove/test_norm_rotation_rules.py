@@ -2,10 +2,10 @@
 
 - `sqrt(sum(Q * Q, axis=-1))` is a norm whose zero set is "row i of Q is 0";
   with Q = X @ W_q the element level could not tell where that sum of squares
-  is 0, so the QK-norm backward was unknown. It now compares the claim with Q
-  (K, V) as free tensors, a stronger claim, in every region (a zero row: both
-  sides NaN), and says which rule the matrix level lacks for all sizes.
-- The same backward for all sizes (`symattn.prove.norm_rows`): proved with the row
+  is 0, so the QK-norm backward was unknown. The element level compares the
+  claim with Q (K, V) as free tensors, a stronger claim, in every region (a zero
+  row: both sides NaN).
+- The matrix level proves the backward for all sizes (`symattn.prove.norm_rows`), with the row
   norm taken as > 0, each of its reciprocals read at the entry's own row, and
   both sides NaN on a zero row (0 / 0 reaches every entry). Its look-alikes are
   not proved: a side that is not NaN on a zero row (`Qn - Qn + Qz == Qz`), a norm
