@@ -181,6 +181,44 @@ output O
 ), other_sizes=({"N": 1, "d": 1}, {"N": 4, "d": 3}, {"N": 2, "d": 5}), masks=("keep",))
 
 
+def _heads(v):
+    v["Qz"] = np.where(v.keep > 0, 1.0, 0.0) * v.Q
+    with np.errstate(all="ignore"):
+        v["r"] = np.sqrt(rsum(v.Qz * v.Qz))
+        v["Qn"] = v.Qz / v.r
+
+
+def _t(x):
+    return np.swapaxes(x, -1, -2)
+
+
+HEADS = Program("norm-rows-with-heads", """\
+dim h = 2, N = 3, d = 2
+input Q[h, N, d]
+buffer keep[h, N, 1]
+Qz = where(keep > 0, 1, 0) * Q
+Qn = Qz / sqrt(sum(Qz * Qz, axis=-1))
+O = Qn
+output O
+""", _heads, (
+    Claim("grad(Qz) == (grad(Qn) - Qn * sum(grad(Qn) * Qn, axis=-1)) / sqrt(sum(Qz * Qz, axis=-1))",
+          lambda v: (_backward(v, v.g("O"), v.Qn, v.r), _backward(v, v.g("O"), v.Qn, v.r)), True, ALL),
+    Claim("sum(Qn, axis=-1) - sum(Qn, axis=-1) == 0 * sum(Qn, axis=-1)", lambda v: (rsum(v.Qn) * 0, 0 * rsum(v.Qn)),
+          True, ALL),
+    # true, but each entry reads other rows' norms (a sum over rows, a product of rows): not by this rule
+    Claim("Qn @ transpose(Qn) - Qn @ transpose(Qn) == 0 * (Qn @ transpose(Qn))",
+          lambda v: (v.Qn @ _t(v.Qn) - v.Qn @ _t(v.Qn), 0 * (v.Qn @ _t(v.Qn))), True),
+    # false: another row's zero makes the left side NaN (over the queries, over the heads), a side not NaN
+    # on a zero row, a division by a value that is 0 off the zero rows
+    Claim("sum(Qn, axis=-2) * 0 + Qn - Qn == 0 * Qn", lambda v: (rsum(v.Qn, -2) * 0 + v.Qn - v.Qn, 0 * v.Qn), False),
+    Claim("Qn - Qn + 0 * sum(Qn, axis=0) == 0 * Qn",
+          lambda v: (v.Qn - v.Qn + 0 * np.sum(v.Qn, axis=0, keepdims=True), 0 * v.Qn), False),
+    Claim("Qn * 0 == 0 * Qz", lambda v: (v.Qn * 0, 0 * v.Qz), False),
+    Claim("exp(Qn - Qn) * Qz == Qz", lambda v: (np.exp(v.Qn - v.Qn) * v.Qz, v.Qz), False),
+    Claim("(Qn - Qn) / Qn == 0 * Qn", lambda v: ((v.Qn - v.Qn) / v.Qn, 0 * v.Qn), False),
+), other_sizes=({"h": 1, "N": 2, "d": 3}, {"h": 3, "N": 1, "d": 1}), masks=("keep",))
+
+
 def test_qk_norm_claims():
     verdicts = check(QKNORM, budget=60)
     backward = verdicts[0].method
@@ -188,9 +226,10 @@ def test_qk_norm_claims():
 
 
 def test_qk_norm_backward_with_zero_rows():
-    check(ZERO_ROWS, budget=60)
-    proved = matrix_level_proofs(ZERO_ROWS)  # the matrix level alone, no counterexample search first
-    assert set(proved) == {c.text for c in ZERO_ROWS.claims if c.proof == ALL}, proved
+    for program in (ZERO_ROWS, HEADS):
+        check(program, budget=60)
+        proved = matrix_level_proofs(program)  # the matrix level alone, no counterexample search first
+        assert set(proved) == {c.text for c in program.claims if c.proof == ALL}, proved
 
 
 def _rope_pairs(v):
