@@ -212,3 +212,15 @@ def check(program: Program, budget: float | None = None) -> list:
             problems.append(f"{shown}: expected a proof")
     assert not problems, "\n".join(problems)
     return verdicts
+
+
+def matrix_level_proofs(program: Program) -> list[str]:
+    """The claims the matrix level alone proves for all sizes (no counterexample search first: a false
+    claim must fail there on its own, not only because a counterexample is found before it is tried)."""
+    from symattn.prove.canonical import definitions_for, prove_equal
+    from symattn.symbolic.derive import derive
+
+    spec = symattn.load(program.head + "".join(f"check {c.text}\n" for c in program.claims)).typed
+    definitions = definitions_for(spec, derive(spec))
+    return [claim.text for claim, check_ in zip(program.claims, spec.checks)
+            if prove_equal(check_.lhs, check_.rhs, spec, definitions) is not None]

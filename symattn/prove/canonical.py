@@ -70,6 +70,15 @@ and, in a second comparison tried when the first fails, operations on a
 A claim's sides are compared broadcast to their common shape, as NumPy does
 (`sum(grad(S), axis=-1) == 0`).
 
+A row norm as a divisor, `sqrt(sum(Q * Q, axis=-1))` of a finite Q, is 0
+exactly on Q's zero rows, where `Q / norm` is 0 / 0: when the comparison
+fails, it is tried again with that norm taken as > 0 (its reciprocal a finite
+factor), and the claim is proved if the forms then agree with every reciprocal
+of the norm read at the entry's own row (at the top level of a term, never at
+a contracted index nor inside a function's argument) and both sides are NaN
+on every zero row (`symattn.prove.norm_rows`): the QK-norm backward written
+out, for all sizes.
+
 When the forms do not agree, each round also asks whether the two sides are
 the same expression once the references unfolded so far are substituted: an
 expression equals itself at every point, NaN included (both sides NaN count
@@ -95,11 +104,12 @@ import sympy
 
 from ..ir import typed as t
 from ..ir.printing import to_spec
-from ..ir.shapes import ShapeMismatch, broadcast
+from ..ir.shapes import ShapeMismatch, broadcast, same_dim
 from ..symbolic.finiteness import Finiteness
 from .index_forms import Converter
 from .index_rules import rewrite
 from .index_terms import ZERO_INDEX, Collected, TooBig, Unsupported, collect, display
+from .norm_rows import nan_on_zero_rows, norm_divisors
 
 __all__ = ["Proof", "prove_equal", "definitions_for", "index_form_text"]
 
@@ -152,12 +162,16 @@ def _top_tokens(node_shape, shape):
                  for k, d in enumerate(node_shape))
 
 
-def _forms(lhs, rhs, shape, spec, definitions, unfold, risk, split_concat=False):
+def _forms(lhs, rhs, shape, spec, definitions, unfold, risk, split_concat=False, positive=frozenset(), reads=None):
     """Both sides' collected forms (None, None when a side has none), the references met, and whether
     a rule on a concat was met; with `split_concat`, operations on concats are written block by block
-    (`symattn.prove.softmax_forms`)."""
+    (`symattn.prove.softmax_forms`). `positive`: divisors taken as finite and > 0, where their
+    reciprocals were read appended to `reads` (`symattn.prove.norm_rows`)."""
     cv = Converter(spec, definitions, frozenset(unfold), risk)
     cv.split_concat = split_concat
+    cv.assumed_positive = positive
+    if reads is not None:
+        cv.assumed_reads = reads
     names = {ZERO_INDEX: ZERO_INDEX}
     for k, d in enumerate(shape):
         if d != 1:
@@ -218,7 +232,10 @@ def _unfoldable(definitions, key, name) -> bool:
     return not (isinstance(value, t.Grad) and value.name == name)
 
 
-def _next_unfold(seen, unfolded, definitions, order):
+def _next_unfold(seen, unfolded, definitions, order, first=()):
+    early = [key for key in first if key in seen and key not in unfolded and definitions.get(key) is not None]
+    if early:
+        return early[0]
     grads = [key[5:-1] for key in seen if key.startswith("grad(") and key not in unfolded]
     grads = [name for name in grads if _unfoldable(definitions, f"grad({name})", name)]
     if grads:
@@ -243,16 +260,32 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
     if shape is None:
         return None
     risk = Finiteness(spec, definitions)
+    proof = _search(lhs, rhs, shape, spec, definitions, risk)
+    if proof is not None:
+        return proof
+    return _norm_rows_proof(lhs, rhs, shape, spec, definitions, risk)
+
+
+def _search(lhs, rhs, shape, spec, definitions, risk, positive=frozenset(), reads=None, first=()) -> Proof | None:
+    """The forms compared, unfolding references one by one until they agree (see `prove_equal`); with
+    `positive` (divisors taken as > 0), where their reciprocals were read is appended to `reads`, and the
+    references in `first` are unfolded before any other once met."""
     dims = list(spec.dims)
     order = {name: k for k, name in enumerate(spec.tensors)}
     unfolded: list[str] = []
     steps: list[tuple[str, str, str]] = []
     try:
         for _ in range(MAX_ROUNDS + 1):
-            left, right, seen, blocks = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk)
+            if reads is not None:
+                del reads[:]  # only the reads of the comparison that succeeds count
+            left, right, seen, blocks = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk,
+                                               positive=positive, reads=reads)
             if blocks and (left is None or (not _agree(left, right) and _concat_inside(left, right))):
                 # the comparison that writes operations on concats block by block
-                left, right, more, _ = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk, split_concat=True)
+                if reads is not None:
+                    del reads[:]
+                left, right, more, _ = _forms(lhs, rhs, shape, spec, definitions, unfolded, risk, split_concat=True,
+                                              positive=positive, reads=reads)
                 seen = seen | more
             if left is not None and _agree(left, right):
                 steps.append(("left side in canonical index form", to_spec(lhs, dims), display(left)))
@@ -266,7 +299,7 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
             if None not in same and same[0] == same[1]:
                 steps.append(("the two sides are the same expression", to_spec(same[0], dims), to_spec(same[1], dims)))
                 return Proof(SAME, tuple(steps))
-            key = _next_unfold(seen, unfolded, definitions, order)
+            key = _next_unfold(seen, unfolded, definitions, order, first)
             if key is None:
                 return None
             unfolded.append(key)
@@ -277,6 +310,62 @@ def prove_equal(lhs: t.Node, rhs: t.Node, spec: t.TypedSpec,
     except (Unsupported, RecursionError):
         return None
     return None
+
+
+def _norm_rows_proof(lhs, rhs, shape, spec, definitions, risk) -> Proof | None:
+    """The claim proved with a row norm D taken as > 0, every reciprocal of D read at the entry's own row,
+    and both sides NaN on every zero row (`symattn.prove.norm_rows`), or None."""
+    def resolve(node: t.Node) -> t.Node | None:  # a tensor's definition, a gradient's derived formula
+        if isinstance(node, t.Grad):
+            value = definitions.get(f"grad({node.name})")
+            if isinstance(value, t.Grad) and value.name == node.name:
+                return None
+        else:
+            value = risk.definition(node.name)
+        return value if isinstance(value, t.Node) else None
+
+    dims = list(spec.dims)
+    for norm in norm_divisors(_read_by(lhs, rhs, definitions), risk):
+        rows = len(norm.q.shape) - 1
+        if len(shape) != rows + 1 or not all(
+                len(side.shape) == rows + 1 and all(same_dim(a, b) and a != 1 for a, b in
+                                                    zip(side.shape[:rows], norm.q.shape[:rows]))
+                for side in (lhs, rhs)):
+            continue
+        row_tokens = tuple(f"p{k}" for k in range(rows)) + (ZERO_INDEX,)
+        reads: list = []
+        # the tensors normalised by D first (Qn = Q / D): unfolded, their reciprocals of D meet the others
+        first = tuple(name for name, info in spec.tensors.items() if info.expr is not None and any(
+            isinstance(n, t.Binary) and n.op == "div" and n.b == norm.divisor for n in t.walk(info.expr)))
+        proof = _search(lhs, rhs, shape, spec, definitions, risk, positive=frozenset({norm.divisor}), reads=reads,
+                        first=first)
+        if proof is not None and proof.method == SAME:
+            return proof  # the same expression: equal without the assumption
+        if proof is None or not reads or any(inside or tuple(tokens) != row_tokens for tokens, inside in reads):
+            continue
+        if not (nan_on_zero_rows(lhs, norm, resolve) and nan_on_zero_rows(rhs, norm, resolve)):
+            continue
+        text = to_spec(norm.divisor, dims)
+        steps = proof.steps + ((f"where {text} is 0 (a zero row of {to_spec(norm.q, dims)}), both sides are NaN: "
+                                "0 / 0 reaches every entry of the row", to_spec(lhs, dims), to_spec(rhs, dims)),)
+        return Proof(f"{METHOD} where {text} is > 0 (its reciprocal read at the entry's own row only), and on a row "
+                     f"where it is 0 both sides are NaN", steps)
+    return None
+
+
+def _read_by(lhs: t.Node, rhs: t.Node, definitions: Mapping[str, t.Node | None]) -> list[t.Node]:
+    """The two sides and every definition and derived gradient they read, directly or not, each once."""
+    out, todo, seen = [], [lhs, rhs], set()
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        for n in t.walk(node):
+            key = f"grad({n.name})" if isinstance(n, t.Grad) else n.name if isinstance(n, t.Tensor) else None
+            if key is not None and key not in seen:
+                seen.add(key)
+                if isinstance(definitions.get(key), t.Node):
+                    todo.append(definitions[key])
+    return out
 
 
 def _substituted(node: t.Node, definitions: Mapping[str, t.Node | None], unfolded: list[str]) -> t.Node | None:

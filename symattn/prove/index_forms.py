@@ -60,6 +60,11 @@ class Converter(SoftmaxForms, OpaqueForms):
         self.count = itertools.count()
         self.seen: set[str] = set()  # references met and not unfolded: 'X' or 'grad(X)'
         self.depth = 0
+        # divisors taken as finite and > 0 (`symattn.prove.norm_rows`), and where their reciprocals were
+        # read: (tokens, whether inside the argument of a function)
+        self.assumed_positive: frozenset[t.Node] = frozenset()
+        self.assumed_reads: list[tuple[tuple[str, ...], bool]] = []
+        self.in_argument = 0
 
     def fresh(self, size) -> str:
         if size == 1:

@@ -23,7 +23,9 @@ rewrite the node; each one names what it needs:
   masked row), `1 / F = exp(-log(F))` where F is finite, > 0 and a sum of
   exps, `exp(log(F) + v) = F * exp(v)` where F >= 0, and `log(exp(u) * Y) =
   u + log(Y)` for a finite u that every term's exp holds (any Y: NaN, 0 and
-  negative values included); with the product rule of
+  negative values included), and for a u that may be -inf (a masked row's
+  logsumexp) where Y is a sum of positive multiples of exps (finite, >= 0), so
+  that -inf + log(Y) is -inf = log(0); with the product rule of
   `symattn.prove.softmax_terms` (exp(a) * exp(b) = exp(a + b)) a rescaled
   running sum, `exp(m1 - m) * sum(exp(S1 - m1))`, meets `sum(exp(S1 - m))`;
 - `exp(x - logsumexp(x)) = softmax(x)` where logsumexp(x) is finite (every
@@ -66,7 +68,7 @@ from ..symbolic.finiteness import ANY, FINITE, MINUS_INF, const_value, finite_re
 from .index_rules import rewrite
 from .index_terms import (MAX_TERMS, ONE, ZERO_INDEX, Application, Term, TooBig, Unsupported, form_key, instantiated,
                           keyed)
-from .softmax_terms import content, exp_factors
+from .softmax_terms import content, exp_factors, without
 
 __all__ = ["OpaqueForms", "bcast", "mul_forms", "scale", "plus_zero", "untransposed"]
 
@@ -96,6 +98,12 @@ def mul_forms(a: list[Term], b: list[Term]) -> list[Term]:
 
 def scale(form: list[Term], c) -> list[Term]:
     return [term.scaled(c) for term in form]
+
+
+def _minus_inf_piece(piece: Term) -> bool:
+    """A positive multiple of one factor that is finite or -inf (never NaN nor +inf), summed over nothing."""
+    return (piece.coef.is_positive is True and not piece.sums and len(piece.factors) == 1
+            and piece.factors[0].risk == MINUS_INF)
 
 
 # --- signs of zeros: a divisor is keyed by its canonical form only where its zeros are all +0 -------
@@ -272,7 +280,7 @@ class OpaqueForms:
         if node.fn == "exp" and not isinstance(forms[0], t.Node):
             return self.exp_form(forms[0], idx, self.klass(node))
         if node.fn == "log" and not isinstance(forms[0], t.Node):
-            return self.log_form(forms[0], idx, self.klass(node))
+            return self.log_form(forms[0], idx, self.klass(node), masked=True)
         if node.fn == "sqrt" and not isinstance(forms[0], t.Node):
             split = content(forms[0], self.ranges)
             if split is not None:  # sqrt(c * F) = sqrt(c) * sqrt(F) for a number c > 0
@@ -285,21 +293,30 @@ class OpaqueForms:
         exp(x - logsumexp(x)), else a factor (whose log terms `symattn.prove.softmax_terms` expands)."""
         return [Term(ONE, tuple(exp_factors(form, [idx], self.ranges, risk)))]
 
-    def log_form(self, form: list[Term], idx, risk: int) -> list[Term]:
+    def log_form(self, form: list[Term], idx, risk: int, masked: bool = False) -> list[Term]:
         """log of an argument form at tokens `idx`: a finite term u that every term's exp holds in its
-        argument comes out, log(exp(u) * Y) = u + log(Y) (for every Y: NaN, -inf and 0 included)."""
-        common, rest = self._common_exponent(form, idx)
+        argument comes out, log(exp(u) * Y) = u + log(Y) (for every Y: NaN, -inf and 0 included).
+        With `masked`, so may a term u that may be -inf, where Y is a sum of positive multiples of exps
+        (finite and >= 0): at u = -inf both sides are -inf, log(0) on the left and -inf + log(Y) on the
+        right (log(Y) is never NaN nor +inf), so logsumexp(concat(A, A)) meets logsumexp(A) + log(2)
+        on a fully masked row as well."""
+        common, rest = self._common_exponent(form, idx, masked)
         if common:
             if len(rest) == 1 and not rest[0].factors and not rest[0].sums and rest[0].coef == 1:
                 return common  # log(1) = 0
             return common + [Term(ONE, (self.factor("$log", [rest], idx, risk),))]
         return [Term(ONE, (self.factor("$log", [form], idx, risk),))]
 
-    def _common_exponent(self, form: list[Term], idx) -> tuple[list[Term], list[Term]]:
+    def _common_exponent(self, form: list[Term], idx, masked: bool = False) -> tuple[list[Term], list[Term]]:
         """(u, form / exp(u)) for the finite terms u, reading only the tokens `idx`, that the argument
-        of each term's one exp factor holds; ([], form) when there are none."""
+        of each term's one exp factor holds; ([], form) when there are none. With `masked`, and every
+        term a positive multiple of its exp alone (so form / exp(u) is finite and >= 0), u may hold terms
+        that may be -inf (a positive multiple of one such factor, as a masked row's logsumexp): those are
+        taken out of each argument as they are, never cancelled against their negation (-inf - -inf is
+        NaN)."""
         if not form:
             return [], form
+        masked = masked and all(term.coef.is_positive is True and len(term.factors) == 1 for term in form)
         names = {ZERO_INDEX: ZERO_INDEX, **{tok: f"p{k}" for k, tok in enumerate(idx) if tok != ZERO_INDEX}}
         shared: dict | None = None
         pieces = []
@@ -313,7 +330,9 @@ class OpaqueForms:
             mine: dict = {}
             for piece in argument:
                 inner = {tok for tok, _ in piece.sums}
-                if piece.risky or any(x not in names for f in piece.factors for x in f.indices if x not in inner):
+                if piece.risky and not (masked and _minus_inf_piece(piece)):
+                    continue
+                if any(x not in names for f in piece.factors for x in f.indices if x not in inner):
                     continue
                 try:
                     key = form_key([piece], names, self.ranges)
@@ -325,11 +344,17 @@ class OpaqueForms:
             if not shared:
                 return [], form
         common = [piece for piece, count in shared.values() for _ in range(count)]
+        finite = [piece for piece in common if not piece.risky]
+        minus_inf = [piece for piece in common if piece.risky]
         rest: list[Term] = []
         for term, k, g, argument in pieces:
             factors = list(term.factors)
             del factors[k]
-            exp_part = self.exp_form(argument + scale(common, -ONE), tuple(g.indices), g.risk)
+            if minus_inf:
+                argument = without(argument, minus_inf, self.ranges)
+                if argument is None:
+                    return [], form
+            exp_part = self.exp_form(argument + scale(finite, -ONE), tuple(g.indices), g.risk)
             rest += mul_forms([Term(term.coef, tuple(factors), term.sums)], exp_part)
         return common, rest
 
@@ -344,6 +369,9 @@ class OpaqueForms:
         if weights is not None:
             return self.conv(weights, idx, env)
         positive = self.rows.positive(b)
+        if not positive and (b in self.assumed_positive or self.expanded(b) in self.assumed_positive):
+            positive = True  # a row norm taken as > 0: where it is 0 both sides must be NaN (`norm_rows`)
+            self.assumed_reads.append((tuple(ib), self.in_argument > 0))
         # 1/0 is inf; 1/(+0) and 1/(-0) are inf and -inf, so the divisor is keyed by its expression
         # unless its zeros are all +0 (0 * X and 0 * Y, X - X and 0 * X have one form, not one sign)
         structural = not (positive or self.plus_zero(b))
@@ -469,5 +497,9 @@ class OpaqueForms:
                 self.seen.update(f"grad({n.name})" if isinstance(n, t.Grad) else n.name
                                  for n in t.walk(arg) if isinstance(n, (t.Tensor, t.Grad)))
             else:
-                forms.append(rewrite(self.conv(arg, arg_idx, env), self.ranges))
+                self.in_argument += 1
+                try:
+                    forms.append(rewrite(self.conv(arg, arg_idx, env), self.ranges))
+                finally:
+                    self.in_argument -= 1
         return forms, risks

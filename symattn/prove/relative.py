@@ -28,11 +28,21 @@ shifted (i -> i + 1, j -> j + 1; SymPy's integer arithmetic is exact) and
    `Sum` is left,
 2. their difference passes `symattn.symbolic.exact.zero_test` (sin and cos of
    `theta * (i + 1)` expanded by angle addition at symbolic i, so a rotation
-   product `cos(i t) cos(j t) + sin(i t) sin(j t)` meets `cos((j - i) t)`).
+   product `cos(i t) cos(j t) + sin(i t) sin(j t)` meets `cos((j - i) t)`); or,
+   when B is FINITE and what is left are sums over dims, `Sum(f(k), (k, 0, U))`
+   with no sum inside,
+3. the sums over one range are added into one (sum_k f(k) + sum_k g(k) =
+   sum_k (f(k) + g(k))) and each summand difference, k a symbol, passes the
+   zero test, as does the rest: so the rotation product summed over c < h,
+   t_c = 10000^(-c / h) symbolic, is relative for every h.
 
 The expression represents B[..., i, j] at every position of B's box, never
 assuming a range: a concat or a merge along an axis read at a symbolic index is
-`Unsupported` (the part it picks would depend on the position).
+`Unsupported` (the part it picks would depend on the position), except for a
+contraction over a concat's axis whose block widths are symbolic (RoPE's two
+halves of width h, contracted over 2 h): it is written as one sum per block,
+`Sum(term(o + k), (k, 0, w - 1))`, and a concat read at o + k for that k
+(0 <= k < w) reads the part at offset o, when its width is w.
 """
 
 from __future__ import annotations
@@ -91,6 +101,7 @@ class Entries:
         self.count = itertools.count()
         self.read: set[str] = set()  # the fixed dims whose values were used
         self.expanded = 0  # terms of contractions over dims at a number written out so far
+        self.block_of: dict[sympy.Dummy, sympy.Expr] = {}  # a contraction's dummy over one block: its width
 
     def dim(self, expr) -> sympy.Expr:
         expr = sympy.sympify(expr)
@@ -236,6 +247,48 @@ class Entries:
             return sympy.Sum(term(k), (k, 0, size - 1))
         return _opaque(kind, term(k), k, size)
 
+    def _blocked(self, node: t.Node, size, term, contracted) -> sympy.Expr | None:
+        """The sum of term(k) over k in [0, size) written block by block, `Sum(term(o + k), (k, 0, w - 1))` for
+        each block (offset o, width w) of a concat along the contracted axis, when a width is symbolic (a
+        concat read at o + k, 0 <= k < w, reads that block); None where there is no such concat or the node
+        is not FINITE (the rotation halves of RoPE contracted over 2 * h, for every h)."""
+        widths = None
+        for operand, axis in contracted:
+            widths = self._widths(operand, axis)
+            if widths is not None:
+                break
+        if widths is None or all(w.is_Integer for w in widths) or not self.finite(node):
+            return None
+        if sympy.expand(sum(widths) - self.dim(size)) != 0:
+            return None
+        total, offset = sympy.Integer(0), sympy.Integer(0)
+        for width in widths:
+            k = sympy.Dummy(f"k{next(self.count)}", integer=True, nonnegative=True)
+            self.block_of[k] = width
+            total += sympy.Sum(term(offset + k), (k, 0, width - 1))
+            offset = sympy.expand(offset + width)
+        return total
+
+    def _widths(self, node: t.Node, axis: int) -> list[sympy.Expr] | None:
+        """The widths of the blocks of a concat along `axis` that `node` is (under definitions and
+        transposes), or None."""
+        for _ in range(64):
+            if isinstance(node, t.Tensor):
+                info = self.spec.tensors.get(node.name)
+                if info is None or info.expr is None or len(info.expr.shape) != len(node.shape):
+                    return None
+                node = info.expr
+            elif isinstance(node, t.Transpose):
+                rank = len(node.shape)
+                axis = {rank - 1: rank - 2, rank - 2: rank - 1}.get(axis, axis)
+                node = node.x
+            elif isinstance(node, t.Concat) and node.axis == axis and len(node.parts) > 1 and \
+                    all(len(p.shape) == len(node.shape) for p in node.parts):
+                return [self.dim(p.shape[axis]) for p in node.parts]
+            else:
+                return None
+        return None
+
     def _MatMul(self, node, idx, env):
         a, b = node.a, node.b
         ra, rb = len(a.shape), len(b.shape)
@@ -246,6 +299,9 @@ class Entries:
             ib = self._bcast(b.shape[:-2], node.shape[:batch], idx[:batch]) + (k, idx[-1]) if rb >= 2 else (k,)
             x, y = self.value(a, ia, env), self.value(b, ib, env)
             return x * y if self.finite(a, b) else _opaque("mul", x, y)
+        blocked = self._blocked(node, a.shape[-1], term, ((a, ra - 1), (b, rb - 2 if rb >= 2 else 0)))
+        if blocked is not None:
+            return blocked
         return self._contract(node, a.shape[-1], term)
 
     def _Transpose(self, node, idx, env):
@@ -287,7 +343,7 @@ class Entries:
     def _Concat(self, node, idx, env):
         axis, position = node.axis, idx[node.axis]
         if not position.is_Integer:
-            raise Unsupported("a concat read at a symbolic position along its axis")
+            return self._block_entry(node, idx, env)
         offset = sympy.Integer(0)
         for part in node.parts:
             width = self.dim(part.shape[axis])
@@ -299,6 +355,21 @@ class Entries:
                 return self.value(part, tuple(inner), env)
             offset += width
         raise Unsupported("a concat read past its end")
+
+    def _block_entry(self, node: t.Concat, idx, env) -> sympy.Expr:
+        """A concat read at o + k for a contraction's dummy k over a block of width w (`_blocked`): the
+        part at offset o, when its width is w (so 0 <= k < w lies inside it)."""
+        axis, position = node.axis, idx[node.axis]
+        offset = sympy.Integer(0)
+        for part in node.parts:
+            width = self.dim(part.shape[axis])
+            inside = sympy.expand(position - offset)
+            if inside in self.block_of and sympy.expand(self.block_of[inside] - width) == 0:
+                inner = list(self._bcast(part.shape, node.shape, idx))
+                inner[axis] = inside
+                return self.value(part, tuple(inner), env)
+            offset = sympy.expand(offset + width)
+        raise Unsupported("a concat read at a symbolic position along its axis")
 
     def _MergeHeads(self, node, idx, env):
         x = node.x  # [..., h, n, k] -> [..., n, h * k]: column m = a * k + b
@@ -349,7 +420,42 @@ def _same(entry: sympy.Expr, shifted: sympy.Expr, finite: bool) -> str | None:
         return "the same expression"
     if finite and not entry.has(sympy.Sum) and not shifted.has(sympy.Sum) and zero_test(shifted - entry):
         return "equal by exact algebra (sin and cos by angle addition)"
+    if finite and _same_sums(entry, shifted):
+        return ("equal by exact algebra, summand by summand of the sums over each block of the contraction "
+                "(sin and cos by angle addition)")
     return None
+
+
+def _sums(expr: sympy.Expr, common: sympy.Dummy) -> tuple[dict, sympy.Expr] | None:
+    """(upper limit -> the summands of the Sums over [0, limit], written in the dummy `common`; what is not a
+    Sum), or None when a Sum is nested or has another form: sum_k f(k) + sum_k g(k) = sum_k (f(k) + g(k))."""
+    bodies: dict = {}
+    rest = sympy.Integer(0)
+    for part in sympy.Add.make_args(sympy.expand(expr)):
+        if not part.has(sympy.Sum):
+            rest += part
+            continue
+        coef, sums = part.as_independent(sympy.Sum, as_Add=False)
+        if not isinstance(sums, sympy.Sum) or len(sums.limits) != 1 or coef.has(sympy.Sum):
+            return None
+        k, low, high = sums.limits[0]
+        if low != 0 or sums.function.has(sympy.Sum):
+            return None
+        key = sympy.expand(high)
+        bodies[key] = bodies.get(key, sympy.Integer(0)) + coef * sums.function.xreplace({k: common})
+    return (bodies, rest) if bodies else None
+
+
+def _same_sums(entry: sympy.Expr, shifted: sympy.Expr) -> bool:
+    """Both entries are sums over the same ranges of summands that agree at every k, and the rest agrees
+    (exact algebra of finite values: a zero test of each difference)."""
+    common = sympy.Dummy("k", integer=True, nonnegative=True)
+    a, b = _sums(entry, common), _sums(shifted, common)
+    if a is None or b is None or set(a[0]) != set(b[0]):
+        return False
+    if not zero_test(b[1] - a[1]):
+        return False
+    return all(zero_test(sympy.expand(b[0][key] - a[0][key])) for key in a[0])
 
 
 def _where(spec: t.TypedSpec, positions: set, read: set[str]) -> str:

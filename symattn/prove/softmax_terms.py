@@ -31,7 +31,9 @@ is keyed by its expression, `symattn.prove.opaque_forms`, and has no form).
 
 A merged or rebuilt exp's indices line up, axis by axis, with those of the
 factors it comes from (the exp with the most indices first), then the other
-tokens its argument reads, so it meets the same exp written directly.
+tokens its argument reads, so it meets the same exp written directly; an axis
+whose token its argument does not read is at index 0 (the exp is constant
+along it), as the exp of an operand broadcast along that axis is.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ..symbolic.finiteness import ANY, FINITE
 from .index_terms import (ONE, ZERO_INDEX, Application, SoftmaxApplication, Term, Unsupported, collect, form_key,
                           free_tokens, instantiated, is_zero, keyed)
 
-__all__ = ["exp_factors", "merge_exps", "unnormalize", "expand_log", "like_terms_summed", "content"]
+__all__ = ["exp_factors", "merge_exps", "unnormalize", "expand_log", "like_terms_summed", "content", "without"]
 
 
 def _mergeable(f) -> bool:
@@ -63,7 +65,7 @@ def _term_keys(form: Sequence[Term], ranges: Mapping) -> list[str] | None:
         return None
 
 
-def _without(form: list[Term], entry: list[Term], ranges: Mapping) -> list[Term] | None:
+def without(form: list[Term], entry: list[Term], ranges: Mapping) -> list[Term] | None:
     """`form` with one term equal to each term of `entry` taken out, or None when one is missing."""
     keys = _term_keys(form + entry, ranges)
     if keys is None or not entry:
@@ -105,7 +107,7 @@ def _weights(form: list[Term], ranges: Mapping) -> tuple[list[SoftmaxApplication
                     continue
                 where = tuple(token if k == axis else x for k, x in enumerate(f.indices))
                 entry = instantiated(f.parts[0], tuple(f.origin) + tuple(f.local), where + (token,))
-                left = _without(rest, entry, ranges)
+                left = without(rest, entry, ranges)
                 if left is None:
                     continue
                 lse = [] if term.coef == -1 else [Term(term.coef + 1, term.factors, term.sums)]
@@ -185,8 +187,11 @@ def exp_factors(form: list[Term], bases: Sequence[Sequence[str]], ranges: Mappin
     """The factors exp(form) is, its indices lined up with those of `bases` (the index tuples of the
     factors it comes from), then the other tokens it reads (see the module docstring)."""
     weights, rest = _weights(like_terms_summed(form, ranges), ranges)
-    idx = _positions(bases)
-    for token in free_tokens(rest):
+    read = free_tokens(rest)
+    # a position whose token the argument does not read is constant along that axis: it reads index 0,
+    # as the same exp of a broadcast operand does (exp(log(Z * Z) + s) * ... meets exp(s) of s [N, 1])
+    idx = [token if token in read else ZERO_INDEX for token in _positions(bases)]
+    for token in read:
         if token not in idx:
             idx.append(token)
     arguments, indices = keyed("$exp", [rest], tuple(idx), (), ranges)

@@ -114,8 +114,6 @@ def _equal_checks():
 # Equalities the matrix level does not settle for all sizes, which the element level proves
 # at the spec's default sizes only: (spec, line) -> why the all-sizes rung cannot show it.
 ELEMENT_LEVEL_ONLY = {
-    ("cosine", 18): "the QK-norm backward: equal only after clearing the sqrt(sum(Q * Q)) denominators, "
-                    "which the canonical index forms do not do",
     ("paged_decode", 19): "softmax's identity over rows the row facts cannot show non-empty: seqlen >= 1 keeps "
                           "key 0, a fact about a buffer's range the matrix level does not use",
     ("t5_buckets", 19): "the sum of a scatter-add: every (i, j) falls in some bucket of the clamp, which the "

@@ -90,17 +90,23 @@ def test_the_qk_norm_gradient_and_sin2_cos2_are_proved():
     assert c_claim.verdict == "proved", c_claim.method
     assert "for all sizes" in c_claim.method  # the matrix level's cos^2 = 1 - sin^2
     assert g_claim.verdict == "proved", g_claim.method
-    assert "element level" in g_claim.method and "N=4, d=3" in g_claim.method
-    assert "not shown for all sizes" in g_claim.method
+    # for all sizes: the norm taken as > 0, and both sides NaN on a zero row (`symattn.prove.norm_rows`)
+    assert g_claim.method.startswith("matrix level") and "for all sizes" in g_claim.method, g_claim.method
+    assert "on a row where it is 0 both sides are NaN" in g_claim.method, g_claim.method
 
     # What grad(Q) is at a zero row: what the generated backward computes (NaN), and the
     # claimed formula gives NaN there too; elsewhere both are the true gradient.
-    backward = spec.numpy().backward
     rng = np.random.default_rng(12)
-    for Q in points((4, 3), rng):
-        G = rng.integers(-2, 3, size=(4, 3)) / 2.0
+    for n, d in ((4, 3), (2, 5), (5, 1)):  # proved for all sizes: checked at other sizes too
+        _compare_qk_backward(symattn.load(QK.replace("dim N = 4, d = 3", f"dim N = {n}, d = {d}")), (n, d), rng)
+
+
+def _compare_qk_backward(spec, shape, rng):
+    backward = spec.numpy().backward
+    for Q in points(shape, rng):
+        G = rng.integers(-2, 3, size=shape) / 2.0
         with np.errstate(all="ignore"):
-            got = backward(X=np.zeros((4, 3)), Q=Q, grad_C=np.ones((4, 3)), grad_Qn=G)["Q"]
+            got = backward(X=np.zeros(shape), Q=Q, grad_C=np.ones(shape), grad_Qn=G)["Q"]
         claimed = qk_claimed(Q, G)
         assert same_ieee(got, claimed).all(), (Q, got, claimed)
         zero_rows = ~np.any(Q != 0, axis=-1)

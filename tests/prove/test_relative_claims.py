@@ -192,25 +192,26 @@ def test_true_claims_of_the_same_shapes_are_proved_for_all_sizes(claim):
     assert v.method.startswith("for all"), v.method
 
 
-def test_the_rope_rotation_product_is_proved_for_all_n_and_its_opposite_refuted():
+def test_the_rope_rotation_product_is_proved_for_all_sizes_and_its_opposite_refuted():
     verdicts = {v.claim: v for v in symattn.load(REPO / "derivations" / "rope_half.attn").check()}
     proved = [v for c, v in verdicts.items() if c.startswith("relative(concat(")]
     refuted = [v for c, v in verdicts.items() if c.startswith("not relative(concat(")]
     assert len(proved) == 1 and proved[0].verdict == "proved"
-    assert proved[0].method.startswith("for all N, at h=2"), proved[0].method
+    assert proved[0].method.startswith("for all sizes"), proved[0].method  # every number of pairs h
     assert len(refuted) == 1 and refuted[0].verdict == "proved"  # the negation of a refuted claim
-    # independent NumPy: the same product at N = 9, theta_c = 10000^(-c / 2)
+    # independent NumPy: the same product at N = 9, theta_c = 10000^(-c / h), for several h
     rng = np.random.default_rng(3)
-    wq, wk = rng.standard_normal(4), rng.standard_normal(4)
-    theta = 10000.0 ** (-np.arange(2) / 2)
-    angle = np.arange(9)[:, None] * theta[None, :]
-    cos, sin = np.cos(angle), np.sin(angle)
-    qr = np.concatenate([wq[:2] * cos - wq[2:] * sin, wq[2:] * cos + wq[:2] * sin], axis=-1)
-    kr = np.concatenate([wk[:2] * cos - wk[2:] * sin, wk[2:] * cos + wk[:2] * sin], axis=-1)
-    kr_opposite = np.concatenate([wk[:2] * cos + wk[2:] * sin, wk[2:] * cos - wk[:2] * sin], axis=-1)
-    scores, opposite = qr @ kr.T, qr @ kr_opposite.T
-    assert np.allclose(scores[:-1, :-1], scores[1:, 1:], atol=1e-12)
-    assert not np.allclose(opposite[:-1, :-1], opposite[1:, 1:], atol=1e-6)
+    for h in (1, 2, 3, 6):
+        wq, wk = rng.standard_normal(2 * h), rng.standard_normal(2 * h)
+        theta = 10000.0 ** (-np.arange(h) / h)
+        angle = np.arange(9)[:, None] * theta[None, :]
+        cos, sin = np.cos(angle), np.sin(angle)
+        qr = np.concatenate([wq[:h] * cos - wq[h:] * sin, wq[h:] * cos + wq[:h] * sin], axis=-1)
+        kr = np.concatenate([wk[:h] * cos - wk[h:] * sin, wk[h:] * cos + wk[:h] * sin], axis=-1)
+        kr_opposite = np.concatenate([wk[:h] * cos + wk[h:] * sin, wk[h:] * cos - wk[:h] * sin], axis=-1)
+        scores, opposite = qr @ kr.T, qr @ kr_opposite.T
+        assert np.allclose(scores[:-1, :-1], scores[1:, 1:], atol=1e-12)
+        assert not np.allclose(opposite[:-1, :-1], opposite[1:, 1:], atol=1e-6)
 
 
 SIZES_BASE = """
