@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Mapping
 
 import sympy
+from sympy.printing.precedence import precedence
+from sympy.printing.str import StrPrinter
 
 from ...errors import CodegenError
 from ...ir import typed as t
@@ -48,12 +50,23 @@ def float_py(value: sympy.Expr) -> str:
     return repr(float(value))
 
 
+class _IntPrinter(StrPrinter):
+    """SymPy's text, a power of a dim with a positive integer exponent written as a product (`D_N*D_N`): a kernel
+    argument is a Triton scalar, which has no `**`."""
+
+    def _print_Pow(self, expr):
+        base, exp = expr.as_base_exp()
+        if exp.is_Integer and exp > 0:
+            return "*".join([self.parenthesize(base, precedence(expr))] * int(exp))
+        return super()._print_Pow(expr)
+
+
 def dim_py(dim) -> str:
     """A dim expression as Python int arithmetic over the kernel's `D_<dim>` arguments."""
     dim = sympy.sympify(dim)
     num, den = sympy.fraction(sympy.together(dim))
     rename = {s: sympy.Symbol(f"D_{s.name}", integer=True) for s in dim.free_symbols}
-    text = str(num.subs(rename))
+    text = _IntPrinter().doprint(num.subs(rename))
     return f"(({text}) // ({den.subs(rename)}))" if den != 1 else f"({text})" if not num.is_Atom else text
 
 
