@@ -266,6 +266,16 @@ def dropout_mask(X, W_q, W_k, W_v, Z, keep=None):
     return D @ V
 
 
+def attention_dropout(Q, K, V, Pd_keep, keep=None):
+    """FlashAttention's dropout after a causal softmax, the 0/1 mask given (symattn's claims hold for each)."""
+    n = Q.shape[-2]
+    causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    S = Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1])
+    S = _keep(keep, "S", torch.where(causal, S, torch.full_like(S, float("-inf"))))
+    P = _keep(keep, "P", torch.softmax(S, dim=-1))
+    return _keep(keep, "Pd", P * Pd_keep / 0.9) @ V
+
+
 def prefix_lm(X, W_q, W_k, W_v, keep=None, prefix=2):
     n = X.shape[0]
     Q, K, V = X @ W_q, X @ W_k, X @ W_v
@@ -365,4 +375,4 @@ FORWARDS = {f.__name__: f for f in (kv_cache_decode, alibi, causal_linear, cosin
                                     online_softmax_masked, mqa, t5_bias, alibi_learned, padding_qk, mla, lse_output,
                                     dropout_mask, prefix_lm, causal_bottom_right, document_offsets, dilated_window,
                                     window_zero_side, alibi_exp2, natten_2d, flamingo_intervals, t5_buckets,
-                                    paged_decode)}
+                                    paged_decode, attention_dropout)}

@@ -188,6 +188,8 @@ def _suffix_sum(x, axis=0):
 
 # (spec, line) of each `check not A == B` -> A and B in NumPy from the torch values.
 NEGATED_SIDES = {
+    ("attention_dropout", 24): lambda r: (r["Pd"].sum(-1, keepdims=True), np.ones(r["Pd"].shape[:-1] + (1,))),
+    ("attention_dropout", 25): lambda r: (r["grad(P)"], r["grad(Pd)"]),
     ("causal_linear", 32): lambda r: (r["grad(KV_step)"], np.cumsum(r["grad(KV)"], axis=0)),
     ("causal_linear", 34): lambda r: (r["O"], r["num"] / (r["Fq"] * r["Fk"]).sum(-1, keepdims=True)),
     ("cosine", 19): lambda r: (r["grad(Q)"], r["grad(Qn)"] / np.sqrt((r["Q"] * r["Q"]).sum(-1, keepdims=True))),

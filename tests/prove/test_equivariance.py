@@ -171,6 +171,7 @@ EXPECTED = [  # (spec, output, source, invariant, verdict, conclusion)
     ("padding_qk", "O", "X", False, "refuted", None),  # real stays put; the group (X, real) is the spec's check
     ("lse_output", "O", "Q", False, "proved", "O(Pi Q) = Pi O(Q)"),
     ("dropout_mask", "O", "X", False, "refuted", None),  # Z stays put
+    ("attention_dropout", "O", "Q", False, "refuted", None),  # the causal mask, and the drawn mask stays put
     ("prefix_lm", "O", "X", False, "refuted", None),
     ("causal_bottom_right", "O", "K", True, "refuted", None),  # keys reordered without their values
     # the mask language: positions in every one of these masks and biases (a document's own positions, a

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.philox import NUMPY_HELPERS, _dropout_keep  # (the mask helpers below call it)
+from ...ir.philox import NUMPY_HELPERS
 from .runtime import Runtime
 
 __all__ = ["HOST", "CALLS", "runtime"]
@@ -229,6 +229,9 @@ def _gather(x, at, rank):
     x = np.broadcast_to(x, lead + x.shape[x.ndim - len(at):])
     batch = [np.arange(n).reshape((n,) + (1,) * (len(lead) - k - 1 + rank)) for k, n in enumerate(lead)]
     return x[(*batch, *at)]
+
+
+_dropout_keep = NUMPY_HELPERS["_dropout_keep"]  # (the mask helpers below call it)
 
 
 def _seed(seed):

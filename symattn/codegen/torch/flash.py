@@ -60,7 +60,10 @@ def _flash_forward(q, k, v, reads, core, block_q, block_k):
             seen = None if core.inside is None else core.inside(i0, i1 - 1)
             qi, oi = q[g0:g1, i0:i1], o[g0:g1, i0:i1]
             m = total = None
-            for j0, j1, whole in _strips(_key_blocks(lo, hi, seen, block_k), strip):
+            visited = _key_blocks(lo, hi, seen, block_k)
+            if core.live is not None:  # a mask read at run time: blocks it masks whole for the group are skipped
+                visited = _live(core, visited, qi.view((-1,) + lead + qi.shape[1:]), rows[i0:i1], cols, rb)
+            for j0, j1, whole in _strips(visited, strip):
                 s = torch.bmm(qi, kt[g0:g1, :, j0:j1], out=_block(buffer, g1 - g0, i1 - i0, j1 - j0))
                 view = s.view((-1,) + lead + s.shape[1:])
                 w = None if core.weights is None else core.weights(view, rows[i0:i1], cols[:, j0:j1], *rb)
@@ -85,6 +88,19 @@ def _flash_forward(q, k, v, reads, core, block_q, block_k):
                 oi.div_(total.clamp_min(torch.finfo(total.dtype).tiny))  # a fully masked row: 0 / tiny = 0
                 torch.add(m, total.log_(), out=lse[g0:g1, i0:i1])
     return o.reshape(batch + lead + o.shape[-2:]), lse.reshape(batch + lead + lse.shape[-2:])
+
+
+def _live(core, blocks, qv, i, cols, rb):
+    """The key blocks (first, end, whole) of `blocks` that the run-time mask `core.live` keeps an entry of, for the
+    rows i and every entry of the group (qv: its queries, [entries, *heads, rows, width]); `core.blocks` counts
+    those computed and those skipped. Fake tensors (the custom op's fake implementation, torch.compile's
+    tracing) hold no values to test: every block is kept."""
+    if isinstance(qv, torch._subclasses.FakeTensor) or qv.device.type == "meta" or torch.compiler.is_compiling():
+        return blocks
+    kept = [b for b in blocks if bool(core.live(qv, i, cols[:, b[0]:b[1]], *rb))]
+    core.blocks[0] += len(kept)
+    core.blocks[1] += len(blocks) - len(kept)
+    return kept
 
 
 def _flash_backward(q, k, v, o, lse, do, dlse, reads, core, block_q, block_k):
@@ -125,6 +141,9 @@ def _flash_backward(q, k, v, o, lse, do, dlse, reads, core, block_q, block_k):
             dkj = dvj = None  # this key block's dK and dV: contiguous, copied into dk and dv at its end
             runs = [(i0, i1, a <= j0 and j1 <= b) for (i0, i1), (lo, hi), (a, b) in zip(blocks, seen, sure)
                     if lo < j1 and hi > j0]
+            if core.live is not None:  # a mask read at run time: query blocks it masks whole here are skipped
+                runs = [r for r in runs if _live(core, [(j0, j1, False)], q[g0:g1, r[0]:r[1]].view(
+                    (-1,) + lead + (r[1] - r[0], q.shape[-1])), rows[r[0]:r[1]], cols, rb)]
             for r0, r1, whole in _strips(runs, strip):
                 size = (g1 - g0) * (r1 - r0) * (j1 - j0)
                 i = rows[r0:r1]
@@ -235,8 +254,9 @@ def _strips(blocks, limit):
     return out
 
 
-TILED = ("_flash_forward", "_flash_backward", "_prepare", "_entries", "_heads_of", "_to_shape", "_groups", "_block",
-         "_strips")
-CALLS = {"_flash_forward": ("_prepare", "_entries", "_groups", "_block", "_strips", "_key_blocks", "_exp_shifted_"),
+TILED = ("_flash_forward", "_live", "_flash_backward", "_prepare", "_entries", "_heads_of", "_to_shape", "_groups",
+         "_block", "_strips")
+CALLS = {"_flash_forward": ("_prepare", "_entries", "_groups", "_block", "_strips", "_key_blocks", "_exp_shifted_",
+                            "_live"),
          "_flash_backward": ("_prepare", "_entries", "_groups", "_block", "_strips", "_key_blocks", "_log2_shift",
-                             "_exp2_plus_", "_heads_of", "_to_shape")}
+                             "_exp2_plus_", "_heads_of", "_to_shape", "_live")}

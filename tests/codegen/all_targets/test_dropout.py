@@ -329,3 +329,36 @@ def test_cuda_kernels_on_the_cpu(name, tmp_path):
     outs, grads = run_cuda_on_cpu(spec, rounded, {f"grad_{o}": u for o, u in want[2].items()}, {}, 2, tmp_path,
                                   seed=seed)
     _check(outs, grads, want, 1e-5, "cuda fp32")
+
+
+def test_the_backward_with_the_mask_drawn_equals_the_backward_with_it_given():
+    """attention_dropout's modules (the mask drawn from the seed, forward and again backward) against the same
+    spec with the mask a buffer `Z` given the contract's bits: outputs and gradients agree to rounding, on
+    NumPy plain and tiled and on torch."""
+    given_text = ATTENTION.read_text().replace("Pd = dropout(P, 0.1)", "Pd = P * Z / 0.9").replace(
+        "input Q[H, N, d_k], K[H, N, d_k], V[H, N, d_k]", "input Q[H, N, d_k], K[H, N, d_k], V[H, N, d_k]\n"
+        "buffer Z[H, N, N]")
+    assert "buffer Z" in given_text and "dropout(" not in given_text.split("attention attention_dropout")[1]
+    given = _draw("attention")
+    seed = SEEDS[1]
+    z = _mask(seed, 0, (2, 2, 37, 37), 0.1)
+    upstream = {"grad_O": np.random.default_rng(4).standard_normal((2, 2, 37, 5))}
+    drawn = load_module(symattn.load(ATTENTION).emit("numpy"), "drawn")
+    buffered = load_module(symattn.load(given_text, filename="given.attn").emit("numpy"), "buffered")
+    for module in (drawn, buffered):
+        module.TILED_ABOVE, module.BLOCK_Q, module.BLOCK_K = 0, 8, 16
+    a = drawn.forward_backward(**given, seed=seed, **upstream)
+    b = buffered.forward_backward(**given, Z=z, **upstream)
+    for x, y in zip(a, b):
+        for key in y:
+            np.testing.assert_allclose(x[key], y[key], rtol=1e-12, atol=1e-13)
+    torch = pytest.importorskip("torch", reason="the torch target needs torch")
+    from symattn.codegen.torch import load_torch_module
+
+    t = {n: torch.tensor(v) for n, v in given.items()}
+    up = {k: torch.tensor(v) for k, v in upstream.items()}
+    tm = load_torch_module(symattn.load(ATTENTION).emit("torch"), "drawn_torch")
+    got = tm.forward_backward(**t, seed=seed, **up)
+    for x, y in zip(got, b):
+        for key in y:
+            np.testing.assert_allclose(x[key].numpy(), y[key], rtol=1e-11, atol=1e-12)

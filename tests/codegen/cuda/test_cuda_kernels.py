@@ -51,7 +51,8 @@ FUSED = {"self_attention": "O", "causal": "O", "positional": "O", "cross_attenti
          "mqa": "O", "padding_qk": "O", "prefix_lm": "O", "t5_bias": "O",
          # the mask language: integer buffers read through subscripts, // % clamp, floor of log2 into a table
          "document_offsets": "O", "dilated_window": "O", "window_zero_side": "O", "alibi_exp2": "O",
-         "natten_2d": "O", "flamingo_intervals": "O", "t5_buckets": "O"}
+         "natten_2d": "O", "flamingo_intervals": "O", "t5_buckets": "O",
+         "attention_dropout": "O"}  # dropout's mask drawn in the fused kernels
 STEMS = [p.stem for p in EXAMPLES]
 
 
@@ -438,7 +439,8 @@ def test_launch_functions_take_a_stream_and_check_every_launch(emitted):
         p = code.plan
         header, source = code.files[f"{code.prefix}.h"], code.files[code.source_name]
         for which in ("forward", "backward"):
-            assert re.search(rf"int {code.prefix}_{which}\([^)]*, int {p.batch}, cudaStream_t {p.stream_arg}\);",
+            seed = f", unsigned long long {p.seed}" if p.seed else ""  # dropout's seed, after the batch
+            assert re.search(rf"int {code.prefix}_{which}\([^)]*, int {p.batch}{seed}, cudaStream_t {p.stream_arg}\);",
                              header), (stem, which)
             body = source[source.index(f'extern "C" int {code.prefix}_{which}('):]
             body = body[:body.index("\n}\n")]
