@@ -200,7 +200,7 @@ def _kernel_names(spec: t.TypedSpec, cores, names) -> set[str]:
         prefix = f"_{core.output}"
         out |= {name, f"{name}_forward", f"{name}_backward", f"{prefix}_core",
                 f"{prefix[1:].capitalize()}AttentionFunction"}
-        out |= {f"{prefix}_{k}" for k in ("fwd", "delta", "dkdv", "dq", "score", "score_grad", "weights")}
+        out |= {f"{prefix}_{k}" for k in ("fwd", "delta", "dkdv", "dq", "score", "score_grad", "weights", "live")}
         out |= {f"{prefix}_score_d{k}" for k in range(len(core.reads))}
     return out
 

@@ -343,8 +343,33 @@ def core_kernels(core: AttentionCore, spec: t.TypedSpec, prefix: str) -> CoreKer
                             grad_step="\n".join(x for x in step if x), grad_final="\n".join(x for x in final if x),
                             weights=weights_bwd, weighted_dp=weighted_dp)
     dq = _DQ.substitute(common, weights=weights_bwd, weighted_dp=weighted_dp)
+    if core.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(core.keep)):
+        # a mask of buffers (document ids) or of // % min max: each tile tests it first and is skipped when it
+        # masks the whole tile (FlexAttention's block mask, computed as the loop goes)
+        live_args = score_args.replace("s_, ", "0.0, ", 1)
+        functions.append(_SCORE.substitute(prefix=prefix, name="live", params=score_args,
+                                           body=f"tl.max(tl.where(({printer.tile(core.keep)}) & (i_ < n_q_) & "
+                                                "(j_ < n_k_), 1, 0))",
+                                           comment="whether the tile keeps an entry (1) or the mask hides all (0)"))
+        guard = f"if {prefix}_live({live_args}) != 0:  # a tile the mask hides whole is skipped"
+        fwd = _guarded(fwd, "        j_ = offs_n[None, :]", guard)
+        dkdv = _guarded(dkdv, "        i_ = offs_m[:, None]", guard)
+        dq = _guarded(dq, "        j_T = offs_n[:, None]", guard)
     source = "\n\n".join([*functions, fwd, delta, dkdv, dq])
     return CoreKernels(prefix, source, core.read_tensors, learned, dims, formula)
+
+
+def _guarded(source: str, anchor: str, condition: str) -> str:
+    """`source` with the rest of the key or query loop's body after `anchor` (a line of it) under `condition`."""
+    lines = source.split("\n")
+    at = lines.index(anchor)
+    end = at + 1
+    while end < len(lines) and (lines[end].startswith("        ") or not lines[end].strip()):
+        end += 1
+    while end > at + 1 and not lines[end - 1].strip():
+        end -= 1
+    body = ["    " + line if line.strip() else line for line in lines[at + 1:end]]
+    return "\n".join(lines[:at + 1] + ["        " + condition] + body + lines[end:])
 
 
 def _grad_args(name: str, spec: t.TypedSpec) -> list[str]:

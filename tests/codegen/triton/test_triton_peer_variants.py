@@ -54,3 +54,33 @@ def test_triton_kernels_against_the_peer_masks(name):
                                               **sizes)
         _check_mask(name, {k: v.float() for k, v in outs.items()}, {k: v.float() for k, v in grads.items()},
                     tuple({k: v.float() for k, v in part.items()} for part in want), tolerance, f"triton {dtype}")
+
+
+def test_a_buffer_mask_skips_the_tiles_it_hides_whole():
+    """A mask that reads buffers (document ids) is tested per tile before its product: the forward's key loop and
+    the backward's query and key loops skip a tile it hides whole; an index-only mask (a window) has static
+    bounds instead. At N = 64, 8 documents of 8 tokens, 16 x 16 tiles (most of them hidden), the kernels give the
+    peer definition's result."""
+    import numpy as np
+
+    import symattn
+    from conftest import REPO
+    from test_mask_language import _reference as reference
+
+    source = _mask_spec("document_offsets").emit("triton").text
+    assert source.count("if _O_live(") == 3  # fwd, dkdv, dq
+    assert "_live(" not in _mask_spec("window_zero_side").emit("triton").text
+    n, docs, width = 64, 8, 4
+    spec = symattn.load(REPO / "derivations" / "document_offsets.attn", dims={"N": n, "D": docs, "d_k": width})
+    module = load_triton(spec.emit("triton").text, interpret=not torch.cuda.is_available())
+    rng = np.random.default_rng(2)
+    leaves = {name: rng.standard_normal((1, n, width)) for name in "QKV"}
+    leaves["slope"] = np.array(0.01)
+    integers = {"doc": np.repeat(np.arange(docs), n // docs)[None], "offsets": (np.arange(docs) * (n // docs))[None]}
+    upstream = {"grad_O": rng.standard_normal((1, n, width))}
+    want = reference("document_offsets", leaves, integers, upstream)
+    outs, grads = module.forward_backward(**{k: torch.tensor(v, dtype=torch.float32) for k, v in
+                                             {**leaves, **upstream}.items()},
+                                          **{k: torch.from_numpy(v) for k, v in integers.items()})
+    _check_mask("document_offsets", {k: v.double() for k, v in outs.items()}, {k: v.double() for k, v in grads.items()},
+                want, 2e-5, "triton, tiles skipped")
