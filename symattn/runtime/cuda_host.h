@@ -163,6 +163,20 @@ void launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
 
 inline void __syncthreads() { sa_host::block_barrier->arrive_and_wait(); }
 
+// __syncthreads_or(p): a barrier that returns nonzero iff p is nonzero for some thread of the block. One
+// flag per block: set after a first barrier (every earlier reader is done), read after a second, cleared
+// by thread 0 after a third (before any thread can reach the next call's first barrier).
+inline int __syncthreads_or(int predicate) {
+    static std::atomic<int> flag_{0};
+    sa_host::block_barrier->arrive_and_wait();
+    if (predicate) flag_.fetch_or(1);
+    sa_host::block_barrier->arrive_and_wait();
+    const int any_ = flag_.load();
+    sa_host::block_barrier->arrive_and_wait();
+    if (sa_host::linear_tid == 0) flag_.store(0);
+    return any_;
+}
+
 inline float atomicAdd(float* address, float value) {
     return std::atomic_ref<float>(*address).fetch_add(value);
 }

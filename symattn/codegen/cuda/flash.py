@@ -45,7 +45,7 @@ from ..plan import AttentionCore, tile_bounds
 from ..plan.bounds import I0, I1, J0, J1
 from .kernels import Buffer, GridLimit, Kernel
 from .names import CNames
-from .score import ScoreSource, draws, heads_of, read_args, read_params, score_functions, score_printer
+from .score import ScoreSource, draws, heads_of, read_args, read_params, score_functions, score_printer, tested
 from .syntax import CPrinter, dim_c, numel_c, offset_c
 
 __all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels",
@@ -136,6 +136,7 @@ $offsets
     float l_ = 0.0f;       // running sum of exp(score - m_)
 $key_range
     for (int j0_ = lo_; j0_ < hi_; j0_ += KEYS_) {
+$skip_keys
         for (int e_ = threadIdx.x; e_ < KEYS_ * HEAD_DIM; e_ += ROWS) {
             const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, j_ = j0_ + r_;
             k_tile_[r_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
@@ -251,6 +252,7 @@ $offsets
         }
 $query_range
         for (int i0_ = lo_; i0_ < hi_; i0_ += STEP_) {
+$skip_queries
             for (int e_ = t_; e_ < STEP_ * HEAD_DIM; e_ += ROWS) {
                 const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, i_ = i0_ + r_;
                 q_tile_[r_][c_] = i_ < n_q_ && c_ < d_qk_ ? $Q[(long long)i_ * d_qk_ + c_] : 0.0f;
@@ -327,6 +329,7 @@ $offsets
     const float delta_i_ = i_ < n_q_ ? $delta[i_] : 0.0f;
 $key_range
     for (int j0_ = lo_; j0_ < hi_; j0_ += STEP_) {
+$skip_keys_dq
         for (int e_ = t_; e_ < STEP_ * HEAD_DIM; e_ += ROWS) {
             const int r_ = e_ / HEAD_DIM, c_ = e_ % HEAD_DIM, j_ = j0_ + r_;
             k_tile_[r_][c_] = j_ < n_k_ && c_ < d_qk_ ? $K[(long long)j_ * d_qk_ + c_] : 0.0f;
@@ -432,7 +435,24 @@ def _common(core, prefix, names, dims, lead, reads: list[Buffer], grads: list[Bu
     dim_args = "".join(f", {d}" for d in dims)
     grad_part = "".join(f", {g.name}" for g in grads)
     bounds = tile_bounds(core)
-    return dict(prefix=prefix, dim_params=int_dims + read_params(reads) + read_params(grads, True),
+    skips = dict(skip_keys="", skip_queries="", skip_keys_dq="")
+    if tested(core):  # a run-time mask: a tile that hides every entry of the block's rows (columns) is skipped
+        tail = dim_args + read_args(reads, draws(core))
+        lead_args = "".join(f"{z}, " for z in lead)
+
+        def skip(indent, tile, rows, limit, valid, order):
+            args = f"i_, {tile}0_ + r_" if order == "keys" else f"{tile}0_ + r_, j_"
+            return (f"{indent}{{  // a tile the mask hides whole for every row of the block is skipped\n"
+                    f"{indent}    int any_ = 0;\n"
+                    f"{indent}    if ({valid}) for (int r_ = 0; r_ < {rows} && {tile}0_ + r_ < {limit} && !any_; ++r_)\n"
+                    f"{indent}        any_ = {prefix}_keep(0.0f, {lead_args}{args}{tail});\n"
+                    f"{indent}    if (!__syncthreads_or(any_)) continue;\n"
+                    f"{indent}}}")
+        skips = dict(skip_keys=skip("        ", "j", "KEYS_", "hi_", "i_ < n_q_", "keys"),
+                     skip_queries=skip("            ", "i", "STEP_", "(hi_ < n_q_ ? hi_ : n_q_)", "j_ < n_k_",
+                                       "queries"),
+                     skip_keys_dq=skip("        ", "j", "STEP_", "(hi_ < n_k_ ? hi_ : n_k_)", "i_ < n_q_", "keys"))
+    return dict(**skips, prefix=prefix, dim_params=int_dims + read_params(reads) + read_params(grads, True),
                 dim_args=dim_args + "".join(f", {b.name}" for b in reads) + grad_part,
                 score_tail=dim_args + read_args(reads, draws(core)), lead_args="".join(f"{z}, " for z in lead),
                 lead_coords=_lead_coords(core, lead, names),

@@ -24,7 +24,14 @@ from .kernels import Buffer
 from .names import CNames
 from .syntax import CPrinter, dim_c, numel_c, offset_c
 
-__all__ = ["ScoreSource", "score_printer", "read_params", "read_args", "score_functions", "heads_of", "draws"]
+__all__ = ["ScoreSource", "score_printer", "read_params", "read_args", "score_functions", "heads_of", "draws",
+           "tested"]
+
+
+def tested(core: AttentionCore) -> bool:
+    """Whether the kernels test the core's mask per tile at run time: a mask of buffers (document ids) or of
+    // % min max, which no static bound sees (index-only masks bound the loops instead)."""
+    return core.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(core.keep))
 
 
 def draws(core: AttentionCore) -> bool:
@@ -97,6 +104,12 @@ def score_functions(core: AttentionCore, prefix: str, names: CNames, dims: Seque
         lines += [f"// d score / d {entry_text(read.node, dim_order)}: its gradient takes dS times this.",
                   f"{head}_score_d{k}({params}) {{",
                   f"    return {score_printer(core, names, reads, dropout).entry(read.derivative)};", "}"]
+    if tested(core):
+        keep = score_printer(core, names, reads, dropout).entry(core.keep)
+        lines += [f"// Whether the mask keeps the entry ({entry_text(core.keep, dim_order)}), tested per tile: a tile it "
+                  "hides whole is skipped.",
+                  f"static __device__ __forceinline__ int {prefix}_keep({params}) {{", f"    return ({keep}) ? 1 : 0;",
+                  "}"]
     if core.weights is not None:
         lines += [f"// The factor of the weights after the softmax: {entry_text(core.weights, dim_order)}.",
                   f"{head}_weights({params}) {{",

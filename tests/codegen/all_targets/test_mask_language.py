@@ -343,3 +343,14 @@ def test_the_torch_module_skips_the_blocks_a_document_mask_masks_whole():
     _check("document_offsets", {o: v.numpy() for o, v in outs.items()}, {g: v.numpy() for g, v in grads.items()},
            want, 1e-9, "torch, blocks skipped")
     assert blocks[1] > 0, blocks
+
+
+def test_cuda_kernels_test_a_buffer_mask_per_tile():
+    """The fused CUDA kernels of a mask that reads buffers test it per tile (`_keep`, then __syncthreads_or) and
+    skip a tile it hides for every row of the block: the forward's key loop, dK/dV's query loop, dQ's key loop;
+    an index-only mask bounds the loops statically instead. (The slow step runs them on the CPU emulation and
+    under ThreadSanitizer against the peer definitions.)"""
+    source = _spec("document_offsets").emit("cuda").files["document_offsets.cu"]
+    assert source.count("if (!__syncthreads_or(any_)) continue;") == 3
+    assert "document_offsets_O_attn_keep(" in source
+    assert "__syncthreads_or" not in _spec("window_zero_side").emit("cuda").files["window_zero_side.cu"]
