@@ -55,10 +55,21 @@ def _load(args: argparse.Namespace, default_example: bool = False) -> Spec:
             raise UsageError("a SPEC file is required")
         return load(example_text(), dims=dims, filename=example_path())
     if args.spec == "-":
-        return load(sys.stdin.read(), dims=dims, filename="<stdin>")
-    # Always a path (`.attn` optional, as for `load`): a SPEC that names no file must say so, not be
-    # parsed as spec text.
-    return load(spec_file(args.spec), dims=dims)
+        spec = load(sys.stdin.read(), dims=dims, filename="<stdin>")
+    else:  # always a path (`.attn` optional, as for `load`): a SPEC that names no file must say so
+        spec = load(spec_file(args.spec), dims=dims)
+    _notes(spec)
+    return spec
+
+
+def _notes(spec: Spec) -> None:
+    """What the spec says that is valid but likely not meant, as `FILE:LINE:COL: note: ...` on stderr."""
+    typed = spec.typed
+    lines = typed.source.split("\n")
+    for pos, message in typed.notes:
+        sys.stderr.write(f"{typed.filename}:{pos.line}:{pos.column}: note: {message}\n")
+        if 0 < pos.line <= len(lines):
+            sys.stderr.write(f"    {lines[pos.line - 1]}\n    {' ' * (pos.column - 1)}^\n")
 
 
 _FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".tex": "tex"}

@@ -121,7 +121,8 @@ def _linear(v, node: ir.Expr, scope) -> _Linear:
         return _Linear({n: k * c for n, c in scaled.terms.items()}, k * scaled.offset)
     if isinstance(node, ir.BinOp) and node.op == "/":
         raise err(SpecShapeError, "a subscript cannot divide: the coefficients of its indices are integers",
-                  node.op_pos, "give the index a range of its own, as in Q[i, 2 * c] with c:h")
+                  node.op_pos, "for the block an index falls in write // (Q[i, j // W]); or give the index a "
+                  "range of its own, as in Q[i, 2 * c] with c:h")
     if isinstance(node, ir.BinOp) and node.op == "^":
         raise err(SpecShapeError, "a subscript is affine in the indices: it cannot take a power", node.op_pos)
     if isinstance(node, ir.SliceItem):

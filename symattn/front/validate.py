@@ -26,7 +26,7 @@ from typing import Mapping
 import sympy
 
 from . import syntax as ir
-from ..ir import typed as t
+from ..ir import integers, typed as t
 from ..ir.functions import FUNCTIONS
 from ..errors import SpecCheckError, SpecError, SpecNameError, SpecShapeError, UsageError
 from .claim_forms import relative_check, symmetry_check
@@ -106,6 +106,7 @@ class _Validator:
         # check-only definition), as (position, what, check-only name or None); else None.
         self.reads: list[tuple[ir.Pos, str, str | None]] | None = None
         self.defining: str | None = None  # the tensor a definition being validated defines (for hints)
+        self.notes: list[tuple[ir.Pos, str]] = []  # valid, but likely not what was meant
 
     # --- helpers ---------------------------------------------------------------
 
@@ -207,7 +208,7 @@ class _Validator:
             for name, info in self.tensors.items()
         }
         return t.TypedSpec(self.name, self.filename, "", dict(self.dims), self.sizes, tensors,
-                           tuple(self.outputs), tuple(self.checks))
+                           tuple(self.outputs), tuple(self.checks), tuple(dict.fromkeys(self.notes)))
 
     @staticmethod
     def _names_defined(stmt: ir.Statement):
@@ -485,7 +486,20 @@ class _Validator:
             shape = broadcast(a.shape, b.shape, op=node.op, order=self.order)
         except ShapeMismatch as exc:
             raise self.shape_error(exc, node.op_pos) from None
+        if scope is not None:
+            self.note_real_division(a, b)
         return t.Compare(node.op, a, b, shape, pos=node.pos)
+
+    def note_real_division(self, *sides: t.Node) -> None:
+        """A comparison of `i / W` (integers divided: a fraction) is valid, but `i // W`, the block an index falls
+        in, is what masks mean (a dilated or blocked window): a note says so."""
+        for side in sides:
+            for n in t.walk(side):
+                if isinstance(n, t.Binary) and n.op == "div" and any(isinstance(x, t.IndexVar) for x in t.walk(n.a)) \
+                        and integers.integer_valued(n.a, self.tensors) and integers.integer_valued(n.b, self.tensors):
+                    a, b = to_spec(n.a, self.order), to_spec(n.b, self.order)
+                    self.notes.append((n.pos, f"{a} / {b} is real division, a fraction; for the block an index falls "
+                                       f"in write {a} // {b}"))
 
     @expr.register
     def _(self, node: ir.Subscript, scope) -> t.Node:
@@ -571,4 +585,5 @@ def validate(program: ir.Program, filename: str = "<spec>", source: str = "",
     except RecursionError:
         raise SpecShapeError("the expression is nested too deeply", line=1, column=1).located(filename, source) \
             from None
-    return t.TypedSpec(spec.name, filename, source, spec.dims, spec.sizes, spec.tensors, spec.outputs, spec.checks)
+    return t.TypedSpec(spec.name, filename, source, spec.dims, spec.sizes, spec.tensors, spec.outputs, spec.checks,
+                       spec.notes)

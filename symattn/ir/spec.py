@@ -131,6 +131,7 @@ class TypedSpec:
     tensors: Mapping[str, TensorInfo]
     outputs: tuple[str, ...]
     checks: tuple[CheckInfo, ...]
+    notes: tuple = ()  # (Pos, message): what is valid but likely not meant (`i / W` of integers: real division)
 
     @property
     def inputs(self) -> tuple[str, ...]:
