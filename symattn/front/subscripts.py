@@ -41,6 +41,8 @@ from ..ir.integers import as_affine, at_least, at_most, integer_valued
 from ..ir.printing import to_spec
 from ..ir.shapes import format_dim
 
+from .real_subscripts import nonfinite
+
 __all__ = ["Pending", "subscript", "check_subscript", "sliced", "slice_range"]
 
 
@@ -207,6 +209,13 @@ def _check_integer_subscript(v, pending: Pending, ranges: dict[str, sympy.Expr])
     shown = to_spec(s, order)
     where = f"axis {pending.axis} of {pending.tensor}, {_interval(pending.size, order)}"
     over = ", ".join(f"{n} in {_interval(ranges[n], order)}" for n in t.subscript_names(s))
+    found = nonfinite(s, ranges, {info.symbol: v.sizes[name] for name, info in v.dims.items()})
+    if found is not None:  # clamp bounds a value, not NaN: floor(log2(j - i)) is NaN wherever j < i
+        node, at = found
+        point = ", ".join(f"{n} = {k}" for n, k in at.items())
+        raise err(SpecShapeError, f"subscript {shown} of {pending.tensor} is not a number where {to_spec(node.x, order)} "
+                  f"is NaN or infinite ({point}, at the default sizes): {node.fn} of it is no position", pending.pos,
+                  "keep the argument finite over the index ranges, e.g. log2(abs(j - i) + 1) for a distance")
     checks = ((at_least(s, 0, ranges, v.tensors), "below 0"),
               (at_most(s, pending.size - 1, ranges, v.tensors), f"above {format_dim(pending.size - 1, order)}"))
     for decision, side in checks:

@@ -171,6 +171,13 @@ CASES = [
     ("equivariant_unknown", BASE + "output X\ncheck equivariant(O, X)\n", Name, 4, 19, r"^unknown name 'O'$"),
     ("invariant_in_expression", BASE + "output X\ncheck invariant(X, Y) == X\n", Check, 4, 7,
      r"^invariant\(\.\.\.\) is a claim; it can only stand alone in a check$"),
+    ("floor_of_nan_subscript", "dim N = 4, R = 3\ninput Q[N, N]\nparam Bt[R]\n"
+     "B[i:N, j:N] = Bt[clamp(floor(log2(j - i)), 0, R - 1)]\nO = Q + B\noutput O\n", Shape, 4, 18,
+     r"^subscript clamp\(floor\(log2\(j - i\)\), 0, R - 1\) of Bt is not a number where log2\(j - i\) is NaN or "
+     r"infinite \(j = 0, i = 0, at the default sizes\)"),
+    ("ceil_of_infinite_subscript", "dim N = 4, R = 3\ninput Q[N, N]\nparam Bt[R]\n"
+     "B[i:N, j:N] = Bt[clamp(ceil(1 / (i - j)), 0, R - 1)]\nO = Q + B\noutput O\n", Shape, 4, 18,
+     r"^subscript .* of Bt is not a number where 1 / \(i - j\) is NaN or infinite \(i = 0, j = 0"),
     # --- dropout: a definition's whole right side, p a number literal in [0, 1) -------------
     ("dropout_inside_an_expression", BASE + "Z = 2 * dropout(X, 0.1)\noutput Z\n", Shape, 3, 9,
      r"^dropout stands only as the whole right side of a definition, not inside an expression or a check$"),
