@@ -6,7 +6,8 @@ number literal in [0, 1)). It declares the definition's mask, an integer
 buffer in 0:2 of x's shape whose `TensorInfo.dropout` says what it is, under a
 name that nothing in the spec uses (`D_keep`, else `D_keep_2`, ...), and
 returns `x * D_keep / (1 - p)`. Claims then hold for every mask, as the
-language says, with no rule of their own; generated code draws the mask from
+language says, with no rule of their own (a p below 2**-32, 0 included, keeps
+every entry at run time: `x / (1 - p)`, no mask); generated code draws the mask from
 its seed (`symattn.ir.spec.Dropout`). No definition may name the mask (it
 belongs to D alone); a check may, as derivations write it (`grad(P) == grad(D) /
 0.9 * D_keep`). `dropout` anywhere else (inside an expression, in index
@@ -15,11 +16,14 @@ notation, in a check) is `misplaced`, a located error with the form to write.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import sympy
 
 from . import syntax as ir
 from ..errors import SpecShapeError, SpecNameError
 from ..ir import typed as t
+from ..ir.philox import dropout_threshold
 from ..ir.spec import Dropout
 from .dims import number_value
 
@@ -77,6 +81,8 @@ def dropout_definition(v, stmt: ir.Define) -> t.Node:
         raise _err(SpecShapeError, f"dropout's x reads {what}, the backward pass; dropout belongs to the forward "
                    "pass", at)
     p = _probability(args[1])
+    if dropout_threshold(Fraction(int(p.p), int(p.q))) == 0:  # p < 2**-32 (0 included): every entry is kept,
+        return t.Binary("div", x, t.Scalar(1 - p, pos=args[1].pos), x.shape, pos=call.pos)  # no mask to draw
     name = _mask_name(v, stmt.name.id)
     stream = sum(1 for info in v.tensors.values() if info.dropout is not None)
     source = args[0].id if isinstance(args[0], ir.Name) else None

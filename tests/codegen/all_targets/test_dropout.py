@@ -362,3 +362,16 @@ def test_the_backward_with_the_mask_drawn_equals_the_backward_with_it_given():
     for x, y in zip(got, b):
         for key in y:
             np.testing.assert_allclose(x[key].numpy(), y[key], rtol=1e-11, atol=1e-12)
+
+
+def test_p_zero_keeps_every_entry_and_draws_no_mask():
+    """dropout(x, 0) (and any p below 2**-32, whose threshold is 0) keeps every entry on every run: no mask, so
+    `check D == P` is proved, never refuted with a mask no run can draw."""
+    text = ATTENTION.read_text().replace("dropout(P, 0.1)", "dropout(P, 0)").split("check")[0] + "check Pd == P\n"
+    spec = symattn.load(text, filename="p0.attn")
+    assert not spec.typed.dropouts and spec.typed.seed_keyword is None
+    verdict = spec.check()[0]
+    assert verdict.verdict == "proved", verdict.method
+    tiny = symattn.load(ATTENTION.read_text().replace("dropout(P, 0.1)", "dropout(P, 1e-10)"))
+    assert not tiny.typed.dropouts
+    assert symattn.load(ATTENTION.read_text().replace("dropout(P, 0.1)", "dropout(P, 1e-9)")).typed.dropouts
