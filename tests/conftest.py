@@ -76,6 +76,12 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["symattn", *args], code, out.getvalue(), err.getvalue())
 
 
+def slow_params(values, ids, slow):
+    """pytest.param of each value, marked slow where its id is in `slow` (seconds each: the slow step runs them,
+    so that the README's test command stays under 5 minutes on 2 cores)."""
+    return [pytest.param(v, id=i, marks=[pytest.mark.slow] if i in slow else []) for v, i in zip(values, ids)]
+
+
 DROPOUT_SEED = 2 ** 62 + 12345  # the seed generic tests hand a module whose spec has dropout (an int64: torch.tensor takes it)
 
 

@@ -254,6 +254,7 @@ def test_every_sympy_gradient_of_self_attention_matches_finite_differences(self_
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_sympy_of_index_notation_gradients_matches_finite_differences():
     """Additive attention's gradients are in index notation: FunctionMatrix, Sum and entries."""
     spec = symattn.load(DERIVATIONS / "additive.attn")

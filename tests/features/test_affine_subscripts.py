@@ -202,6 +202,7 @@ def test_rope_forward_and_backward_against_numpy(text, rope):
     assert np.allclose(module.forward(Q=batch)["Qr"], np.stack([rope(q) for q in batch]), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_rope_reference_specs_verify():
     for name in ("rope_interleaved", "rope_half"):
         report = verify_numpy(symattn.load(REPO / "derivations" / f"{name}.attn").typed)

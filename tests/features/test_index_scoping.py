@@ -333,6 +333,7 @@ def test_cuda_on_the_cpu_matches_the_reference(tmp_path):
     assert report.ok, report.problems
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @needs_nvcc
 @needs_cxx
 def test_cuda_compile_gate_and_run(tmp_path):

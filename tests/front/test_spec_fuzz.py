@@ -132,12 +132,14 @@ def test_token_mutations(text, rng, steps):
     assert_only_spec_errors("".join(mutate_tokens(TOKEN.findall(text), rng, steps)))
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @FUZZ
 @given(st.sampled_from(TEXTS), st.randoms(use_true_random=False), st.integers(1, 4))
 def test_line_mutations(text, rng, steps):
     assert_only_spec_errors("\n".join(mutate_lines(text.split("\n"), rng, steps)))
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @FUZZ
 @given(st.randoms(use_true_random=False))
 def test_line_and_token_mutations(rng):

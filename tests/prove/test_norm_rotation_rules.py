@@ -29,6 +29,7 @@ Against NumPy (`numpy_claims`), with zeros (zero rows), negatives and ties.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import numpy_claims
 import symattn
@@ -286,6 +287,7 @@ def test_rope_for_every_number_of_rotation_pairs():
     _relative_for_all_sizes(ROPE_PAIRS, check(ROPE_PAIRS, budget=60))
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_no_proof_at_symbolic_positions_of_the_look_alikes():
     """The prover of `relative` alone (no counterexample search first) proves the true claims and none of
     the false ones, at every number of pairs."""

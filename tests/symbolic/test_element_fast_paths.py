@@ -123,6 +123,7 @@ MANY = sympy.symbols("m0:300", real=True)
     (x / 3 + y / 5) ** 4 - sympy.expand((x / 3 + y / 5) ** 4) + sympy.Rational(1, 10**30) * x,
 ], ids=["binomials", "high-power", "high-power-zero", "field-top", "sqrt2-powers", "sqrt2-leftover",
         "many-generators", "many-generators-leftover", "tiny-coefficient"])
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_packed_monomials_agree_with_sympy_expand(expr):
     assert expands_to_zero(expr) == (sympy.expand(expr) == 0)
 

@@ -20,7 +20,7 @@ import pytest
 
 import symattn
 from symattn.symbolic.evaluate import NUMERIC, Evaluator, random_leaves
-from conftest import COSINE_SELF_ATTENTION, REPO
+from conftest import COSINE_SELF_ATTENTION, REPO, slow_params
 
 
 # Beyond the examples: every elementwise function (relu, abs and where give piecewise
@@ -117,7 +117,8 @@ def sample(spec, seed: int = 0) -> tuple[dict, dict]:
 UNSETTLED: dict[str, set[str]] = {}
 
 
-@pytest.mark.parametrize("path", SPECS, ids=IDS)
+@pytest.mark.parametrize("path", slow_params(SPECS, IDS, {"differential", "flamingo_intervals", "natten_2d",
+                                                          "padding_qk", "document_offsets"}))
 def test_every_gradient_equals_the_element_level_chain_rule_exactly(path):
     spec = load(path)
     checks = spec.verify_gradients()

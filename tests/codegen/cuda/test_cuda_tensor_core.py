@@ -181,6 +181,7 @@ def _check(got, lse, want, want_lse, dtype):
     return error
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @needs_cxx
 def test_strict_causal_bf16_head_dim_64(built):
     """The cheap representative: a fully masked first row, N = 70 (two key tiles, the second ragged)."""
@@ -221,6 +222,7 @@ def test_tensor_core_backward(built, name, head_dim, dtype):
         assert np.all(grads["dQ"][:, 0] == 0.0)
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @needs_cxx
 def test_nan_propagates_and_masked_entries_stay_exact(built):
     """A NaN in one query row makes that row's O and lse NaN and leaves the others as NumPy has them

@@ -24,7 +24,7 @@ from symattn.symbolic.evaluate import random_leaves
 from symattn.golden import COMMAND, golden_files
 from symattn.check.numpy import reference_forward, relative_error, verify_numpy
 
-from conftest import EXAMPLES, REPO, module_arguments, run_cli
+from conftest import EXAMPLES, REPO, module_arguments, run_cli, slow_params
 
 SPECS = {p.stem: p for p in EXAMPLES}
 
@@ -173,7 +173,9 @@ def _spec(name: str):
 # --- numbers: every example, every configuration -------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", slow_params(sorted(SPECS), sorted(SPECS), {"natten_2d", "window_zero_side",
+                                                                         "rope_interleaved", "alibi_exp2",
+                                                                         "dilated_window"}))
 def test_forward_and_backward_match_reference_and_finite_differences(name, modules):
     report = verify_numpy(_spec(name).typed, module=modules[name])
     assert report.ok, "\n".join(report.lines())
