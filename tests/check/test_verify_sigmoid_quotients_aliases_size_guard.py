@@ -439,6 +439,7 @@ def test_counterexample_search_under_the_size_guard(tmp_path):
     assert done.returncode == 1 and "(size guard)" in done.stdout
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @needs_cxx
 def test_verify_cuda_under_the_size_guard(tmp_path):
     from symattn.check.cuda import verify_cuda

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, run_cli
 
 
@@ -41,6 +43,7 @@ def test_exit_handlers_run_and_the_status_is_mains(tmp_path):
     assert marker.read_text() == "ran"
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_a_document_piped_out_arrives_whole(tmp_path):
     """Everything written to stdout is flushed before the process leaves: the piped document is
     the one `-o` writes to a file, less the figure lines (a pipe has nowhere for the PNGs)."""

@@ -150,6 +150,7 @@ def test_html_is_standalone():
     assert "<script" not in html and "https://" not in html
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_html_renders_in_headless_chromium(tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:

@@ -180,6 +180,7 @@ def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
         assert cache.enabled() is on, value
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_a_change_to_any_source_file_is_another_fingerprint(tmp_path):
     """The key covers symattn's own code: a copy with one comment added to the prover keys apart."""
     copy = tmp_path / "copy"

@@ -195,6 +195,7 @@ def _sympy_says_zero(expr: sympy.Expr) -> bool:
 @given(st.booleans().flatmap(lambda inverses: st.tuples(_trees(3, inverses), _trees(2, inverses), _sums(inverses),
                                                         _sums(inverses), st.integers(1, 3))), st.sampled_from(REALS + POSITIVES + FAR[-1:]), st.sampled_from(EDGE_EXPONENTS),
        st.sampled_from([1, -1, sympy.Rational(1, 10**30)]))
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_random_trees_zero_only_where_sympy_expands_to_zero(factors, base, exponent, coeff):
     a, b, s, t, k = factors
     product = sympy.Mul(a, b, sympy.Pow(s, k, evaluate=False), t, evaluate=False)
@@ -293,6 +294,7 @@ def _values_at_random_points(expr: sympy.Expr) -> list:
     return [_value(expr, point) for point in points]
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(_function_trees(), _function_trees(), st.sampled_from(_APPLICATIONS))
 def test_atom_mode_zero_only_where_the_value_is_zero(a, b, extra):

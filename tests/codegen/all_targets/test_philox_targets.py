@@ -307,6 +307,7 @@ def test_triton_randint4x_is_the_same_generator_at_stream_zero(triton_kernels):
         assert (out.cpu().numpy().view(np.uint32) == want).all()
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_nvcc_compiles_the_header_for_sm_90(tmp_path):
     if find_nvcc() is None:
         pytest.skip("nvcc not found: the GPU build needs the CUDA toolkit")

@@ -580,6 +580,7 @@ def test_spec_emit_cuda_api(tmp_path):
     assert "SA_LAUNCH" in (tmp_path / "cuda_host.h").read_text()
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_cli_emit_cuda(tmp_path):
     out = tmp_path / "kernels"
     done = run_cli("emit", "cuda", "derivations/multi_head.attn", "-o", str(out), "--dim", "N=8")

@@ -243,6 +243,7 @@ def test_nan_propagates_and_masked_entries_stay_exact(built):
     _check(got[:, rest], lse[:, rest].astype(np.float64), want[:, rest], want_lse[:, rest], "bf16")
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @needs_cxx
 def test_backward_strict_causal_f16_head_dim_32(built):
     """The cheap representative of the backward (same build as the forward's)."""

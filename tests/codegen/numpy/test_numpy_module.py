@@ -444,6 +444,7 @@ def test_golden_files_are_current():
     assert not stale, f"golden generated code is out of date: {stale}; run `{COMMAND}` and review the diff"
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_golden_module_runs_standalone(tmp_path):
     """The golden file, copied anywhere, runs with nothing but NumPy."""
     target = tmp_path / "attn.py"
@@ -470,6 +471,7 @@ def test_load_module_and_api():
 # --- command line -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_cli_emit_and_verify(tmp_path):
     target = tmp_path / "attn.py"
     done = run_cli("emit", "numpy", "derivations/self_attention.attn", "-o", str(target))
