@@ -268,6 +268,7 @@ window.addEventListener('load', () => {
 </script>"""
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 def test_long_lines_stay_inside_a_narrow_window_in_headless_chromium(tmp_path):
     """causal.html has a long counterexample line and additive.html long formulas: at 600 px wide
     nothing runs past the window and no code block hides text (wide tables and formulas scroll)."""

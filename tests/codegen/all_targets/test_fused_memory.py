@@ -66,6 +66,7 @@ def _square(program):
     return out
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @pytest.mark.parametrize("name", FUSED)
 def test_numpy_tiled_pass_memory_is_linear(name):
     spec = symattn.load(REPO / "derivations" / f"{name}.attn")

@@ -405,6 +405,7 @@ def test_specs_beyond_the_examples(builds, name):
         assert generic.ok, generic.problems
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @pytest.mark.parametrize("stem", ["causal", "additive", "multi_head"])
 def test_reference_gradients_match_finite_differences(stem):
     """The reference that the CUDA results are held to, checked against central differences (float64)."""

@@ -266,6 +266,7 @@ def test_backward_adds_dq_over_key_blocks(built, name, sizes):
         assert np.all(grads["dK"][:, 100:] == 0.0) and np.all(grads["dV"][:, 100:] == 0.0)
 
 
+@pytest.mark.slow  # seconds of work: the slow step runs it (the README's command stays under 5 min)
 @needs_cxx
 def test_backward_refuses_head_dim_256(built):
     spec, code, library = built.get("strict_causal")
