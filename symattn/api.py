@@ -351,7 +351,7 @@ def definition_text(spec: t.TypedSpec, name: str) -> str:
         return f"{name}[{idx}] = {body}"
     mask = next((m for m in spec.dropouts if spec.tensors[m].dropout.of == name), None)
     if mask is not None:  # x * mask / (1 - p), as written
-        return f"{name} = dropout({to_spec(info.expr.a.a, order)}, {spec.tensors[mask].dropout.p_text})"
+        return f"{name} = dropout({to_spec(t.dropped(spec, mask), order)}, {spec.tensors[mask].dropout.p_text})"
     return f"{name} = {to_spec(info.expr, order)}"
 
 

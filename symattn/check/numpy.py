@@ -147,12 +147,8 @@ def draw_dropout(spec: t.TypedSpec, leaves: dict, rng, sizes: dict | None = None
     drawn = dict(leaves)
     for name in spec.dropouts:
         info = spec.tensors[name]
-        x = spec.tensors[info.dropout.of].expr.a.a  # D = x * mask / (1 - p)
-        read = {n.name if isinstance(n, t.Tensor) else n.tensor for n in t.depends_on(spec, [x])
-                if isinstance(n, t.Tensor) or (isinstance(n, t.Entry) and not n.grad)}
-        sources = [n for n in read if spec.tensors[n].expr is None and spec.tensors[n].dropout is None]
         batch = np.broadcast_shapes(*(np.shape(leaves[n])[:np.ndim(leaves[n]) - len(spec.tensors[n].shape)]
-                                      for n in sources))
+                                      for n in t.dropout_sources(spec, name)))
         shape = batch + tuple(int(d) for d in sympy.sympify(sympy.Tuple(*info.shape)).subs(
             {spec.dims[n].symbol: v for n, v in (sizes or spec.sizes).items()}))
         drawn[name] = keep_mask(seed, info.dropout.stream, shape, info.dropout.threshold).astype(np.float64)

@@ -136,7 +136,7 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
     rng = np.random.default_rng(seed)
     sizes = dict(spec.sizes)
     for name, core in zip(code.names, code.cores):
-        drawn = [n for n in core.read_tensors if named.tensors[n].dropout is not None]
+        drawn = sorted(core.drawn)
         if drawn:  # its launchers take the mask's (offset, seed) per batch entry: checked in the full module
             report.notes.append(f"{core.output}: draws the dropout mask {', '.join(drawn)} in its kernels; checked "
                                 "through the full module")

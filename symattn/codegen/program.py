@@ -41,8 +41,8 @@ from ..symbolic.derive import Derivation, derive
 from ..ir.printing import to_spec
 from .index import IndexLowering, LEntry, LScalarTensor, LVar, count_shared
 from .index import LContract, LOp, LSum
-from .program_ir import (RETURNED, Arange, CodegenError, Definition, DropoutBase, DropoutMask, FusedAttention, FusedAttentionGrad, Namer,
-                         Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text, walk_labelled)
+from .program_ir import (RETURNED, Arange, CodegenError, Definition, DropoutBase, DropoutMask, FusedAttention,
+                         FusedAttentionGrad, Namer, Program, SoftmaxGrad, Stmt, Var, rebuild, spec_text, walk_labelled)
 from .rewrites import REWRITES, Rewriter
 
 __all__ = ["CodegenError", "Var", "SoftmaxGrad", "Arange", "Definition", "Stmt", "Program", "Namer", "build_program",
@@ -140,13 +140,12 @@ class _Builder:
         if core is not None:  # drawn per entry inside the core: only each batch entry's first position
             tensors = self.spec.tensors
             sources = tuple((self.tensor(n), len(tensors[n].shape)) for n in (core.q, core.k, *core.read_tensors)
-                            if tensors[n].dropout is None)
+                            if n not in core.drawn)
             node = DropoutBase(sympy.Mul(*tensors[info.dropout.of].shape), sources)
             self.add(self.tensor_vars[name], node, f"{name}: (where each batch entry's positions start, the seed) for "
                      f"{what}, drawn inside the fused core", shape=(sympy.Integer(2),))
         else:
-            definition = self.spec.tensors[info.dropout.of].expr
-            like = self.lower(definition.a.a)
+            like = self.lower(t.dropped(self.spec, name))
             node = DropoutMask(like, info.dropout.stream, info.dropout.threshold, info.shape)
             self.add(self.tensor_vars[name], node, f"{name}: {what}, drawn from {self.seed}", shape=info.shape)
         self.emitted.add(name)
@@ -326,7 +325,7 @@ class _Builder:
         self.named = {expr: name for name, expr in self.forward_exprs.items() if not isinstance(expr, t.IndexDef)}
         self.shared = _shared_nodes(list(self.forward_exprs.values()) + list(backward_exprs.values()))
         # the value a dropout mask takes its shape from is computed once, for the mask and its product
-        self.shared |= {spec.tensors[spec.tensors[m].dropout.of].expr.a.a for m in spec.dropouts}
+        self.shared |= {t.dropped(spec, m) for m in spec.dropouts}
         index_defs = [n for e in list(self.forward_exprs.values()) + list(backward_exprs.values())
                       for n in t.walk(e) if isinstance(n, t.IndexDef)]
         self.index = IndexLowering(self, count_shared(index_defs))

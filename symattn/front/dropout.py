@@ -16,14 +16,11 @@ notation, in a check) is `misplaced`, a located error with the form to write.
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import sympy
 
 from . import syntax as ir
 from ..errors import SpecShapeError, SpecNameError
 from ..ir import typed as t
-from ..ir.philox import dropout_threshold
 from ..ir.spec import Dropout
 from .dims import number_value
 
@@ -81,13 +78,12 @@ def dropout_definition(v, stmt: ir.Define) -> t.Node:
         raise _err(SpecShapeError, f"dropout's x reads {what}, the backward pass; dropout belongs to the forward "
                    "pass", at)
     p = _probability(args[1])
-    if dropout_threshold(Fraction(int(p.p), int(p.q))) == 0:  # p < 2**-32 (0 included): every entry is kept,
-        return t.Binary("div", x, t.Scalar(1 - p, pos=args[1].pos), x.shape, pos=call.pos)  # no mask to draw
+    drop = Dropout(stmt.name.id, p, sum(1 for info in v.tensors.values() if info.dropout is not None))
+    if drop.threshold == 0:  # p < 2**-32 (0 included): every entry is kept, no mask to draw
+        return t.Binary("div", x, t.Scalar(1 - p, pos=args[1].pos), x.shape, pos=call.pos)
     name = _mask_name(v, stmt.name.id)
-    stream = sum(1 for info in v.tensors.values() if info.dropout is not None)
-    source = args[0].id if isinstance(args[0], ir.Name) else None
     v.tensors[name] = t.TensorInfo(name, "buffer", x.shape, stmt.name.pos, values=(sympy.Integer(0), sympy.Integer(2)),
-                                   dropout=Dropout(stmt.name.id, source, p, stream))
+                                   dropout=drop)
     mask = t.Tensor(name, x.shape, pos=call.pos)
     kept = t.Binary("mul", x, mask, x.shape, pos=call.pos)
     return t.Binary("div", kept, t.Scalar(1 - p, pos=args[1].pos), x.shape, pos=call.pos)

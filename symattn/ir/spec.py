@@ -36,7 +36,8 @@ class DimInfo:
 @dataclass(frozen=True)
 class Dropout:
     """What makes a buffer the 0/1 mask Z of `D = dropout(x, p)` (D = x * Z / (1 - p)): the tensor D it
-    belongs to, its x, p (an exact rational in [0, 1)) and its stream (0, 1, 2, ... in spec order).
+    belongs to, p (an exact rational in [0, 1)) and its stream (0, 1, 2, ... in spec order); x is
+    `typed.dropped(spec, mask)`.
 
     To every stage that reasons about values the mask is an integer buffer in 0:2 of x's shape (claims
     hold for every Z); generated code never takes it as an argument but draws it from a `seed`:
@@ -45,7 +46,6 @@ class Dropout:
     backward."""
 
     of: str
-    x: str | None
     p: sympy.Rational
     stream: int
 

@@ -58,6 +58,8 @@ __all__ = [
     "REDUCTIONS",
     "CONSTANTS",
     "walk",
+    "dropped",
+    "dropout_sources",
     "tensors_read",
     "depends_on",
     "entry_names",
@@ -513,6 +515,19 @@ def depends_on(spec: "TypedSpec", nodes: Iterable[Node]) -> Iterator[Node]:
                 if name not in seen and info is not None and info.expr is not None:
                     seen.add(name)
                     todo.append(info.expr)
+
+
+def dropped(spec: "TypedSpec", mask: str) -> Node:
+    """x of `D = dropout(x, p)` for D's mask `mask`: D's definition is x * mask / (1 - p) (`front.dropout`)."""
+    return spec.tensors[spec.tensors[mask].dropout.of].expr.a.a
+
+
+def dropout_sources(spec: "TypedSpec", mask: str) -> list[str]:
+    """The given tensors (dropout masks aside) the x of `mask`'s dropout is computed from, in spec order: their
+    batch axes are the mask's."""
+    read = {n.name if isinstance(n, Tensor) else n.tensor for n in depends_on(spec, [dropped(spec, mask)])
+            if isinstance(n, Tensor) or (isinstance(n, Entry) and not n.grad)}
+    return [n for n in spec.tensors if n in read and spec.tensors[n].expr is None and spec.tensors[n].dropout is None]
 
 
 # the whole spec (`symattn.ir.spec`), read through this module as ever

@@ -252,18 +252,14 @@ class _Planner(Lowering):
     def read_buffers(self, core: AttentionCore) -> list[Buffer]:
         """The buffers of the tensors the core's score reads, in the plan's order (a dropout mask has none: the
         kernels draw it, `DropoutEntry`)."""
-        return [self.tensor_buffer(n) for n in core.read_tensors if self.spec.tensors[n].dropout is None]
+        return [self.tensor_buffer(n) for n in core.read_tensors if n not in core.drawn]
 
     def dropout_read(self, name: str, offset: str) -> str:
         """The C expression of dropout's mask `name` at `offset` (its flat position in the batch entry b_): 1.0f
         where Philox keeps it, else 0.0f (`sa_dropout`, runtime/philox.h). A mask of a tensor computed from
         params alone has no batch axis (NumPy's semantics): every entry draws the same."""
         info = self.spec.tensors[name]
-        x = self.spec.tensors[info.dropout.of].expr.a.a
-        read = {n.name if isinstance(n, t.Tensor) else n.tensor for n in t.depends_on(self.spec, [x])
-                if isinstance(n, t.Tensor) or (isinstance(n, t.Entry) and not n.grad)}
-        batched = any(self.spec.tensors[n].kind in ("input", "buffer") and self.spec.tensors[n].dropout is None
-                      for n in read)
+        batched = any(self.spec.tensors[n].kind != "param" for n in t.dropout_sources(self.spec, name))
         size = numel_c(self.spec.tensors[info.dropout.of].shape, self.names)  # (the mask's own shape: a fused
         #                                                             program holds only (offset, seed) for it)
         lo, hi, first = self.dropout_ints

@@ -150,7 +150,7 @@ def _stored(plan: AttentionPlan) -> tuple[AttentionCore, str] | None:
     """A core intermediate, or a dropout mask a core draws per entry, that something the program computes still
     reads (then that core cannot fuse)."""
     spec = plan.spec
-    drawn = {r.tensor: core for core in plan.cores.values() for r in core.reads if spec.tensors[r.tensor].dropout}
+    drawn = {mask: core for core in plan.cores.values() for mask in core.drawn}
     exprs = [e for e in plan.gradients.values() if e is not None]
     exprs += [g.expr for name, g in plan.derivation.gradients.items() if drawn and g.expr is not None
               and name not in plan.gradients and name not in plan.absorbed]
@@ -189,7 +189,7 @@ def _drawn_per_entry(plan: AttentionPlan) -> AttentionPlan:
     batch entry: in the plan's spec its shape is [2], which the program computes (`DropoutBase`) instead of
     the [N, N] mask."""
     spec = plan.spec
-    drawn = {r.tensor for core in plan.cores.values() for r in core.reads if spec.tensors[r.tensor].dropout}
+    drawn = {mask for core in plan.cores.values() for mask in core.drawn}
     if not drawn:
         return plan
     tensors = {name: dataclasses.replace(info, shape=(sympy.Integer(2),)) if name in drawn else info
