@@ -388,11 +388,11 @@ def _dropout_keep(seed, stream, index, threshold):
 
 def _seed(seed):
     """The seed dropout's masks are drawn from, an integer in [0, 2**64), as the int64 of the same bits (what a
-    custom op passes), or a ValueError; an int64 already (negative: a seed of 2**63 or more) stays itself."""
+    custom op passes; the op's functions take it back mod 2**64), or a ValueError."""
     if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.dtype.is_floating_point \
             and seed.dtype != torch.bool:
         seed = int(seed)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     return seed - 2 ** 64 if seed >= 2 ** 63 else seed
 

@@ -272,6 +272,19 @@ def test_torch_backward_draws_the_masks_again_instead_of_saving_them():
     assert "# the dropout masks again, from the seed (drawn, not saved)" in source
 
 
+@pytest.mark.parametrize("seed", [-1, 2 ** 64, 0.5, True])
+def test_a_seed_out_of_range_is_a_value_error_on_numpy_and_torch(seed):
+    given = _draw("attention")
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\)"):
+        symattn.load(ATTENTION).numpy().forward(**given, seed=seed)
+    torch = pytest.importorskip("torch", reason="the torch target needs torch")
+    from symattn.codegen.torch import load_torch_module
+
+    module = load_torch_module(symattn.load(ATTENTION).emit("torch"), "seed_range")
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\)"):
+        module.forward(**{n: torch.tensor(v) for n, v in given.items()}, seed=seed)
+
+
 def test_spec_torch_module_seeds():
     """spec.torch(): a fresh seed per call in training (torch.manual_seed makes it repeatable), the given one
     when passed, and eval mode asks for one rather than dropping weights silently."""
