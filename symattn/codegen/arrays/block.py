@@ -356,7 +356,7 @@ def core_functions(core: AttentionCore, outer, name: str, dims, entry: str | Non
         lines += with_entry(_closure(weights, params, f"the factor of the weights after the softmax: "
                                      f"{entry_text(core.weights, order)}.", body.text))
     live = "None"
-    if core.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(core.keep)):
+    if core.masked_at_run_time:
         # a mask of buffers (document ids) or of // % min max: tested on each block at run time, which
         # skips the blocks it masks whole (FlexAttention's block mask, computed as the pass goes)
         live = f"{name}_live"

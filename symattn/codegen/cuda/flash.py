@@ -45,7 +45,7 @@ from ..plan import AttentionCore, tile_bounds
 from ..plan.bounds import I0, I1, J0, J1
 from .kernels import Buffer, GridLimit, Kernel
 from .names import CNames
-from .score import ScoreSource, draws, heads_of, read_args, read_params, score_functions, score_printer, tested
+from .score import ScoreSource, heads_of, read_args, read_params, score_functions, score_printer
 from .syntax import CPrinter, dim_c, numel_c, offset_c
 
 __all__ = ["HEAD_DIMS", "FLASH_PRELUDE", "score_functions", "forward_kernels", "backward_kernels",
@@ -436,8 +436,8 @@ def _common(core, prefix, names, dims, lead, reads: list[Buffer], grads: list[Bu
     grad_part = "".join(f", {g.name}" for g in grads)
     bounds = tile_bounds(core)
     skips = dict(skip_keys="", skip_queries="", skip_keys_dq="")
-    if tested(core):  # a run-time mask: a tile that hides every entry of the block's rows (columns) is skipped
-        tail = dim_args + read_args(reads, draws(core))
+    if core.masked_at_run_time:  # a run-time mask: a tile that hides every entry of the block's rows (columns) is skipped
+        tail = dim_args + read_args(reads, bool(core.drawn))
         lead_args = "".join(f"{z}, " for z in lead)
 
         def skip(indent, tile, rows, limit, valid, order):
@@ -454,7 +454,7 @@ def _common(core, prefix, names, dims, lead, reads: list[Buffer], grads: list[Bu
                      skip_keys_dq=skip("        ", "j", "STEP_", "(hi_ < n_k_ ? hi_ : n_k_)", "i_ < n_q_", "keys"))
     return dict(**skips, prefix=prefix, dim_params=int_dims + read_params(reads) + read_params(grads, True),
                 dim_args=dim_args + "".join(f", {b.name}" for b in reads) + grad_part,
-                score_tail=dim_args + read_args(reads, draws(core)), lead_args="".join(f"{z}, " for z in lead),
+                score_tail=dim_args + read_args(reads, bool(core.drawn)), lead_args="".join(f"{z}, " for z in lead),
                 lead_coords=_lead_coords(core, lead, names),
                 key_range=_range(bounds.key_lo, bounds.key_hi, "n_k_", names),
                 query_range=_range(bounds.query_lo, bounds.query_hi, "n_q_", names))

@@ -24,20 +24,7 @@ from .kernels import Buffer
 from .names import CNames
 from .syntax import CPrinter, dim_c, numel_c, offset_c
 
-__all__ = ["ScoreSource", "score_printer", "read_params", "read_args", "score_functions", "heads_of", "draws",
-           "tested"]
-
-
-def tested(core: AttentionCore) -> bool:
-    """Whether the kernels test the core's mask per tile at run time: a mask of buffers (document ids) or of
-    // % min max, which no static bound sees (index-only masks bound the loops instead)."""
-    return core.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(core.keep))
-
-
-def draws(core: AttentionCore) -> bool:
-    """Whether the core draws a dropout mask in its kernels (`DropoutEntry`): its score functions then take the
-    batch entry b_ even when they read no tensor."""
-    return any(isinstance(n, DropoutEntry) for e in (core.score, core.weights) if e is not None for n in t.walk(e))
+__all__ = ["ScoreSource", "score_printer", "read_params", "read_args", "score_functions", "heads_of"]
 
 
 class ScoreSource:
@@ -90,7 +77,7 @@ def score_functions(core: AttentionCore, prefix: str, names: CNames, dims: Seque
     the head coordinate names."""
     lead = [f"z{k}_" for k in range(len(core.lead))]
     params = ", ".join(["float s_", *[f"int {z}" for z in lead], "int i_", "int j_", *[f"int {d}" for d in dims],
-                        *(["long long b_"] if reads or draws(core) else [])]) + read_params(reads)
+                        *(["long long b_"] if reads or core.drawn else [])]) + read_params(reads)
     head = f"static __device__ __forceinline__ float {prefix}"
     keep = None if core.keep is None else score_printer(core, names, reads, dropout).entry(core.keep)
     value = score_printer(core, names, reads, dropout).entry(core.value)
@@ -104,7 +91,7 @@ def score_functions(core: AttentionCore, prefix: str, names: CNames, dims: Seque
         lines += [f"// d score / d {entry_text(read.node, dim_order)}: its gradient takes dS times this.",
                   f"{head}_score_d{k}({params}) {{",
                   f"    return {score_printer(core, names, reads, dropout).entry(read.derivative)};", "}"]
-    if tested(core):
+    if core.masked_at_run_time:
         keep = score_printer(core, names, reads, dropout).entry(core.keep)
         lines += [f"// Whether the mask keeps the entry ({entry_text(core.keep, dim_order)}), tested per tile: a tile it "
                   "hides whole is skipped.",

@@ -153,6 +153,13 @@ class AttentionCore:
         return tuple(dict.fromkeys(r.tensor for r in self.reads))
 
     @property
+    def masked_at_run_time(self) -> bool:
+        """Whether `keep` reads buffers (document ids) or // % min max, which no static bound sees: targets test it
+        per block as they go and skip a block it hides whole (FlexAttention's block mask). Index-only masks
+        bound the loops statically instead (`plan.tile_bounds`)."""
+        return self.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(self.keep))
+
+    @property
     def drawn(self) -> frozenset:
         """The dropout masks the core draws per entry (`DropoutEntry`): read tensors that hold no values."""
         return frozenset(n.base.tensor for e in (self.score, self.weights) if e is not None for n in t.walk(e)

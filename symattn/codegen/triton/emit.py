@@ -45,7 +45,7 @@ from ..arrays.tiled import TiledPrinter
 from ..arrays.syntax import TORCH
 from ..arrays.torch_module import module_source
 from ..arrays.torch_runtime import runtime
-from ..plan import AttentionCore, DropoutEntry, attention_plan
+from ..plan import AttentionCore, attention_plan
 from ..program_ir import FusedAttention
 from .kernels import CoreKernels, core_kernels
 from .runtime import PHILOX, PRELUDE, RUNTIME
@@ -177,8 +177,7 @@ def emit_triton(spec: t.TypedSpec) -> TritonCode:
             ops=ops, ops_tuple=ops, output=core.output, formula=made.formula,
             d_ops="".join(f", d{n}" for n in core.read_tensors), cls=f"{made.prefix[1:].capitalize()}AttentionFunction",
             learned_text="".join(f", {n}" for n in made.learned), ops_call="".join(f", {n}" for n in core.read_tensors)))
-    drawn = any(isinstance(n, DropoutEntry) for c in cores for e in (c.score, c.weights) if e is not None
-                for n in t.walk(e))
+    drawn = any(c.drawn for c in cores)
     prelude = "\n".join(head) + "\n\n" + PRELUDE + "\n\n" + (PHILOX + "\n\n" if drawn else "") + RUNTIME + "\n\n" \
         + "\n\n\n".join(texts)
     program = plan.program(TORCH.reserved | set(HOST.HELPERS) | _kernel_names(named, cores, names))

@@ -343,7 +343,7 @@ def core_kernels(core: AttentionCore, spec: t.TypedSpec, prefix: str) -> CoreKer
                             grad_step="\n".join(x for x in step if x), grad_final="\n".join(x for x in final if x),
                             weights=weights_bwd, weighted_dp=weighted_dp)
     dq = _DQ.substitute(common, weights=weights_bwd, weighted_dp=weighted_dp)
-    if core.keep is not None and any(isinstance(n, (t.Entry, t.Apply)) for n in t.walk(core.keep)):
+    if core.masked_at_run_time:
         # a mask of buffers (document ids) or of // % min max: each tile tests it first and is skipped when it
         # masks the whole tile (FlexAttention's block mask, computed as the loop goes)
         live_args = score_args.replace("s_, ", "0.0, ", 1)
