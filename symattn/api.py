@@ -112,6 +112,7 @@ class Spec:
         self._gradient_checks: dict = {}
         self._torch_generated = None  # the generated torch module, loaded once for spec.torch()
         self._runs_out = budget.runs_out()  # time budgets run out before this Spec existed (see `cached`)
+        self.written = None  # for a pass written as a spec (`backward_spec`, `tangent_spec`): its WrittenSpec
 
     # --- what the spec declares ------------------------------------------------------
     @property
@@ -173,6 +174,28 @@ class Spec:
         if self._derivation is None:
             self._derivation = derive(self.typed)
         return self._derivation
+
+    def backward_spec(self) -> "Spec":
+        """The backward pass as a spec (`symattn derive SPEC --backward`): inputs `grad_O` per output, outputs
+        `grad_X` per input and param (`symattn.symbolic.passes`). Deriving it is the double backward.
+        `.written` holds its text and the notes on the names chosen."""
+        from .symbolic.passes import backward_spec
+
+        written = backward_spec(self.typed, self.derive())
+        out = load(written.text, filename=f"{self.name}_backward.attn")
+        out.written = written
+        return out
+
+    def tangent_spec(self) -> "Spec":
+        """The forward-mode pass as a spec (`symattn derive SPEC --tangent`): inputs `tangent_X` per input and
+        param, outputs O and `tangent_O` per output (`symattn.symbolic.passes`). The tangent spec of the
+        backward spec is the Hessian-vector product. `.written` holds its text and the notes."""
+        from .symbolic.passes import tangent_spec
+
+        written = tangent_spec(self.typed)
+        out = load(written.text, filename=f"{self.name}_tangent.attn")
+        out.written = written
+        return out
 
     def session(self, force: bool = False):
         """The element-level pass (`symattn.prove.claims.open_session`: the element model, its exact

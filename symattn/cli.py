@@ -243,7 +243,15 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     spec = _load(args, default_example=True)
     fmt = _document_format(args)
     figures: dict[str, bytes] = {}
-    if args.gradients:
+    if args.backward or args.tangent:
+        if args.format is not None:
+            raise UsageError("--backward and --tangent write a spec; --format applies to the document")
+        progress.step(f"deriving the {'backward' if args.backward else 'tangent'} pass of {spec.name}")
+        written = (spec.backward_spec() if args.backward else spec.tangent_spec()).written
+        for note in written.notes:
+            print(f"{spec.filename}: note: {note}", file=sys.stderr)
+        text = written.text
+    elif args.gradients:
         derivation = spec.derive()
         lines = [f"# Backward pass of {spec.name} (matrix form, valid for all sizes)", ""]
         text = "\n".join(lines + [derivation.formula(name) for name in derivation.gradients]) + "\n"
@@ -434,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the full derivation document (the default with -o, or when output is piped)")
     what.add_argument("--gradients", action="store_true",
                       help="print only the gradient formulas in spec syntax, not the whole document")
+    what.add_argument("--backward", action="store_true",
+                      help="write the backward pass as a spec (inputs grad_O, outputs grad_X); deriving that "
+                           "spec gives the double backward")
+    what.add_argument("--tangent", action="store_true",
+                      help="write the forward-mode (JVP) pass as a spec (inputs tangent_X, outputs O and "
+                           "tangent_O); the tangent spec of a backward spec is the Hessian-vector product")
     derive.add_argument("--force", action="store_true",
                         help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")

@@ -73,11 +73,12 @@ def _solvable(target, remaining: list[str]) -> str | None:
     return None
 
 
-def gather_form(node: t.Scatter, solve: bool = False) -> t.IndexDef:
-    """The scatter as an equal index-notation definition (see the module docstring)."""
+def gather_form(node: t.Scatter, solve: bool = False, avoid: frozenset[str] | set[str] = frozenset()) -> t.IndexDef:
+    """The scatter as an equal index-notation definition (see the module docstring); its output
+    indices avoid `avoid` too (the names of a spec that the text is written into)."""
     values = node.x
     box = {i.name: i.range for i in values.indices}
-    outputs = _fresh(len(node.shape), _used_names(values))
+    outputs = _fresh(len(node.shape), _used_names(values) | set(avoid))
     remaining = [i.name for i in values.indices]
     solution: dict[str, object] = {}
     equal: list[tuple[object, str]] = []   # target == output index

@@ -58,6 +58,7 @@ class _Names:
 
     def __init__(self, spec: t.TypedSpec, exprs: Sequence[t.Node]) -> None:
         self.taken = set(spec.dims) | set(spec.tensors) | set(BUILTINS) | set(KEYWORDS)
+        self.spec_names = frozenset(self.taken)  # what an index may not be called
         for expr in exprs:
             for n in t.walk(expr):
                 if isinstance(n, t.IndexDef):
@@ -101,7 +102,7 @@ class _Writer:
         if isinstance(node, t.IndexDef):
             return self.define(node)
         if isinstance(node, t.Scatter):  # entry by entry: what reaches each entry
-            return self.define(gather_form(node))
+            return self.define(gather_form(node, avoid=self.names.spec_names))
         changes = {}
         for f in fields(node):
             value = getattr(node, f.name)
