@@ -212,6 +212,9 @@ class MatrixTypesetter(BoxPrinter):
     def _print_Grad(self, node: t.Grad) -> Printed:
         return Printed(grad_box(node.name), ATOM)
 
+    def _print_Tangent(self, node: t.Tangent) -> Printed:
+        return self.call("tangent", self.doprint(node.x).text)
+
     def _print_Scalar(self, node: t.Scalar) -> Printed:
         return _scalar(node.value)
 

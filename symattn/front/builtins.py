@@ -308,6 +308,31 @@ def _grad(v, call, scope):
     return t.Grad(name.id, shape, pos=call.pos)
 
 
+def _tangent(v, call, scope):
+    """tangent(T) or tangent(grad(T)), in a check only: the forward-mode derivative along free tangents."""
+    arg = call.args[0] if len(call.args) == 1 else None
+    inner = arg.args[0] if isinstance(arg, ir.Call) and arg.func == "grad" and len(arg.args) == 1 else arg
+    if not isinstance(inner, ir.Name) or (isinstance(arg, ir.Call) and arg.func != "grad"):
+        raise _err(SpecCheckError, "tangent() takes one tensor name or grad of one, as in tangent(P) or "
+                   "tangent(grad(W))", call.pos)
+    if v.reads is not None or not v.in_check:
+        raise _err(SpecCheckError, "tangent(...) stands only in checks", call.func_pos,
+                   "the forward-mode pass as a whole is `symattn derive SPEC --tangent`")
+    if scope is not None:
+        raise _err(SpecShapeError, "tangent(...) is a whole tensor; checks about tangents are in matrix notation",
+                   call.pos)
+    if inner.id in v.check_only or inner.id not in v.tensors:
+        if inner.id in v.dims:
+            raise _err(SpecCheckError, f"tangent of '{inner.id}': it is a dim, not a tensor", inner.pos)
+        if inner.id in v.check_only:
+            raise _err(SpecCheckError, f"tangent of '{inner.id}': it is a check-only definition, not a tensor "
+                       "of the forward pass", inner.pos)
+        raise _err(SpecCheckError, f"tangent of unknown tensor '{inner.id}'", inner.pos,
+                   v.unknown(inner.id, inner.pos).hint)
+    x = _grad(v, arg, scope) if isinstance(arg, ir.Call) else t.Tensor(inner.id, v.tensors[inner.id].shape)
+    return t.Tangent(x, x.shape, pos=call.pos)
+
+
 def _symmetry(v, call, scope):
     raise _err(SpecCheckError, f"{call.func}(...) is a claim; it can only stand alone in a check", call.func_pos,
                f"write `check {call.func}(...)` on its own line")
@@ -328,6 +353,7 @@ RULES: dict[str, Callable] = {
     "eye": _constant((1, 1)),
     "ones": _constant((1, 8)),
     "grad": _grad,
+    "tangent": _tangent,
     "equivariant": _symmetry,
     "invariant": _symmetry,
     "relative": _symmetry,

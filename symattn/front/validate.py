@@ -43,7 +43,7 @@ __all__ = ["validate", "BUILTINS"]
 _MATRIX_FUNCTIONS = (
     "softmax", "where", "merge_heads", "split_heads", "concat", "transpose", "clamp", "dropout",
 ) + t.REDUCTIONS + t.CONSTANTS
-_CHECK_FUNCTIONS = ("grad", "equivariant", "invariant", "relative")
+_CHECK_FUNCTIONS = ("grad", "tangent", "equivariant", "invariant", "relative")
 class _Builtins:
     """Every builtin name, the elementwise functions read live from `symattn.ir.functions`."""
 

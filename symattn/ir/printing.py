@@ -92,6 +92,9 @@ class SpecPrinter(Printer):
     def _print_Grad(self, node: t.Grad) -> Printed:
         return self.call("grad", node.name)
 
+    def _print_Tangent(self, node: t.Tangent) -> Printed:
+        return self.call("tangent", self.doprint(node.x).text)
+
     def _print_Scalar(self, node: t.Scalar) -> Printed:
         return self.number(node.value)
 

@@ -334,6 +334,21 @@ class Grad(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class Tangent(Node):
+    """`tangent(T)` (x a `Tensor`) or `tangent(grad(T))` (x a `Grad`) in a check: the forward-mode derivative
+    along free tangents of the inputs and params. A check that reads one is answered on the tangent pass
+    written as a spec (`symattn.symbolic.passes`), where it is a tensor."""
+
+    x: Node
+    shape: Shape
+    pos: Pos = _pos()
+
+    @property
+    def children(self):
+        return (self.x,)
+
+
+@dataclass(frozen=True, slots=True)
 class SumTo(Node):
     """Sum `x` down to `shape` (undo NumPy broadcasting); made by the backward pass.
 

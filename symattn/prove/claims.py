@@ -48,6 +48,7 @@ from ..symbolic.finiteness import ANY, MINUS_INF, Finiteness
 from ..ir.shapes import broadcast
 from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
 from .missing_rules import missing_rule
+from .pass_claims import on_written_pass, reads_tangents
 from .counterexamples import DIGITS, POINTS, float64_contradicts, number, reads_grads, refuted, search_counterexample
 from .verdicts import GradientCheck, Verdict
 
@@ -438,6 +439,9 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
     verdicts = []
     for k, check in enumerate(spec.checks):
         progress.step(f"check, line {check.line}", k, len(spec.checks))
+        if reads_tangents(check):
+            verdicts.append(_check_on_written_pass(session, check, budget))
+            continue
         try:
             with time_budget(budget):
                 if check.kind == "equal":
@@ -451,6 +455,18 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
                               "raise it with --budget)")
         verdicts.append(_negate(verdict) if check.negated else verdict)
     return verdicts
+
+
+def _check_on_written_pass(session: _Session, check: t.CheckInfo, budget: float | None) -> Verdict:
+    """A check that reads tangent(...), answered on the tangent pass written as a spec
+    (`symattn.prove.pass_claims`); its verdict says so."""
+    try:
+        written, _, what = on_written_pass(session.spec, check, session.derivation)
+    except SymAttnError as err:
+        return Verdict(check.line, check.text, "unknown", f"the tangent pass could not be written: {err}")
+    verdict = check_spec(written, session.force, budget)[0]
+    return dataclasses.replace(verdict, line=check.line, claim=check.text,
+                               method=f"{verdict.method}, on {what}")
 
 
 def _relative_all_sizes(session: _Session, check: t.CheckInfo) -> Verdict | None:

@@ -30,7 +30,7 @@ writer owes its user (a generated name that had to differ from the usual one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from ..front.parse import KEYWORDS
@@ -51,6 +51,7 @@ class WrittenSpec:
 
     text: str
     notes: tuple[str, ...] = ()
+    names: Mapping[str, str] = field(default_factory=dict)  # "grad(T)" / "tangent(T)" -> the tensor written for it
 
     def __str__(self) -> str:
         return self.text
@@ -176,21 +177,24 @@ def backward_spec(spec: t.TypedSpec, derivation: Derivation) -> WrittenSpec:
         lines += list(text.definitions)
         lines.append(f"{grads[name]} = {text.equation.split(' = ', 1)[1]}")
     lines += ["", "output " + ", ".join(grads[n] for n in spec.differentiable)]
-    return WrittenSpec("\n".join(lines) + "\n", names.notes)
+    defined = {n for n in grads if n in spec.differentiable or exprs.get(n) is not None}
+    return WrittenSpec("\n".join(lines) + "\n", names.notes, {f"grad({n})": grads[n] for n in defined})
 
 
-def tangent_spec(spec: t.TypedSpec) -> WrittenSpec:
-    """The forward-mode pass of `spec` as a spec (see the module docstring)."""
+def tangent_spec(spec: t.TypedSpec, fixed: frozenset[str] | set[str] = frozenset()) -> WrittenSpec:
+    """The forward-mode pass of `spec` as a spec (see the module docstring); the inputs in `fixed` have
+    tangent 0 (the upstream gradients of a backward spec, for the Hessian-vector product proper)."""
     order = list(spec.dims)
     names = _Names(spec)
+    moving = [n for n in spec.differentiable if n not in fixed]
     tangent_names = {name: names.fresh("tangent", name, f"tangent({name})") for name, info in spec.tensors.items()
-                     if info.kind in ("input", "param") or info.expr is not None}
+                     if name in moving or info.expr is not None}
     given = [f"input " + ", ".join(tangent_names[n] + (format_shape(spec.tensors[n].shape, order)
                                                        if spec.tensors[n].shape else "")
-                                   for n in spec.differentiable)] if spec.differentiable else []
+                                   for n in moving)] if moving else []
     lines = _declarations(spec, "tangent", given)
     lines += ["", "# the tangents along tangent_X of every input and param, in spec order"]
-    found = tangents(spec, tangent_names)
+    found = tangents(spec, tangent_names, fixed)
     for name, tangent in found.items():
         if tangent.expr is not None:
             lines.append(_definition(spec, tangent_names[name], tangent.expr))
@@ -199,4 +203,5 @@ def tangent_spec(spec: t.TypedSpec) -> WrittenSpec:
                          f"# {name} depends on no input or param")
     outputs = [x for o in spec.outputs for x in (o, tangent_names[o])]
     lines += ["", "output " + ", ".join(outputs)]
-    return WrittenSpec("\n".join(lines) + "\n", names.notes)
+    defined = {n for n, tangent in found.items() if tangent.expr is not None or n in spec.outputs or n in moving}
+    return WrittenSpec("\n".join(lines) + "\n", names.notes, {f"tangent({n})": tangent_names[n] for n in defined})

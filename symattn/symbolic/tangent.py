@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import singledispatch
-from typing import Mapping
+from typing import Collection, Mapping
 
 from ..errors import SymbolicError
 from ..ir import build as b
@@ -310,14 +310,15 @@ def _(node: t.IndexDef, cx):
                                              t.IndexDef(node.indices, body, node.shape))
 
 
-def tangents(spec: t.TypedSpec, names: Mapping[str, str]) -> dict[str, Tangent]:
+def tangents(spec: t.TypedSpec, names: Mapping[str, str], fixed: Collection[str] = ()) -> dict[str, Tangent]:
     """tangent(T) of every tensor, in spec order; `names[X]` names the tangent tensor of every
-    input, param and defined tensor that has one (see the module docstring)."""
+    input, param and defined tensor that has one (see the module docstring). The inputs in `fixed`
+    have tangent 0, as buffers do."""
     known: dict[str, t.Node | None] = {}
     out: dict[str, Tangent] = {}
     for name, info in spec.tensors.items():
         cx = _Context(spec, known, name)
-        if info.kind in ("input", "param"):
+        if info.kind in ("input", "param") and name not in fixed:
             expr = None
             known[name] = t.Tensor(names[name], info.shape)
         elif info.expr is None:  # a buffer: a constant of the forward pass

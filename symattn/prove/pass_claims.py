@@ -1,0 +1,90 @@
+"""Checks that read `tangent(...)`: answered on the forward-mode pass written as a spec.
+
+Contract: `reads_tangents(check)` says whether a check reads `tangent(T)`. `on_written_pass(spec, check)`
+returns the written spec such a check is answered on and the check rewritten for it:
+
+- a check that reads only tangents of forward tensors is answered on the tangent pass of `spec`
+  (`symattn.symbolic.passes.tangent_spec`), where tangent(T) is the tensor `tangent_T`;
+- a check that also reads a gradient (`tangent(grad(W))`, the Hessian-vector product, or grad(T) beside a
+  tangent) is answered on the tangent pass of the backward pass, where grad(T) is the tensor `grad_T` and
+  tangent(grad(T)) is `tangent_grad_T`, the Hessian-vector product: the upstream gradients `grad_O` have
+  tangent 0 there, as the language says.
+
+A tangent (or gradient) that the written pass does not define is exactly 0: a buffer's, a constant's, and
+grad(T) of a tensor the loss does not depend on; it is written `0 * ones(...)`. Everything else about the
+verdict (the ladder, the counterexample re-evaluated in plain float64) is `check_spec`'s on that spec, whose
+given tensors include the tangents `tangent_X` of every input and param: a counterexample names them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from ..ir import build as b
+from ..ir import typed as t
+
+__all__ = ["reads_tangents", "on_written_pass"]
+
+
+def _nodes(check: t.CheckInfo):
+    for side in (check.lhs, check.rhs):
+        if side is not None:
+            yield from t.walk(side)
+
+
+def reads_tangents(check: t.CheckInfo) -> bool:
+    return check.kind == "equal" and any(isinstance(n, t.Tangent) for n in _nodes(check))
+
+
+def _rewritten(node, names, gradients: bool):
+    """`node` with tangent(T), and grad(T) where `gradients`, read as the written pass's tensors."""
+    if isinstance(node, t.Tangent):
+        key = f"tangent({node.x.name})" if isinstance(node.x, t.Tensor) else f"tangent({names.get(f'grad({node.x.name})')})"
+        name = names.get(key)
+        return b.zeros(node.shape) if name is None else t.Tensor(name, node.shape)
+    if gradients and isinstance(node, t.Grad):
+        name = names.get(f"grad({node.name})")
+        return b.zeros(node.shape) if name is None else t.Tensor(name, node.shape)
+    if gradients and isinstance(node, t.Entry) and node.grad:
+        name = names.get(f"grad({node.tensor})")
+        if name is None:
+            return b.scalar(0)
+        return replace(node, tensor=name, grad=False)
+    if not isinstance(node, t.Node):
+        return node
+    changes = {}
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, t.Node):
+            changes[f.name] = _rewritten(value, names, gradients)
+        elif isinstance(value, tuple) and value and any(isinstance(v, t.Node) for v in value):
+            changes[f.name] = tuple(_rewritten(v, names, gradients) if isinstance(v, t.Node) else v for v in value)
+    return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
+
+
+def on_written_pass(spec: t.TypedSpec, check: t.CheckInfo, derivation=None) -> tuple[t.TypedSpec, t.CheckInfo, str]:
+    """(the written spec, the check rewritten for it, which pass it is) for a check that reads tangents."""
+    from ..front.parse import parse
+    from ..front.validate import validate
+    from ..symbolic.derive import derive
+
+    def load(text: str, name: str) -> t.TypedSpec:
+        return validate(parse(text, name), name, text, None)
+
+    from ..symbolic.passes import backward_spec, tangent_spec
+
+    gradients = any(isinstance(n, (t.Grad, t.Entry)) and (not isinstance(n, t.Entry) or n.grad)
+                    for n in _nodes(check))
+    names: dict[str, str] = {}
+    base, what, upstream = spec, "the tangent pass (symattn derive --tangent)", frozenset()
+    if gradients:
+        back = backward_spec(spec, derivation if derivation is not None else derive(spec))
+        names.update(back.names)
+        base = load(back.text, f"{spec.name}_backward.attn")
+        what = "the tangent pass of the backward pass (symattn derive --backward, then --tangent)"
+        upstream = frozenset(back.names[f"grad({o})"] for o in spec.outputs)
+    written = tangent_spec(base, fixed=upstream)
+    names.update(written.names)
+    passed = load(written.text, f"{spec.name}_tangent.attn")
+    rewritten = replace(check, lhs=_rewritten(check.lhs, names, gradients), rhs=_rewritten(check.rhs, names, gradients))
+    return replace(passed, checks=(rewritten,)), rewritten, what
