@@ -112,6 +112,7 @@ class Spec:
         self._gradient_checks: dict = {}
         self._torch_generated = None  # the generated torch module, loaded once for spec.torch()
         self._runs_out = budget.runs_out()  # time budgets run out before this Spec existed (see `cached`)
+        self._passes: dict = {}  # "backward" / "tangent" -> what _torch_pass returns
         self.written = None  # for a pass written as a spec (`backward_spec`, `tangent_spec`): its WrittenSpec
 
     # --- what the spec declares ------------------------------------------------------
@@ -294,13 +295,26 @@ class Spec:
             import torch  # noqa: F401
         except ImportError:
             raise UsageError("spec.torch() needs PyTorch: pip install 'symattn[torch]'") from None
-        from .codegen.nn import AttentionModule
+        from .codegen.nn import AttentionModule, derive_higher_orders
         from .codegen.torch.emit import load_torch_module
 
         if self._torch_generated is None:
             name = f"symattn_torch_{self.name}" if self.name.isidentifier() else "symattn_torch_spec"
             self._torch_generated = load_torch_module(self.emit("torch"), name)
+            derive_higher_orders(self._torch_generated, self.typed, lambda: self._torch_pass("backward"),
+                                 lambda: self._torch_pass("tangent"))
         return AttentionModule(self.typed, self._torch_generated, backend, _triton_loader(self.typed))
+
+    def _torch_pass(self, kind: str):
+        """(the generated torch module of the backward or tangent pass written as a spec, its names, its typed
+        spec), built once:
+        what spec.torch() runs for double backward and forward-mode AD. The pass's own module derives its
+        higher orders the same way, so every order is derived formulas."""
+        if kind not in self._passes:
+            written = self.backward_spec() if kind == "backward" else self.tangent_spec()
+            written.torch()  # loads its generated module, with its own higher orders
+            self._passes[kind] = (written._torch_generated, written.written.names, written.typed)
+        return self._passes[kind]
 
     def plan(self):
         """The attention plan (`symattn.codegen.plan.AttentionPlan`): the cores every target computes fused, each

@@ -101,3 +101,59 @@ class AttentionModule(torch.nn.Module):
         if self._triton is None:
             self._triton = self._load_triton()
         return self._triton
+
+
+def derive_higher_orders(generated, spec: t.TypedSpec, backward_pass: Callable, tangent_pass: Callable) -> None:
+    """Fill the generated torch module's DOUBLE_BACKWARD and TANGENTS hooks from the backward and tangent passes
+    written as specs (`symattn.symbolic.passes`), so that double backward (create_graph=True, gradgradcheck) and
+    forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) run derived formulas. `backward_pass()` and
+    `tangent_pass()` return (the pass's generated torch module, its names: "grad(T)"/"tangent(T)" -> tensor,
+    its typed spec),
+    built on first use. A spec with dropout keeps both raising: its written passes read the drawn mask as a
+    buffer, which the module never returns."""
+    if spec.dropouts:
+        def refuse(*args):
+            raise NotImplementedError(f"{spec.name}: double backward and forward-mode AD of a spec with dropout are "
+                                      "not derived yet (the written passes read the drawn mask as a buffer)")
+        generated.DOUBLE_BACKWARD = generated.TANGENTS = refuse
+        return
+    leaves, sizes = generated.LEAVES, generated.SIZES
+
+    def double_backward(values, upstream, grads, size_values):
+        module, names, typed = backward_pass()
+        given = dict(zip(leaves, values))
+        given.update({names[f"grad({o})"]: u for o, u in zip(spec.outputs, upstream)})
+        dims = dict(zip(sizes, size_values))
+        written = [names[f"grad({x})"] for x in spec.differentiable]
+        # grad_X in the written pass may keep a reduced axis of size 1 where X is a scalar ([1, 1] for ()):
+        # its cotangent takes the written shape
+        shapes = {w: tuple(typed.concrete_shape(typed.tensors[w].shape)) for w in written}
+        cotangents = [torch.zeros(shapes[w], dtype=given[x].dtype, device=given[x].device) if g is None else
+                      g.reshape(shapes[w]) if tuple(g.shape) != shapes[w] and g.numel() == math.prod(shapes[w]) else g
+                      for g, x, w in zip(grads, spec.differentiable, written)]
+        if torch.is_grad_enabled():  # a third order asked for: through the backward pass's own derived backward
+            # each argument through a view of its own, so that the gradient taken is the partial one along that
+            # argument alone (the upstream gradient may be a function of the leaves too), still on the graph
+            given = {n: v.view_as(v) if isinstance(v, torch.Tensor) and v.requires_grad else v for n, v in given.items()}
+            outputs = module.forward(**given, **dims)
+            wrt = [n for n, v in given.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+            found = torch.autograd.grad([outputs[w] for w in written], [given[n] for n in wrt], cotangents,
+                                        create_graph=True, allow_unused=True)
+            gradients = dict(zip(wrt, found))
+        else:
+            gradients = module.backward(**given, **dims, **{f"grad_{w}": c for w, c in zip(written, cotangents)})
+        return ([gradients.get(x) if x in spec.differentiable else None for x in leaves],
+                [gradients.get(names[f"grad({o})"]) for o in spec.outputs])
+
+    def tangents(values, tangent_values, size_values):
+        module, names, _ = tangent_pass()
+        given = dict(zip(leaves, values))
+        for x, v in zip(leaves, values):
+            if x in spec.differentiable:
+                tv = tangent_values[leaves.index(x)]
+                given[names[f"tangent({x})"]] = tv if tv is not None else torch.zeros_like(v)
+        outputs = module.forward(**given, **dict(zip(sizes, size_values)))
+        return [outputs[names[f"tangent({o})"]] for o in spec.outputs]
+
+    generated.DOUBLE_BACKWARD = double_backward
+    generated.TANGENTS = tangents

@@ -159,7 +159,7 @@ def module_source(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, ru
     lses = [printer.lse_name(core) for core in cores]
     layout = dataclasses.replace(layout, saved=layout.saved + [n for n in dict.fromkeys(lses)
                                                                if n not in layout.saved and n not in layout.outputs])
-    printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream", "_own", "_no_tangents"})
+    printer.helpers.update({"_as_float", "_bind", "_batch_axes", "_upstream", "_own", "_tangents_in"})
 
     forward_body = _forward_body(program, printer, plans, layout)
     printer.defined.clear()  # the backward is a function of its own: it defines the score closures again
@@ -169,7 +169,10 @@ def module_source(spec: t.TypedSpec, program: Program, printer: ArrayPrinter, ru
               '__all__ = ["forward", "backward", "forward_backward", "Function", "op", "op_backward"]', "",
               *(list(constants) + [""] if cores and constants else []),
               f"LEAVES = {_tuple(spec.arguments)}", f"DIFFERENTIABLE = {_tuple(spec.differentiable)}",
-              f"OUTPUTS = {_tuple(spec.outputs)}", "", ""]
+              f"OUTPUTS = {_tuple(spec.outputs)}", f"SIZES = {_tuple(size_keywords(spec))}", "",
+              "# Set by spec.torch() (symattn.codegen.nn) from the backward and tangent passes written as specs: the",
+              "# double backward and forward-mode AD. Left None (this file on its own), both raise instead of giving 0.",
+              "DOUBLE_BACKWARD = None", "TANGENTS = None", "", ""]
     lines += _public(spec, program, layout, printer)
     lines += _autograd(spec, layout, _op_name(spec, "\n".join(forward_body + backward_body)))
     inner = ", ".join(layout.leaves + layout.sizes)
@@ -324,7 +327,8 @@ def _public(spec: t.TypedSpec, program: Program, layout: _Layout, printer: Array
     return [
         f"def forward({sig_f}):",
         f'    """The outputs {outs}, by name; differentiable through `op` (the derived backward)."""', *pre_f,
-        f"    _no_tangents(\"{spec.name}\", ({args}{',' if len(leaves) == 1 else ''}))",
+        f"    if _tangents_in(\"{spec.name}\", ({args}{',' if len(leaves) == 1 else ''}), TANGENTS is not None):",
+        f"        return _outputs(_Tangents.apply(*_tensors({args}){tail})[:{n_out}])",
         f"    return _outputs(op(*_tensors({args}){tail})[:{n_out}])", "", "",
         f"def backward({sig_b}):",
         '    """dL/dT for every input and param T, by name (no autograd graph is built)."""', *pre_b,
@@ -400,12 +404,47 @@ def _autograd(spec: t.TypedSpec, layout: _Layout, op_name: str) -> list[str]:
         f"    return {grads_tuple}",
         "", "",
         "op.register_autograd(_op_backward, setup_context=_setup_context)", "", "",
+        "def _double_backward_context(ctx, inputs, output):",
+        f"    ctx.save_for_backward(*inputs[:{n_leaves}], *inputs[{n_leaves + n_out + n_saved}:{n_leaves + 2 * n_out + n_saved}])",
+        f"    ctx.sizes = inputs[{n_leaves + 2 * n_out + n_saved}:]", "", "",
         "def _double_backward(ctx, grads):",
-        f'    raise NotImplementedError("{spec.name}: the gradient of its derived backward (double backward, "'
-        '"create_graph=True) "',
-        '                              "is not generated yet; it is not zero, so this module does not pretend it is")',
+        '    """The gradient of the derived backward: the backward pass of the backward pass, derived (DOUBLE_BACKWARD)."""',
+        "    if DOUBLE_BACKWARD is None:",
+        f'        raise NotImplementedError("{spec.name}: the double backward (create_graph=True) is derived by "',
+        '                                  "spec.torch(), not by this file on its own; it is not zero, so this module "',
+        '                                  "does not pretend it is")',
+        "    saved = ctx.saved_tensors",
+        f"    leaves, upstream = saved[:{n_leaves}], saved[{n_leaves}:]",
+        "    d_leaves, d_upstream = DOUBLE_BACKWARD(leaves, upstream, grads, ctx.sizes)",
+        f"    return (*d_leaves, *[None] * {n_out + n_saved}, *d_upstream, *[None] * len(ctx.sizes))", "", "",
+        "op_backward.register_autograd(_double_backward, setup_context=_double_backward_context)", "", "",
+        "class _Tangents(torch.autograd.Function):",
+        '    """`op` with forward-mode AD: its jvp is the tangent pass written as a spec, derived (TANGENTS)."""',
+        "",
+        "    @staticmethod",
+        "    def forward(*inputs):",
+        "        return tuple(op(*inputs))",
+        "",
+        "    @staticmethod",
+        "    def setup_context(ctx, inputs, output):",
+        f"        ctx.primal, ctx.values = inputs[:{n_leaves}], output  # what jvp reads (forward mode saves no graph)",
+        f"        ctx.save_for_backward(*inputs[:{n_leaves}], *output)",
+        f"        ctx.sizes = inputs[{n_leaves}:]",
+        "",
+        "    @staticmethod",
+        "    def jvp(ctx, *tangents):",
+        f"        out = list(TANGENTS(ctx.primal, tangents[:{n_leaves}], ctx.sizes))  # of the outputs",
+        "        return tuple(out + [torch.zeros_like(v) if v.is_floating_point() else None  # saved values: unused",
+        "                            for v in ctx.values[len(out):]])",
+        "",
+        "    @staticmethod",
+        "    def backward(ctx, *grads):",
+        "        saved = ctx.saved_tensors",
+        f"        inputs, values = saved[:{n_leaves}], saved[{n_leaves}:{n_leaves + n_out}]",
+        f"        upstream = [g if g is not None else torch.zeros_like(v) for g, v in zip(grads[:{n_out}], values)]",
+        f"        gradients = op_backward(*inputs, *saved[{n_leaves}:], *upstream, *ctx.sizes)",
+        f"        return {grads_tuple}",
         "", "",
-        "op_backward.register_autograd(_double_backward, setup_context=lambda ctx, inputs, output: None)", "", "",
         "class Function(torch.autograd.Function):",
         '    """The same forward and derived backward as a torch.autograd.Function: Function.apply(' +
         ", ".join(leaves + layout.sizes) + ') -> outputs."""',

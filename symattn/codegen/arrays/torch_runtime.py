@@ -309,11 +309,12 @@ def _mod(a, b):
     return torch.remainder(a, b) if isinstance(a, torch.Tensor) else torch.remainder(torch.as_tensor(a), b)
 
 
-def _no_tangents(spec, tensors):
-    """Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) through the module is not derived yet: a
-    NotImplementedError, not the zero tangents a custom op without a forward-mode formula would give."""
+def _tangents_in(spec, tensors, derived):
+    """Whether forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) asks for tangents here; where the
+    module has no derived tangents (`derived` False: this file loaded on its own), a NotImplementedError, not
+    the zero tangents a custom op without a forward-mode formula would give."""
     if torch.compiler.is_compiling():  # torch.compile traces the forward: no tangents there, nothing to ask
-        return
+        return False
     try:
         from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
         from torch._C._functorch import TransformType
@@ -323,9 +324,10 @@ def _no_tangents(spec, tensors):
     forward_ad = torch.autograd.forward_ad
     dual = getattr(forward_ad, "_current_level", -1) >= 0 and any(
         isinstance(x, torch.Tensor) and forward_ad.unpack_dual(x).tangent is not None for x in tensors)
-    if jvp or dual:
+    if (jvp or dual) and not derived:
         raise NotImplementedError(f"{spec}: forward-mode AD (tangents, torch.func.jvp, torch.autograd.forward_ad) "
-                                  "through the generated module is not generated yet; it would be zero here")
+                                  "is derived by spec.torch(), not by this file on its own; it would be zero here")
+    return jvp or dual
 
 
 def _own(values, inputs):
@@ -442,7 +444,7 @@ HOST = (  # in module order
     "_softmax_backward", "_rowdot", "_logsumexp", "_exp_shifted_", "_log2_shift", "_exp2_plus_",
     "_reverse_cumsum", "_merge_heads", "_split_heads", "_concat",
     "_expand", "_sinusoidal", "_causal_mask", "_scatter", "_gather", "_minimum", "_maximum", "_floordiv", "_mod",
-    "_own", "_no_tangents", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_keep_outer", "_dropout_base", "_Score",
+    "_own", "_tangents_in", "_mulhilo32", "_philox4x32_10", "_dropout_keep", "_seed", "_dropout_mask", "_dropout_keep_outer", "_dropout_base", "_Score",
     "_key_blocks",
 )
 CALLS = {"_upstream": ("_bind",), "_softmax": ("_softmax_",), "_softmax_": ("_exp_shifted_",),
