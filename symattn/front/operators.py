@@ -175,9 +175,9 @@ def _zero_reason(v, node: t.Node, ranges: dict[str, sympy.Expr]) -> str | None:
     found = zero_point(node, ranges, {info.symbol: v.sizes[name] for name, info in v.dims.items()})
     if found is None:
         return None
-    point = ", ".join(f"{n} = {k}" for n, k in found.items())
-    sizes = ", ".join(f"{n}={k}" for n, k in v.sizes.items() if v.dims[n].symbol in _dims_read(node)
-                      or any(v.dims[n].symbol in sympy.sympify(r).free_symbols for r in ranges.values()))
+    point = ", ".join(f"{n} = {found[n]}" for n in sorted(found, key=list(ranges).index))  # the definition's order
+    read = _dims_read(node).union(*(sympy.sympify(ranges[n]).free_symbols for n in found))
+    sizes = ", ".join(f"{n}={k}" for n, k in v.sizes.items() if v.dims[n].symbol in read)
     return f"it is 0 at {point}" + (f" (at {sizes})" if sizes else "")
 
 

@@ -451,7 +451,8 @@ def _quotient_bounds(a, divisor, ranges, tensors, upper: bool):
     """Bounds of `a // d` for a divisor d in lo .. hi that is not a constant. For d > 0 and integers:
     floor(a / d) <= a / d, which is at most A / lo for an upper bound A >= 0 of a, and at most A / hi (or 0)
     for A <= 0; floor(a / d) >= (a + 1) / d - 1, at least (L + 1) / hi - 1 (or -1) for a lower bound L >= -1
-    of a and (L + 1) / lo - 1 for L <= -1. A negative divisor is (-a) // (-d)."""
+    of a and (L + 1) / lo - 1 for L <= -1; as integers, at most -1 where A <= -1 and at least 0 where L >= 0.
+    A negative divisor is (-a) // (-d)."""
     sign, low, high = divisor_interval(divisor, ranges, tensors)
     if sign is None:
         return
@@ -466,6 +467,10 @@ def _quotient_bounds(a, divisor, ranges, tensors, upper: bool):
         else:
             continue
         d = near if upper else far
+        if upper and nonnegative(-b - 1).holds:
+            yield sympy.Integer(-1)  # a <= -1: a negative quotient, so its floor is at most -1
+        if not upper and nonnegative(b).holds:
+            yield sympy.Integer(0)  # a >= 0: its floor is at least 0
         if d is None:
             yield sympy.Integer(0) if upper else sympy.Integer(-1)
         else:
