@@ -142,11 +142,7 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
                                 "through the full module")
             continue
         small = core_spec(named, core)
-        leaves = {}
-        for leaf in small.given:
-            shape = small.concrete_shape(small.tensors[leaf].shape)
-            batched = small.tensors[leaf].kind != "param"
-            leaves[leaf] = rng.standard_normal(((2,) if batched else ()) + shape)
+        leaves = {leaf: _draw(small, leaf, rng, sizes) for leaf in small.given}
         want = reference_forward(small, leaves, sizes)[core.output]
         upstream = {core.output: rng.standard_normal(want.shape)}
         grads = finite_difference_gradients(small, leaves, upstream, sizes)
@@ -167,6 +163,20 @@ def verify_triton(spec: t.TypedSpec, seed: int = 0, code: TritonCode | None = No
     return report
 
 
+def _draw(spec: t.TypedSpec, leaf: str, rng: np.random.Generator, sizes) -> np.ndarray:
+    """Random values of a given tensor, with a batch axis of 2 unless it is a param: standard normal, or for an
+    integer buffer integers drawn from its range (as float64 holding integers: the modules take them as such, and
+    a divisor read from one is never 0)."""
+    from ..symbolic.evaluate import Evaluator
+
+    info = spec.tensors[leaf]
+    shape = ((2,) if info.kind != "param" else ()) + spec.concrete_shape(info.shape)
+    if info.integer:
+        low, high = (Evaluator(spec, sizes=sizes).size(v) for v in info.values)
+        return rng.integers(low, high, size=shape).astype(np.float64)
+    return rng.standard_normal(shape)
+
+
 def _verify_full(spec, module, rng, sizes, device, report) -> None:
     """The full module (the program in torch around the cores): outputs and the gradient of every input and param
     against the reference evaluator on the whole spec (forward op by op, gradients by central differences)."""
@@ -175,8 +185,8 @@ def _verify_full(spec, module, rng, sizes, device, report) -> None:
     leaves = {}
     for leaf in spec.given:
         info = spec.tensors[leaf]
-        value = rng.standard_normal(((2,) if info.kind != "param" else ()) + spec.concrete_shape(info.shape))
-        if info.kind == "buffer" and value.ndim:
+        value = _draw(spec, leaf, rng, sizes)
+        if info.kind == "buffer" and not info.integer and value.ndim:
             value[..., 0] = np.abs(value[..., 0])  # a mask keeps its first key: no row is fully masked
         leaves[leaf] = value
     leaves, arguments = draw_dropout(spec, leaves, rng)

@@ -4,14 +4,21 @@ Contract, for the validator `v` (`symattn.front.validate`): `value_range(v, kind
 item)` types `in low:high` of an integer buffer (a buffer only; bounds are dim
 arithmetic of either sign; nonempty at every size); `integer_operand(v, node, op)`
 requires an operand of `//` or `%` to be an integer (`symattn.ir.integers`),
-naming it; `divisor(v, node, op)` requires a divisor that is a dim expression or
-an integer, nonzero at every size (naming the sizes where it is 0), and marks its
-dims as sizes (so that none of them may be 0); `condition(v, node, op)` requires
+naming it; `divisor(v, node, op, scope)` requires a divisor that is nonzero for
+every index value and size: a dim expression or an integer exactly (naming the
+sizes where it is 0), any other integer (an entry of an integer buffer, `w[i] + 1`,
+`i + 1`) by being shown >= 1 or <= -1 by `symattn.ir.integers`' interval rules,
+at once or, where it reads an index, as a `PendingDivisor` checked when the index
+definition closes (a divisor that can be 0 is an error saying why: a buffer range
+that holds 0, the index values where it is 0); it marks the divisor's dims as
+sizes (so that none of them may be 0); `condition(v, node, op)` requires
 an operand of `&`, `|` or `~` to be a condition, with the hint that each
 comparison they join needs brackets. Each raises a located `SpecShapeError`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import sympy
 
@@ -22,9 +29,10 @@ from ..ir import typed as t
 from ..ir.affine import nonnegative
 from ..ir.printing import to_spec
 from ..ir.shapes import ShapeMismatch, broadcast, format_dim
+from .real_subscripts import zero_point
 
-__all__ = ["value_range", "bound_expr", "integer_operand", "divisor", "condition", "logical", "integer_binary",
-           "comparison_operands", "CONDITION_HINT", "LOGICAL", "INTEGER_BINARY"]
+__all__ = ["value_range", "bound_expr", "integer_operand", "divisor", "PendingDivisor", "condition", "logical",
+           "integer_binary", "comparison_operands", "CONDITION_HINT", "LOGICAL", "INTEGER_BINARY"]
 
 LOGICAL = {"&": "and", "|": "or"}
 INTEGER_BINARY = {"//": "floordiv", "%": "mod"}
@@ -72,17 +80,36 @@ def integer_operand(v, node: t.Node, op: str, pos: ir.Pos) -> None:
                    "integers are indices, dims, integer literals, integer buffers (`buffer doc[N] in 0:D`), "
                    "floor(...) and ceil(...), and + - * // % min max clamp abs of those")
 
-def divisor(v, node: t.Node, op: str) -> None:
-    """The divisor of // or %: a dim expression or an integer, nonzero at every size."""
-    form = integers.as_affine(node)
-    constant = None if form is None or isinstance(form, str) or form.indices else form.offset
-    if constant is None:
-        raise err(SpecShapeError, f"the divisor of {op} must be a dim expression or an integer, not "
-                   f"{to_spec(node, v.order)}", node.pos)
-    for symbol in sympy.sympify(constant).free_symbols:  # a divisor is a size: it may not be 0
+@dataclass
+class PendingDivisor:
+    """A divisor that reads indices (`j // (i + 1)`): shown nonzero once every index's range is known."""
+
+    value: t.Node
+    op: str
+    pos: ir.Pos
+    ranges: dict[str, sympy.Expr] = field(default_factory=dict)  # of summed indices, as their sums close
+
+    def check(self, v, ranges: dict[str, sympy.Expr]) -> None:
+        _nonzero(v, self.value, self.op, {**ranges, **self.ranges})
+
+
+def divisor(v, node: t.Node, op: str, scope=None) -> None:
+    """The divisor of // or %: nonzero for every index value and size. A dim expression or an integer is
+    decided exactly (naming the sizes where it is 0); any other integer divisor by the interval rules of
+    `symattn.ir.integers`, at once, or, where it reads an index, when the index definition closes
+    (`scope.pending`). Its dims are sizes (none of them may be 0)."""
+    for symbol in _dims_read(node):  # a divisor is a size: it may not be 0
         name = str(symbol)
         if name in v.dims:
             v.size_uses.setdefault(name, node.pos)
+    form = integers.as_affine(node)
+    constant = None if form is None or isinstance(form, str) or form.indices else form.offset
+    if constant is None:
+        if any(isinstance(n, t.IndexVar) for n in _outside_subscripts(node)):
+            scope.pending.append(PendingDivisor(node, op, node.pos))
+        else:  # entries of buffers: their values do not depend on the indices' ranges
+            _nonzero(v, node, op, {})
+        return
     sign, decision = integers.divisor_sign(constant)
     if sign is None:
         shown = format_dim(constant, v.order)
@@ -92,6 +119,67 @@ def divisor(v, node: t.Node, op: str) -> None:
             raise err(SpecShapeError, f"the divisor {to_spec(node, v.order)} of {op} is {shown} {where}", node.pos)
         raise err(SpecShapeError, f"cannot show that the divisor {shown} of {op} is nonzero at every size",
                    node.pos)
+
+
+def _outside_subscripts(node: t.Node):
+    """The nodes of a value, not descending into the subscripts of the entries it reads."""
+    yield node
+    if not isinstance(node, t.Entry):
+        for child in node.children:
+            yield from _outside_subscripts(child)
+
+
+def _dims_read(node: t.Node) -> set:
+    symbols = set()
+    for n in _outside_subscripts(node):
+        if isinstance(n, t.DimValue):
+            symbols |= sympy.sympify(n.dim).free_symbols
+    return symbols
+
+
+_DIVISOR_HINT = ("a divisor must be >= 1 (or <= -1) for every index value and size, e.g. an integer buffer "
+                 "declared `in 1:W`, or max(..., 1)")
+
+
+def _nonzero(v, node: t.Node, op: str, ranges: dict[str, sympy.Expr]) -> None:
+    """Require an integer divisor that is not a constant to be >= 1, or <= -1, for every index value and size."""
+    if integers.at_least(node, 1, ranges, v.tensors).holds or integers.at_most(node, -1, ranges, v.tensors).holds:
+        return
+    shown = to_spec(node, v.order)
+    names = [n for n in t.subscript_names(node) if n in ranges]
+    over = ", ".join(f"{n} in [0, {format_dim(ranges[n], v.order)})" for n in names)
+    reason = _zero_reason(v, node, ranges)
+    if reason is not None:
+        raise err(SpecShapeError, f"the divisor {shown} of {op} can be 0: {reason}", node.pos, _DIVISOR_HINT)
+    low = integers.bound(node, ranges, v.tensors, upper=False)
+    high = integers.bound(node, ranges, v.tensors, upper=True)
+    span = ""
+    if low is not None and high is not None and nonnegative(-low).holds and nonnegative(high).holds:
+        span = f": the bounds shown for it, {format_dim(low, v.order)} .. {format_dim(high, v.order)}, include 0"
+    raise err(SpecShapeError, f"cannot show that the divisor {shown} of {op} is nonzero for every index value and "
+               f"size{' (' + over + ')' if over else ''}{span}", node.pos, _DIVISOR_HINT)
+
+
+def _zero_reason(v, node: t.Node, ranges: dict[str, sympy.Expr]) -> str | None:
+    """Why a divisor can be 0, where that is plain: an integer buffer whose range holds 0, or a point of the
+    index box where the divisor, reading no tensor, is 0 at the default sizes."""
+    inner = node.x if isinstance(node, t.Unary) and node.fn == "neg" else node
+    if isinstance(inner, (t.Entry, t.Tensor)):
+        name = inner.tensor if isinstance(inner, t.Entry) else inner.name
+        low, high = v.tensors[name].values
+        if nonnegative(-sympy.sympify(low)).holds and nonnegative(sympy.expand(high - 1)).holds:
+            return (f"{name} holds the values {format_dim(low, v.order)} to "
+                    f"{format_dim(sympy.expand(high - 1), v.order)} (`in {format_dim(low, v.order)}:"
+                    f"{format_dim(high, v.order)}`), 0 among them")
+        return None
+    found = zero_point(node, ranges, {info.symbol: v.sizes[name] for name, info in v.dims.items()})
+    if found is None:
+        return None
+    point = ", ".join(f"{n} = {found[n]}" for n in sorted(found, key=list(ranges).index))  # the definition's order
+    read = _dims_read(node).union(*(sympy.sympify(ranges[n]).free_symbols for n in found))
+    sizes = ", ".join(f"{n}={k}" for n, k in v.sizes.items() if v.dims[n].symbol in read)
+    return f"it is 0 at {point}" + (f" (at {sizes})" if sizes else "")
+
 
 def condition(v, node: t.Node, op: str, pos: ir.Pos) -> None:
     if not isinstance(node, (t.Compare, t.Logical)):
@@ -115,11 +203,11 @@ def logical(v, node: ir.BinOp, a: t.Node, b: t.Node) -> t.Logical:
     return t.Logical(op, args, shape, pos=node.pos)
 
 
-def integer_binary(v, node: ir.BinOp, a: t.Node, b: t.Node) -> t.Apply:
-    """`a // b` or `a % b` of integers, the divisor nonzero at every size."""
+def integer_binary(v, node: ir.BinOp, a: t.Node, b: t.Node, scope=None) -> t.Apply:
+    """`a // b` or `a % b` of integers, the divisor nonzero for every index value and size."""
     integer_operand(v, a, node.op, node.op_pos)
     integer_operand(v, b, node.op, node.op_pos)
-    divisor(v, b, node.op)
+    divisor(v, b, node.op, scope)
     try:
         shape = broadcast(a.shape, b.shape, op=node.op, order=v.order)
     except ShapeMismatch as exc:

@@ -65,6 +65,9 @@ class Pending:
     pos: ir.Pos
     ranges: dict[str, sympy.Expr] = field(default_factory=dict)  # of summed indices, as their sums close
 
+    def check(self, v, ranges: dict[str, sympy.Expr]) -> None:
+        check_subscript(v, self, ranges)
+
 
 @dataclass
 class _Linear:

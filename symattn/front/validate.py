@@ -80,7 +80,9 @@ class _IndexScope:
 
     ranges: dict[str, sympy.Expr | None] = field(default_factory=dict)
     seen_at: dict[str, ir.Pos] = field(default_factory=dict)
-    pending: list = field(default_factory=list)  # computed subscripts to range-check (subscripts.Pending)
+    # computed subscripts to range-check (subscripts.Pending) and divisors that read indices, to show nonzero
+    # (operators.PendingDivisor), once every index's range is known
+    pending: list = field(default_factory=list)
 
 
 class _Validator:
@@ -356,8 +358,8 @@ class _Validator:
                            + (" (it appears only inside subscript arithmetic)" if computed else ""),
                            item.name.pos, f"give it explicitly, as {item.name.id}:N")
             indices.append(t.Index(item.name.id, rng))
-        for pending in scope.pending:
-            subscripts.check_subscript(self, pending, {n: r for n, r in scope.ranges.items() if r is not None})
+        for pending in scope.pending:  # computed subscripts (subscripts.Pending), divisors (operators.PendingDivisor)
+            pending.check(self, {n: r for n, r in scope.ranges.items() if r is not None})
         return t.IndexDef(tuple(indices), body, tuple(i.range for i in indices), pos=stmt.pos)
 
     def _what(self, name: str) -> str:
@@ -443,7 +445,7 @@ class _Validator:
                 raise _err(SpecShapeError, "a condition is only allowed as the condition of where(cond, a, b)",
                            side.pos)
         if node.op in operators.INTEGER_BINARY:
-            return operators.integer_binary(self, node, a, b)
+            return operators.integer_binary(self, node, a, b, scope)
         if node.op == "@":
             if scope is not None:
                 raise _err(SpecShapeError, "@ is matrix notation; in index notation write sum(k, A[i, k] * B[k, j])",

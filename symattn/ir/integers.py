@@ -13,11 +13,15 @@ Contract:
   (`ranges`: index -> size) and every size of the dims, as an `affine.SizeDecision` whose
   `holds` is True only with a proof. The rules are exact where they can be: `a // d <= B`
   iff `a <= d * (B + 1) - 1` for a divisor d > 0, `a % d` lies in 0 .. d - 1, an entry of a
-  buffer in its declared range, `min`/`max`/`clamp` by cases, a sum by the bounds of its
-  terms (a floor division inside a sum is bounded by the real quotient). A subscript none of
-  them bounds (the floor of a real, unclamped) is not shown in range: the validator refuses it.
+  buffer (or, in matrix notation, the whole buffer) in its declared range, `min`/`max`/`clamp`
+  by cases, a sum by the bounds of its terms (a floor division inside a sum is bounded by the
+  real quotient). A divisor that is not a constant (`j // w[i]`, `j % (i + 1)`) is bounded
+  first, and the same rules hold at both ends of its range. A subscript none of them bounds
+  (the floor of a real, unclamped) is not shown in range: the validator refuses it.
 - `divisor_sign(d)`: +1 or -1 when a dim expression is nonzero with that sign at every size,
-  with the sizes where it is 0 otherwise.
+  with the sizes where it is 0 otherwise. `divisor_interval(d, ranges, tensors)`: for any
+  integer divisor, (+1, lo, hi) with lo >= 1 shown for every index value and size, (-1, lo, hi)
+  with hi <= -1 shown, else (None, None, None); lo or hi may be None where no bound is found.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from .affine import (Affine, SizeDecision, affine, extremes, nonnegative, pieces
                      substituted as affine_substituted)
 
 __all__ = ["integer_valued", "as_affine", "names", "renamed", "substituted", "subscript_node", "substitute_indices",
-           "at_most", "at_least", "divisor_sign", "INTEGER_FUNCTIONS"]
+           "at_most", "at_least", "divisor_sign", "divisor_interval", "bound", "INTEGER_FUNCTIONS"]
 
 INTEGER_FUNCTIONS = ("floor", "ceil")  # integer-valued for every argument
 
@@ -192,6 +196,22 @@ def divisor_sign(d: sympy.Expr) -> tuple[int | None, SizeDecision]:
     return None, zero if zero is not None else positive
 
 
+def divisor_interval(d, ranges: Mapping[str, sympy.Expr], tensors: Mapping[str, t.TensorInfo]) \
+        -> tuple[int | None, sympy.Expr | None, sympy.Expr | None]:
+    """(sign, lo, hi) of an integer divisor over the index box: +1 with lo >= 1 shown for every index value
+    and size (hi an upper bound, or None), -1 with hi <= -1 shown (lo a lower bound, or None), or
+    (None, None, None) when neither is shown."""
+    lows = list(itertools.islice(_bounds(d, ranges, tensors, False), 8))
+    highs = list(itertools.islice(_bounds(d, ranges, tensors, True), 8))
+    low = next((b for b in lows if nonnegative(sympy.expand(b - 1)).holds), None)
+    if low is not None:
+        return 1, low, highs[0] if highs else None
+    high = next((b for b in highs if nonnegative(sympy.expand(-b - 1)).holds), None)
+    if high is not None:
+        return -1, lows[0] if lows else None, high
+    return None, None, None
+
+
 def _zero_at(d: sympy.Expr) -> SizeDecision | None:
     symbols = sorted(sympy.sympify(d).free_symbols, key=str)
     for combo in itertools.islice(itertools.product(range(0, 9), repeat=len(symbols)), 4096):
@@ -258,17 +278,38 @@ def _decide(s, bound, ranges, tensors, upper: bool) -> SizeDecision:
 
 
 def _mod_rule(s, bound, ranges, tensors, upper):
-    d = _constant(s.args[1])
-    sign = None if d is None else divisor_sign(d)[0]
+    a, divisor = s.args
+    d = _constant(divisor)
+    if d is None:
+        return _mod_by_values(a, divisor, bound, ranges, tensors, upper)
+    sign = divisor_sign(d)[0]
     if sign is None:
         return _UNKNOWN
     low, high = (sympy.Integer(0), d - 1) if sign > 0 else (d + 1, sympy.Integer(0))
     return nonnegative(sympy.expand(bound - high)) if upper else nonnegative(sympy.expand(low - bound))
 
 
+def _mod_by_values(a, divisor, bound, ranges, tensors, upper):
+    """`a % d` for a divisor that is not a constant: in 0 .. d - 1 where d >= 1 (and at most a where a >= 0),
+    in d + 1 .. 0 where d <= -1 (and at least a where a <= 0)."""
+    sign, low, high = divisor_interval(divisor, ranges, tensors)
+    if sign is None:
+        return _UNKNOWN
+    if (sign > 0) == upper:  # the side the divisor bounds: d - 1 above (d > 0), d + 1 below (d < 0)
+        edge = high if sign > 0 else low
+        by_divisor = _UNKNOWN if edge is None else (
+            nonnegative(sympy.expand(bound - edge + 1)) if upper else nonnegative(sympy.expand(edge + 1 - bound)))
+        by_operand = _all(_decide(a, 0, ranges, tensors, not upper), _decide(a, bound, ranges, tensors, upper))
+        return _any(by_divisor, by_operand)
+    return nonnegative(sympy.expand(bound)) if upper else nonnegative(sympy.expand(-bound))
+
+
 def _floordiv_rule(s, bound, ranges, tensors, upper):
-    a, d = s.args[0], _constant(s.args[1])
-    sign = None if d is None else divisor_sign(d)[0]
+    a, divisor = s.args
+    d = _constant(divisor)
+    if d is None:
+        return _floordiv_by_values(a, divisor, bound, ranges, tensors, upper)
+    sign = divisor_sign(d)[0]
     if sign is None:
         return _UNKNOWN
     if sign < 0:  # a // d = (-a) // (-d)
@@ -277,6 +318,25 @@ def _floordiv_rule(s, bound, ranges, tensors, upper):
     if upper:
         return _decide(a, sympy.expand(d * (bound + 1) - 1), ranges, tensors, True)
     return _decide(a, sympy.expand(d * bound), ranges, tensors, False)
+
+
+def _floordiv_by_values(a, divisor, bound, ranges, tensors, upper):
+    """`a // d` for a divisor that is not a constant, by the exact rule above at both ends of d's range:
+    `a <= d * (B + 1) - 1` (or `a >= d * B`) is linear in d, so it holds for every d in lo .. hi when it
+    holds at lo and hi; where `B + 1 >= 0` (or `B <= 0`) lo alone decides it."""
+    sign, low, high = divisor_interval(divisor, ranges, tensors)
+    if sign is None:
+        return _UNKNOWN
+    if sign < 0:  # a // d = (-a) // (-d)
+        a, (low, high) = t.Unary("neg", a, a.shape), (-high, None if low is None else -low)
+    factor = sympy.expand(bound + 1) if upper else sympy.sympify(bound)
+    ends = [low]
+    if not (nonnegative(factor) if upper else nonnegative(-factor)).holds:
+        if high is None:
+            return _UNKNOWN
+        ends.append(high)
+    return _all(*(_decide(a, sympy.expand(factor * d - 1 if upper else factor * d), ranges, tensors, upper)
+                  for d in ends))
 
 
 def _min_rule(s, bound, ranges, tensors, upper):
@@ -300,6 +360,13 @@ _APPLY_RULES = {"mod": _mod_rule, "floordiv": _floordiv_rule, "min": _min_rule, 
                 "clamp": _clamp_rule}
 
 
+def bound(s, ranges: Mapping[str, sympy.Expr], tensors: Mapping[str, t.TensorInfo], upper: bool) \
+        -> sympy.Expr | None:
+    """The first bound the rules find for an integer subscript or value over the index box (an upper one when
+    `upper`), or None: for messages, which name what was shown."""
+    return next(iter(_bounds(s, ranges, tensors, upper)), None)
+
+
 def _bounds(s, ranges, tensors, upper: bool):
     """Candidate bounds (polynomials in the dims) of `s` over the index box: upper ones when
     `upper`, else lower ones; each candidate is a valid bound, none may exist."""
@@ -308,15 +375,18 @@ def _bounds(s, ranges, tensors, upper: bool):
         low, high = extremes(simple, ranges)
         yield high if upper else low
         return
-    if isinstance(s, t.Entry):
-        info = tensors.get(s.tensor)
-        if info is not None and info.integer and not s.grad:
+    if isinstance(s, (t.Entry, t.Tensor)):  # an integer buffer's entry, or the whole buffer in matrix notation
+        info = tensors.get(s.tensor if isinstance(s, t.Entry) else s.name)
+        if info is not None and info.integer and not (isinstance(s, t.Entry) and s.grad):
             lo, hi = info.values
             yield sympy.expand(hi - 1) if upper else sympy.sympify(lo)
         return
     if isinstance(s, t.Unary) and s.fn == "neg":
         for b in _bounds(s.x, ranges, tensors, not upper):
             yield -b
+        return
+    if isinstance(s, t.Unary) and s.fn == "abs":
+        yield from _abs_bounds(s.x, ranges, tensors, upper)
         return
     if isinstance(s, t.Binary) and s.op in ("add", "sub"):
         right_upper = upper if s.op == "add" else not upper
@@ -335,13 +405,24 @@ def _bounds(s, ranges, tensors, upper: bool):
         return
     if isinstance(s, t.Apply) and s.fn == "mod":
         d = _constant(s.args[1])
-        sign = None if d is None else divisor_sign(d)[0]
+        if d is None:
+            sign, low, high = divisor_interval(s.args[1], ranges, tensors)
+            edge = high if sign == 1 else low
+            if sign is not None and (sign > 0) != upper:
+                yield sympy.Integer(0)  # a % d >= 0 where d > 0, <= 0 where d < 0
+            elif edge is not None:
+                yield sympy.expand(edge - 1 if sign > 0 else edge + 1)
+            return
+        sign = divisor_sign(d)[0]
         if sign is not None:
             yield (d - 1 if upper else sympy.Integer(0)) if sign > 0 else (sympy.Integer(0) if upper else d + 1)
         return
     if isinstance(s, t.Apply) and s.fn == "floordiv":
         d = _constant(s.args[1])
-        sign = None if d is None else divisor_sign(d)[0]
+        if d is None:
+            yield from _quotient_bounds(s.args[0], s.args[1], ranges, tensors, upper)
+            return
+        sign = divisor_sign(d)[0]
         if sign is not None and sign > 0:
             # floor(a / d) <= a / d and >= (a - d + 1) / d for integers a and d > 0
             for b in _bounds(s.args[0], ranges, tensors, upper):
@@ -364,3 +445,51 @@ def _bounds(s, ranges, tensors, upper: bool):
                 yield from _bounds(a, ranges, tensors, upper)
         return
     return
+
+
+def _quotient_bounds(a, divisor, ranges, tensors, upper: bool):
+    """Bounds of `a // d` for a divisor d in lo .. hi that is not a constant. For d > 0 and integers:
+    floor(a / d) <= a / d, which is at most A / lo for an upper bound A >= 0 of a, and at most A / hi (or 0)
+    for A <= 0; floor(a / d) >= (a + 1) / d - 1, at least (L + 1) / hi - 1 (or -1) for a lower bound L >= -1
+    of a and (L + 1) / lo - 1 for L <= -1; as integers, at most -1 where A <= -1 and at least 0 where L >= 0.
+    A negative divisor is (-a) // (-d)."""
+    sign, low, high = divisor_interval(divisor, ranges, tensors)
+    if sign is None:
+        return
+    if sign < 0:
+        a, (low, high) = t.Unary("neg", a, a.shape), (-high, None if low is None else -low)
+    for b in itertools.islice(_bounds(a, ranges, tensors, upper), 8):
+        shifted = b if upper else sympy.expand(b + 1)
+        if nonnegative(shifted).holds:
+            near, far = low, high  # a nonnegative numerator: largest over the least divisor
+        elif nonnegative(-shifted).holds:
+            near, far = high, low
+        else:
+            continue
+        d = near if upper else far
+        if upper and nonnegative(-b - 1).holds:
+            yield sympy.Integer(-1)  # a <= -1: a negative quotient, so its floor is at most -1
+        if not upper and nonnegative(b).holds:
+            yield sympy.Integer(0)  # a >= 0: its floor is at least 0
+        if d is None:
+            yield sympy.Integer(0) if upper else sympy.Integer(-1)
+        else:
+            yield sympy.expand(b / d) if upper else sympy.expand(shifted / d - 1)
+
+
+def _abs_bounds(x, ranges, tensors, upper: bool):
+    """Bounds of `abs(x)` from x's: x's own where x >= 0, -x's where x <= 0; above, the larger of hi and -lo
+    where that is shown; below, 0 always."""
+    lows = list(itertools.islice(_bounds(x, ranges, tensors, False), 4))
+    highs = list(itertools.islice(_bounds(x, ranges, tensors, True), 4))
+    for low, high in itertools.product(lows, highs):
+        if nonnegative(low).holds:
+            yield high if upper else low
+        elif nonnegative(-high).holds:
+            yield -low if upper else -high
+        elif upper and nonnegative(sympy.expand(high + low)).holds:
+            yield high
+        elif upper and nonnegative(sympy.expand(-high - low)).holds:
+            yield -low
+    if not upper:
+        yield sympy.Integer(0)

@@ -105,6 +105,22 @@ CASES = [
     ("floordiv_of_a_real", INTS + "Y = X // 2\noutput Y\n", Shape, 5, 5, r"^// works on integers, but X is real$"),
     ("divisor_zero", INTS + "M[i:N, j:N] = where(doc[i] // (N - N) == 0, 0, -inf)\noutput M\n", Shape, 5, 32,
      r"^the divisor N - N of // is 0 at every size$"),
+    # a divisor that is not a constant must be shown nonzero for every index value and size: an integer buffer
+    # whose range holds 0 (an entry, negated, or the whole buffer in matrix notation), indices that meet (checked
+    # when the definition, or the sum of a summed index, closes), bounds that do not exclude 0
+    ("divisor_buffer_holds_zero", INTS + "buffer dil[D] in -1:2\nM[g:D, i:N, j:N] = where(((i - j) % dil[g]) == 0, 0, "
+     "-inf)\noutput M\n", Shape, 6, 37, r"^the divisor dil\[g\] of % can be 0: dil holds the values -1 to 1 "
+     r"\(`in -1:2`\), 0 among them$"),
+    ("divisor_negated_buffer", INTS + "M[i:N, j:N] = where((j // -doc[i]) == 0, 0, -inf)\noutput M\n", Shape, 5, 27,
+     r"^the divisor -doc\[i\] of // can be 0: doc holds the values 0 to D - 1 \(`in 0:D`\), 0 among them$"),
+    ("divisor_whole_buffer", INTS + "Y = offsets // doc\noutput Y\n", Shape, 5, 16,
+     r"^the divisor doc of // can be 0: doc holds the values 0 to D - 1"),
+    ("divisor_of_indices", INTS + "M[i:N, j:N] = where(((i - j) // (j - i)) == 0, 0, -inf)\noutput M\n", Shape, 5, 34,
+     r"^the divisor j - i of // can be 0: it is 0 at i = 0, j = 0 \(at N=4\)$"),
+    ("divisor_of_a_summed_index", INTS + "Z[i:N] = sum(k, X[k, 0] * (i // (k - 1)))\noutput Z\n", Shape, 5, 34,
+     r"^the divisor k - 1 of // can be 0: it is 0 at k = 1 \(at N=4\)$"),
+    ("divisor_not_shown_nonzero", INTS + "M[i:N, j:N] = where((j % (doc[i] - 1)) == 0, 0, -inf)\noutput M\n", Shape, 5,
+     27, r"^cannot show that the divisor doc\[i\] - 1 of % is nonzero for every index value and size$"),
     ("subscript_through_a_buffer", INTS + "M[i:N, j:N] = where(offsets[doc[i] + 1] == j, 0, -inf)\noutput M\n",
      Shape, 5, 29, r"^cannot show that subscript doc\[i\] \+ 1 of offsets stays in axis 0 of offsets, \[0, D\)"),
     ("min_alone", INTS + "Y = min(X)\noutput Y\n", Shape, 5, 5, r"^min\(x\) alone: which min is meant\?$"),
@@ -222,6 +238,22 @@ def test_invalid_spec(text, cls, line, column, message):
         assert report[1] == "    " + source_line
         assert re.fullmatch(" " * (4 + column - 1) + r"\^~*", report[2]), report[2]
     assert "Traceback" not in str(err)
+
+
+@pytest.mark.parametrize("definition", [
+    "M[g:D, i:N, j:N] = where(((i - j) % dil[g]) == 0, 0, -inf)",       # an entry of a buffer in 1:4
+    "M[i:N, j:N] = where((j // w[i]) == (i // w[i]), 0, -inf)",          # in 1:N + 1
+    "M[i:N, j:N] = where((j % (doc[i] + 1)) == 0, 0, -inf)",            # doc in 0:D, plus 1
+    "M[i:N, j:N] = where(((j - i) % back[i]) == -1, 0, -inf)",          # negative: back in -3:0
+    "M[i:N, j:N] = where((j // (i + 1)) <= 1, 0, -inf)",                # an index: checked when the definition closes
+    "Z[i:N] = sum(k, X[k, 0] * (i // (abs(k - 2) + 1)))",               # a summed index: when its sum closes
+    "Z[i:N] = X[i, 0] * (i // clamp(doc[i], 1, 3))",
+    "Y = doc // w",                                                     # a whole buffer, in matrix notation
+    "G[i:N, c:d] = X[(N - 1 - i) // w[i], c]",                          # a subscript: in range at both ends of w
+])
+def test_divisors_shown_nonzero_are_valid(definition):
+    text = INTS + "buffer dil[D] in 1:4\nbuffer w[N] in 1:N + 1\nbuffer back[N] in -3:0\n" + definition
+    assert symattn.load(text + f"\noutput {definition[0]}\n").typed.outputs
 
 
 def test_cases_cover_every_error_class():
@@ -366,7 +398,8 @@ def test_bad_dim_override_is_a_usage_error():
 
 CLI_CASES = [c for c in CASES if c[0] in (
     "unclosed_paren", "unclosed_bracket", "unknown_name", "matmul_inner_dims", "broadcast", "dim_fraction",
-    "index_ranges_differ", "grad_unknown_tensor", "check_shapes_differ", "nested_too_deep",
+    "index_ranges_differ", "grad_unknown_tensor", "check_shapes_differ", "nested_too_deep", "divisor_buffer_holds_zero",
+    "divisor_of_indices",
 )]
 
 

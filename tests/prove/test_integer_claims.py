@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import symattn
+from conftest import REPO
 
 HEAD = "dim N = 3, D = 2\ninput X[N, 1]\n"
 
@@ -140,3 +141,111 @@ def test_a_document_mask_under_permutations(claim, moved, holds):
             truth = truth and np.allclose(out, want, atol=1e-12)
     assert truth == holds
     assert verdict.verdict == ("proved" if holds else "refuted"), verdict.method
+
+
+# --- divisors read from integer buffers -----------------------------------------------------------------------
+# tests/data/dilated_heads.attn (a per-head dilation, a per-query reach (j - i) // back[i] with back < 0, a divisor
+# i // (j + 1) that reads an index, a remainder that takes the divisor's sign). Its mask M against the same mask
+# written without those divisors (M2: true under Python's floor) and with C's truncation (M3: false at N >= 4).
+# The truth is computed here in NumPy over every assignment of dil and back in range, at N = 4, h = 1.
+
+DIVISORS = REPO / "tests" / "data" / "dilated_heads.attn"
+DIVISOR_SIZES = {"N": 4, "h": 1}
+
+MASKS = {
+    "M2": "M2[g:h, i:N, j:N] = where((((i - j) % dil[g]) == 0) & ((j - i) <= -back[i]) & (i <= 2 * j + 1), "
+          "slope * ((j - i) - back[i] * ((j - i) // back[i])) - 0.25 * ((i - j + dil[g]) // dil[g]), -inf)",
+    "M3": "M3[g:h, i:N, j:N] = where((((i - j) % dil[g]) == 0) & ((j - i) < -2 * back[i]) & (i <= 2 * j + 1), "
+          "slope * ((j - i) % back[i]) + 0.25 * ((j - i - 1) // dil[g]), -inf)",
+}
+
+
+def _divisor_mask(name, dil, back, slope, n=4):
+    """M, M2 or M3 of shape [h, n, n] in NumPy from the definitions above (NumPy's // and % on integer arrays are
+    Python's: floor, and the sign of the divisor)."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    d, r = np.asarray(dil)[:, None, None], np.asarray(back)[None, :, None]
+    if name == "M":
+        keep = ((i - j) % d == 0) & ((j - i) // r >= -1) & (i // (j + 1) <= 1)
+        bias = slope * ((j - i) % r) + 0.25 * ((j - i - 1) // d)
+    elif name == "M2":
+        keep = ((i - j) % d == 0) & ((j - i) <= -r) & (i <= 2 * j + 1)
+        bias = slope * ((j - i) - r * ((j - i) // r)) - 0.25 * ((i - j + d) // d)
+    else:
+        keep = ((i - j) % d == 0) & ((j - i) < -2 * r) & (i <= 2 * j + 1)
+        bias = slope * ((j - i) % r) + 0.25 * ((j - i - 1) // d)
+    return np.where(keep, bias, -np.inf)
+
+
+def _masks_agree_everywhere(other):
+    rng = np.random.default_rng(0)
+    for dil in range(1, 4):
+        for back in itertools.product((-2, -1), repeat=4):
+            slope = float(rng.integers(-4, 5)) / 2
+            if not np.array_equal(_divisor_mask("M", [dil], back, slope), _divisor_mask(other, [dil], back, slope)):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("other", MASKS)
+def test_a_mask_of_buffer_divisors_against_every_assignment(other):
+    text = DIVISORS.read_text(encoding="utf-8") + f"{MASKS[other]}\ncheck M == {other}\n"
+    verdict = symattn.load(text, dims=DIVISOR_SIZES).check()[-1]
+    truth = _masks_agree_everywhere(other)
+    assert truth == (other == "M2")  # the rewriting is exact under Python's floor, not under C's truncation
+    if truth:
+        assert verdict.verdict == "proved", verdict.method  # 3 x 2^4 assignments: the element level takes each
+        return
+    assert verdict.verdict == "refuted", verdict.method
+    inputs = verdict.counterexample.inputs
+    dil, back = np.array(inputs["dil"]), np.array(inputs["back"])
+    assert dil.dtype.kind in "iu" and back.dtype.kind in "iu", (dil, back)  # integer values, in range
+    assert ((1 <= dil) & (dil < 4)).all() and ((-2 <= back) & (back < 0)).all(), (dil, back)
+    slope = float(np.asarray(inputs["slope"]))
+    assert not np.array_equal(_divisor_mask("M", dil, back, slope), _divisor_mask(other, dil, back, slope))
+
+
+def test_the_attention_of_a_buffer_divisor_mask_is_proved_and_its_gradient_for_all_sizes():
+    text = DIVISORS.read_text(encoding="utf-8") + f"{MASKS['M2']}\ncheck softmax(Q @ K.T / sqrt(d_k) + M2, axis=-1) == P\n"
+    verdicts = symattn.load(text, dims=DIVISOR_SIZES).check()
+    assert [v.verdict for v in verdicts] == ["proved", "proved"], [v.method for v in verdicts]
+    assert "for all sizes" in verdicts[0].method
+
+
+# Matrix notation, a whole buffer as the divisor: r in -2:3 over q, positive or negative, at N = 2 (at most 100
+# assignments, so that the element level takes each).
+WHOLE_CASES = [
+    ("1:3", "F = r // q * q + r % q", "F == r", lambda r, q: (r // q * q + r % q, r)),
+    ("-2:0", "F = r // q * q + r % q", "F == r", lambda r, q: (r // q * q + r % q, r)),
+    ("-2:0", "F = r // q", "F == (-r) // (-q)", lambda r, q: (r // q, (-r) // (-q))),
+    ("-2:0", "F = r % q", "F == -((-r) % (-q))", lambda r, q: (r % q, -((-r) % (-q)))),
+    ("2:4", "F = r % q", "F == abs(r) % q", lambda r, q: (r % q, np.abs(r) % q)),       # false: -1 % 3 is 2
+    ("-2:0", "F = r // q", "F == -(r // (-q))", lambda r, q: (r // q, -(r // (-q)))),  # false: floor is not odd
+    ("-2:0", "F = r % q", "F == r % (-q)", lambda r, q: (r % q, r % (-q))),            # false: the divisor's sign
+]
+
+
+def _whole_truth(values, function):
+    low, high = (int(v) for v in values.split(":"))
+    return all(np.array_equal(*function(np.array(r), np.array(q))) for r in itertools.product(range(-2, 3), repeat=2)
+               for q in itertools.product(range(low, high), repeat=2))
+
+
+@pytest.mark.parametrize("values, definition, claim, function", WHOLE_CASES,
+                         ids=[f"q in {v}: {c}" for v, _, c, _ in WHOLE_CASES])
+def test_a_whole_buffer_divisor_against_every_assignment(values, definition, claim, function):
+    text = f"dim N = 2\nbuffer r[N] in -2:3\nbuffer q[N] in {values}\n{definition}\noutput F\ncheck {claim}\n"
+    verdict = symattn.load(text).check()[-1]
+    truth = _whole_truth(values, function)
+    assert verdict.verdict == ("proved" if truth else "refuted"), (claim, truth, verdict.method)
+    if not truth:
+        r, q = (np.array(verdict.counterexample.inputs[n]) for n in "rq")
+        low, high = (int(v) for v in values.split(":"))
+        assert r.dtype.kind in "iu" and q.dtype.kind in "iu", (r, q)
+        assert ((-2 <= r) & (r < 3)).all() and ((low <= q) & (q < high)).all(), (r, q)
+        assert not np.array_equal(*function(r, q)), (r, q)
+
+
+def test_the_whole_buffer_cases_cover_both_answers():
+    truths = [_whole_truth(v, f) for v, _, _, f in WHOLE_CASES]
+    assert truths == [True] * 4 + [False] * 3

@@ -108,12 +108,16 @@ static __host__ __device__ __forceinline__ float sa_min(float a, float b) { retu
     "sa_imax": "static __host__ __device__ __forceinline__ int sa_imax(int a, int b) { return a > b ? a : b; }",
     "sa_floordiv": """\
 // Python's a // b and a % b on ints (C's / and % round toward 0): the remainder takes the divisor's sign.
+// A divisor is 0 only on lanes past a tile's end (`N - i` at i = N; the validator shows every divisor
+// inside nonzero), whose results are never stored: they divide by 1 (a division by 0 traps on the CPU).
 static __host__ __device__ __forceinline__ int sa_floordiv(int a, int b) {
+    b = b != 0 ? b : 1;
     const int q = a / b, r = a - q * b;
     return r != 0 && ((r < 0) != (b < 0)) ? q - 1 : q;
 }""",
     "sa_mod": """\
 static __host__ __device__ __forceinline__ int sa_mod(int a, int b) {
+    b = b != 0 ? b : 1;
     const int r = a % b;
     return r != 0 && ((r < 0) != (b < 0)) ? r + b : r;
 }""",

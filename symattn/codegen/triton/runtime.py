@@ -70,7 +70,10 @@ else:
 
 @triton.jit
 def _floordiv(a, b):
-    """Python's a // b on integer tiles, whichever way the backend's // rounds (the remainder fixes it)."""
+    """Python's a // b on integer tiles, whichever way the backend's // rounds (the remainder fixes it). A
+    divisor is 0 only on lanes past a tensor's end (a masked load's 0, `N - i` past N: the validator shows
+    it nonzero everywhere inside), whose results are never stored: they divide by 1 instead."""
+    b = tl.where(b == 0, 1, b)
     q = a // b
     r = a - q * b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
@@ -78,7 +81,8 @@ def _floordiv(a, b):
 
 @triton.jit
 def _mod(a, b):
-    """Python's a % b on integer tiles: the sign of b."""
+    """Python's a % b on integer tiles: the sign of b (a lane past the end divides by 1, as in _floordiv)."""
+    b = tl.where(b == 0, 1, b)
     return a - _floordiv(a, b) * b
 
 

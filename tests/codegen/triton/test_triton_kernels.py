@@ -235,6 +235,16 @@ def test_verify_against_reference_evaluator(name):
     assert report.ok, "\n".join(report.lines())
 
 
+@pytest.mark.parametrize("path", [ROOT / "derivations" / "document_offsets.attn", ROOT / "tests" / "data" /
+                                  "dilated_heads.attn"], ids=["document_offsets", "dilated_heads"])
+def test_verify_draws_integer_buffers_from_their_ranges(path):
+    """Integer buffers (document ids, divisors read from them) get integers in their declared ranges, which the
+    module requires (it refused the normal draws: "an integer buffer, got entries that are not integers")."""
+    report = verify_triton(symattn.load(path).typed)
+    assert report.ok, "\n".join(report.lines())
+    assert any("full module" in row.what for row in report.rows)
+
+
 def test_cli_emit_and_verify(tmp_path):
     out = tmp_path / "alibi_triton.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
