@@ -189,7 +189,7 @@ def tangent_spec(spec: t.TypedSpec, fixed: frozenset[str] | set[str] = frozenset
     moving = [n for n in spec.differentiable if n not in fixed]
     tangent_names = {name: names.fresh("tangent", name, f"tangent({name})") for name, info in spec.tensors.items()
                      if name in moving or info.expr is not None}
-    given = [f"input " + ", ".join(tangent_names[n] + (format_shape(spec.tensors[n].shape, order)
+    given = ["input " + ", ".join(tangent_names[n] + (format_shape(spec.tensors[n].shape, order)
                                                        if spec.tensors[n].shape else "")
                                    for n in moving)] if moving else []
     lines = _declarations(spec, "tangent", given)
