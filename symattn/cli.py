@@ -241,6 +241,13 @@ def _summary(spec: Spec, force: bool = False) -> str:
 def _cmd_derive(args: argparse.Namespace) -> int:
     target = _output_file(args.output, "document") if args.output else None
     spec = _load(args, default_example=True)
+    if args.order < 1:
+        raise UsageError(f"--order {args.order}: the order of a derivative is 1 or more")
+    for _ in range(args.order - 1):  # order k: the backward pass written as a spec, derived, k - 1 times
+        progress.step(f"writing the backward pass of {spec.name} as a spec")
+        spec = spec.backward_spec()
+        for note in spec.written.notes:
+            print(f"{spec.filename}: note: {note}", file=sys.stderr)
     fmt = _document_format(args)
     figures: dict[str, bytes] = {}
     if args.backward or args.tangent:
@@ -448,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--tangent", action="store_true",
                       help="write the forward-mode (JVP) pass as a spec (inputs tangent_X, outputs O and "
                            "tangent_O); the tangent spec of a backward spec is the Hessian-vector product")
+    derive.add_argument("--order", type=int, default=1, metavar="K",
+                        help="derive to order K: the backward pass written as a spec (--backward), K - 1 times, "
+                             "then derived (2: the double backward, every step checked as for the first order)")
     derive.add_argument("--force", action="store_true",
                         help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
