@@ -277,14 +277,15 @@ class Spec:
                     self.typed, force=key, session=self.session(key)))
         return list(self._gradient_checks[key])
 
-    def numpy(self):
-        """The generated NumPy code as a ready module: `spec.numpy().forward(X=...)`, `.backward(..., grad_O=...)`.
+    def numpy(self, jvp: bool = False):
+        """The generated NumPy code as a ready module: `spec.numpy().forward(X=...)`, `.backward(..., grad_O=...)`;
+        with `jvp`, also `.jvp(..., tangent_X=...)` and `.hvp(..., grad_O=..., tangent_X=...)`.
 
         The same text `symattn emit numpy` writes (`spec.emit("numpy")`), executed in memory.
         """
         from .codegen.numpy.emit import load_module
 
-        return load_module(self.emit("numpy"), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
+        return load_module(self.emit("numpy", jvp=jvp), f"symattn_{self.name}" if self.name.isidentifier() else "symattn_spec")
 
     def torch(self, backend: str = "auto"):
         """The spec as a `torch.nn.Module`: its params are `nn.Parameter`s of the spec's shapes, its inputs and
@@ -323,16 +324,29 @@ class Spec:
 
         return attention_plan(self.typed, derivation=self.derive())
 
-    def emit(self, target: str = "numpy"):
+    def emit(self, target: str = "numpy", jvp: bool = False):
         """The generated code: the NumPy module's text for "numpy", the PyTorch module's for "torch"; for "cuda"
         a `symattn.codegen.cuda.CudaCode`
         whose `files` maps each file name (.cu, .h, cuda_host.h, README.md) to its text and whose
         `write(directory)` writes them; for "triton" a `symattn.codegen.triton.TritonCode` whose `text` is the
-        module of the fused attention kernels."""
+        module of the fused attention kernels. With `jvp`, the NumPy module also has `jvp` and `hvp`
+        (`symattn.codegen.numpy.higher`)."""
         if target == "numpy":
             from .codegen.numpy.emit import numpy_source
 
-            return numpy_source(self.typed, derivation=self.derive())
+            text = numpy_source(self.typed, derivation=self.derive())
+            if not jvp:
+                return text
+            if self.typed.dropouts:
+                raise UsageError(f"{self.name}: jvp and hvp of a spec with dropout are not generated yet (the "
+                                 "written passes read the drawn mask as a buffer)")
+            from .codegen.numpy.higher import higher_order_lines
+
+            lines = higher_order_lines(self.typed, lambda source: load(source).typed,
+                                       lambda typed: numpy_source(typed))
+            return text + "\n".join(lines) + "\n"
+        if jvp:
+            raise UsageError("jvp=True is for the NumPy target; spec.torch() has forward mode through torch.func")
         if target == "torch":
             from .codegen.torch.emit import torch_source
 

@@ -283,6 +283,8 @@ def _cmd_derive(args: argparse.Namespace) -> int:
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
+    if args.jvp and args.target != "numpy":
+        raise UsageError("--jvp is for `emit numpy`; spec.torch() has forward mode through torch.func")
     spec = _load(args)
     if args.target == "cuda":
         return _emit_cuda(spec, args)
@@ -290,12 +292,13 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     if args.target == "triton":
         return _emit_triton(spec, path)
     progress.step(f"deriving and generating the {'PyTorch' if args.target == 'torch' else 'NumPy'} module")
-    source = spec.emit(args.target)
+    source = spec.emit(args.target, jvp=args.jvp)
     if path is None:
         print(source, end="")
         return 0
     _write(path, source)
-    print(f"wrote {path}: forward, backward and forward_backward for {spec.name}")
+    print(f"wrote {path}: forward, backward{', forward_backward, jvp and hvp' if args.jvp else ' and forward_backward'} "
+          f"for {spec.name}")
     return 0
 
 
@@ -476,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("spec", metavar="SPEC", help="the .attn file")
     emit.add_argument("-o", "--output", metavar="PATH", required=True,
                       help="FILE.py for numpy, torch and triton ('-': standard output), a directory for cuda")
+    emit.add_argument("--jvp", action="store_true",
+                      help="numpy: also jvp(..., tangent_X=...) and hvp(..., grad_O=..., tangent_X=...), forward "
+                           "mode and Hessian-vector products from the passes written as specs")
     emit.add_argument("--cuda-path", choices=("auto", "generic"), default="auto",
                       help="cuda: fuse softmax(score(Q @ K.T)) @ V cores when the spec has them (auto), or never "
                            "(generic) (default auto)")

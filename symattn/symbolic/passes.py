@@ -152,6 +152,35 @@ def _renamed(node, grads: Mapping[str, str]):
     return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
 
 
+def _squeezed(spec: t.TypedSpec, lines: list[str], outputs: Mapping[str, str], names: _Names) -> list[str]:
+    """The lines with each gradient output given its tensor's shape: a sum over broadcast axes keeps them
+    with size 1 (`sum(..., axis=-3)` is [1, N, d] for X[N, d]), so such a gradient is first named whole,
+    then its entries picked (`grad_X[z_1:N, z_2:d] = full_grad_X[0, z_1, z_2]`). A scalar keeps its axes of
+    size 1 (the language has no way to drop them; they broadcast as a scalar does)."""
+    from ..front.parse import parse
+    from ..front.validate import validate
+
+    text = "\n".join(lines) + "\n"
+    typed = validate(parse(text, "<backward>"), "<backward>", text, None)
+    order = list(spec.dims)
+    out = []
+    for line in lines:
+        name = line.split(" = ", 1)[0].strip() if " = " in line and not line.startswith("#") else None
+        if name not in outputs:
+            out.append(line)
+            continue
+        got, want = tuple(typed.tensors[name].shape), tuple(spec.tensors[outputs[name]].shape)
+        lead = len(got) - len(want)
+        if not want or lead <= 0 or got[lead:] != want or any(d != 1 for d in got[:lead]):
+            out.append(line)
+            continue
+        full = names.fresh("full", name, f"{name} before its axes of size 1 are dropped")
+        index = [names.fresh("z", str(k + 1), "an index") for k in range(len(want))]
+        head = ", ".join(f"{i}:{format_dim(d, order)}" for i, d in zip(index, want))
+        out += [f"{full} = {line.split(' = ', 1)[1]}", f"{name}[{head}] = {full}[{', '.join(['0'] * lead + index)}]"]
+    return out
+
+
 def backward_spec(spec: t.TypedSpec, derivation: Derivation) -> WrittenSpec:
     """The backward pass of `spec` as a spec (see the module docstring)."""
     order = list(spec.dims)
@@ -177,6 +206,7 @@ def backward_spec(spec: t.TypedSpec, derivation: Derivation) -> WrittenSpec:
         lines += list(text.definitions)
         lines.append(f"{grads[name]} = {text.equation.split(' = ', 1)[1]}")
     lines += ["", "output " + ", ".join(grads[n] for n in spec.differentiable)]
+    lines = _squeezed(spec, lines, {grads[n]: n for n in spec.differentiable}, names)
     defined = {n for n in grads if n in spec.differentiable or exprs.get(n) is not None}
     return WrittenSpec("\n".join(lines) + "\n", names.notes, {f"grad({n})": grads[n] for n in defined})
 
