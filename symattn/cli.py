@@ -460,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "tangent_O); the tangent spec of a backward spec is the Hessian-vector product")
     derive.add_argument("--order", type=int, default=1, metavar="K",
                         help="derive to order K: the backward pass written as a spec (--backward), K - 1 times, "
-                             "then derived (2: the double backward, every step checked as for the first order)")
+                             "then derived (2: the double backward, every step checked as for the first order; default: 1)")
     derive.add_argument("--force", action="store_true",
                         help="run element-level work even when the size guard says it would take minutes")
     check = add("check", "Prove or refute every `check` in the spec, one verdict a line.")
