@@ -3,9 +3,13 @@ user chains them (write, then derive or check the file written)."""
 
 from __future__ import annotations
 
+import pytest
+
 import symattn
 
 from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow  # a few seconds of fresh interpreters: the slow step runs them
 
 
 def test_backward_twice_and_tangent_from_files(tmp_path):

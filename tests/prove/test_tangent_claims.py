@@ -147,6 +147,7 @@ def test_masked_tangents_are_zero_not_nan():
     np.testing.assert_array_equal(got["tangent_P"][np.triu_indices(4, 1)], 0.0)
 
 
+@pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.parametrize("text, message", [
     ("check tangent(Q + K) == 0", "tangent() takes one tensor name"),
     ("check tangent(N) == 0", "it is a dim"),

@@ -50,6 +50,7 @@ def test_a_tangent_not_given_is_zero():
     np.testing.assert_array_equal(only_x["O"], explicit["O"])
 
 
+@pytest.mark.slow  # three fresh interpreters
 def test_emit_jvp_from_the_command_line(tmp_path):
     out = tmp_path / "m.py"
     result = run_cli("emit", "numpy", str(REPO / "derivations" / "causal.attn"), "--jvp", "-o", str(out))
