@@ -304,7 +304,7 @@ class Spec:
             self._torch_generated = load_torch_module(self.emit("torch"), name)
             derive_higher_orders(self._torch_generated, self.typed, lambda: self._torch_pass("backward"),
                                  lambda: self._torch_pass("tangent"))
-        return AttentionModule(self.typed, self._torch_generated, backend, _triton_loader(self.typed))
+        return AttentionModule(self.typed, self._torch_generated, backend, _triton_loader(self))
 
     def _torch_pass(self, kind: str):
         """(the generated torch module of the backward or tangent pass written as a spec, its names, its typed
@@ -469,16 +469,21 @@ def load(path_or_text: str | Path, dims: Mapping[str, int] | None = None, *, fil
     return Spec(validate(program, name, source, dims))
 
 
-def _triton_loader(typed):
+def _triton_loader(spec: Spec):
     """What loads the Triton target's module of a spec (the `torch(backend="triton")` path), or None when this
-    installation has no triton."""
+    installation has no triton. Its double backward and forward mode are the eager module's: the passes
+    written as specs (`symattn.codegen.nn.derive_higher_orders`)."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return None
 
     def load():
+        from .codegen.nn import derive_higher_orders
         from .codegen.triton import triton_module
 
-        return triton_module(typed)
+        module = triton_module(spec.typed)
+        derive_higher_orders(module, spec.typed, lambda: spec._torch_pass("backward"),
+                             lambda: spec._torch_pass("tangent"))
+        return module
     return load

@@ -464,9 +464,8 @@ def _check_on_written_pass(session: _Session, check: t.CheckInfo, budget: float 
         written, _, what = on_written_pass(session.spec, check, session.derivation)
     except SymAttnError as err:
         return Verdict(check.line, check.text, "unknown", f"the tangent pass could not be written: {err}")
-    verdict = check_spec(written, session.force, budget)[0]
-    return dataclasses.replace(verdict, line=check.line, claim=check.text,
-                               method=f"{verdict.method}, on {what}")
+    verdict = check_spec(written, session.force, budget)[0]  # negated there already, its claim saying "not"
+    return dataclasses.replace(verdict, line=check.line, method=f"{verdict.method}, on {what}")
 
 
 def _relative_all_sizes(session: _Session, check: t.CheckInfo) -> Verdict | None:

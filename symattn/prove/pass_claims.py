@@ -33,18 +33,21 @@ def _nodes(check: t.CheckInfo):
 
 
 def reads_tangents(check: t.CheckInfo) -> bool:
-    return check.kind == "equal" and any(isinstance(n, t.Tangent) for n in _nodes(check))
+    """An equality or a `relative(...)` claim that reads tangent(...) (a symmetry claim cannot: the
+    validator refuses it)."""
+    return check.kind in ("equal", "relative") and any(isinstance(n, t.Tangent) for n in _nodes(check))
 
 
-def _rewritten(node, names, gradients: bool):
-    """`node` with tangent(T), and grad(T) where `gradients`, read as the written pass's tensors."""
+def _rewritten(node, names, gradients: bool, tensors):
+    """`node` with tangent(T), and grad(T) where `gradients`, read as the written pass's tensors (of the
+    shapes they have there: a scalar's gradient keeps its reduced axes, [1] for ())."""
     if isinstance(node, t.Tangent):
         key = f"tangent({node.x.name})" if isinstance(node.x, t.Tensor) else f"tangent({names.get(f'grad({node.x.name})')})"
         name = names.get(key)
-        return b.zeros(node.shape) if name is None else t.Tensor(name, node.shape)
+        return b.zeros(node.shape) if name is None else t.Tensor(name, tensors[name].shape)
     if gradients and isinstance(node, t.Grad):
         name = names.get(f"grad({node.name})")
-        return b.zeros(node.shape) if name is None else t.Tensor(name, node.shape)
+        return b.zeros(node.shape) if name is None else t.Tensor(name, tensors[name].shape)
     if gradients and isinstance(node, t.Entry) and node.grad:
         name = names.get(f"grad({node.tensor})")
         if name is None:
@@ -56,9 +59,10 @@ def _rewritten(node, names, gradients: bool):
     for f in fields(node):
         value = getattr(node, f.name)
         if isinstance(value, t.Node):
-            changes[f.name] = _rewritten(value, names, gradients)
+            changes[f.name] = _rewritten(value, names, gradients, tensors)
         elif isinstance(value, tuple) and value and any(isinstance(v, t.Node) for v in value):
-            changes[f.name] = tuple(_rewritten(v, names, gradients) if isinstance(v, t.Node) else v for v in value)
+            changes[f.name] = tuple(_rewritten(v, names, gradients, tensors) if isinstance(v, t.Node) else v
+                                    for v in value)
     return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
 
 
@@ -86,5 +90,6 @@ def on_written_pass(spec: t.TypedSpec, check: t.CheckInfo, derivation=None) -> t
     written = tangent_spec(base, fixed=upstream)
     names.update(written.names)
     passed = load(written.text, f"{spec.name}_tangent.attn")
-    rewritten = replace(check, lhs=_rewritten(check.lhs, names, gradients), rhs=_rewritten(check.rhs, names, gradients))
+    rewritten = replace(check, lhs=_rewritten(check.lhs, names, gradients, passed.tensors),
+                        rhs=_rewritten(check.rhs, names, gradients, passed.tensors))
     return replace(passed, checks=(rewritten,)), rewritten, what

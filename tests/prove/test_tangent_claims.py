@@ -164,3 +164,21 @@ def test_tangent_misuse_is_a_located_error(text, message, tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"{path}:{SPEC.count(chr(10)) + 1}:" in result.stderr and "error:" in result.stderr, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_review_findings():
+    """An adversarial review's three findings: a negated tangent claim says `not` (it was shown without it,
+    a false claim reading as proved); tangent(grad(a)) of a scalar param (crashed: its gradient is [1] in
+    the written pass); relative(tangent(B)) (aborted the whole run)."""
+    negated = symattn.load("attention a\ndim N = 3, d = 2\ninput Q[N, d], K[N, d], V[N, d]\nS = Q @ K.T\n"
+                           "P = softmax(S, axis=-1)\nO = P @ V\noutput O\ncheck not tangent(P) == 0\n"
+                           "check not tangent(O) == tangent(P) @ V + P @ tangent(V)\n").check()
+    assert [(v.verdict, v.claim) for v in negated] == [
+        ("proved", "not tangent(P) == 0"), ("refuted", "not tangent(O) == tangent(P) @ V + P @ tangent(V)")]
+    scalar = symattn.load("attention p\ndim N = 3\ninput X[N]\nparam a\nE = exp(X * a)\noutput E\n"
+                          "check tangent(grad(a)) == 0\ncheck tangent(grad(a)) == tangent(grad(a))\n").check()
+    assert [v.verdict for v in scalar] == ["refuted", "proved"]
+    relative = symattn.load("attention r\ndim N = 4, H = 2\ninput X[N, N]\nparam Bt[2 * H + 1]\n"
+                            "B[i:N, j:N] = Bt[clamp(j - i, -H, H) + H]\nO = X + B\noutput O\n"
+                            "check relative(tangent(B))\ncheck not relative(tangent(O))\n").check()
+    assert [v.verdict for v in relative] == ["proved", "proved"], [(v.verdict, v.method) for v in relative]
