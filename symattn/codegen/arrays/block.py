@@ -41,6 +41,7 @@ import sympy
 from ...errors import CodegenError
 from ...ir import typed as t
 from ...ir.affine import Affine, pieces, signed_sum
+from ...ir.integers import integer_valued
 from ...ir.printer import ADD, ATOM, COMPARE, MUL, NEG, Printed, Printer
 from ..plan import KEY, ROW, AttentionCore, DropoutEntry, ProductEntry, Read, entry_text, linear, scaled, tile_bounds
 from ..plan.bounds import I0, I1
@@ -216,8 +217,10 @@ class BlockPrinter(Printer):
 
     def _print_Binary(self, node: t.Binary) -> Piece:
         a, b = self.doprint(node.a), self.doprint(node.b)
-        exact = node.op in ("add", "sub", "mul") and all(
-            p.kind == "index" or (p.kind == "scalar" and p.text.lstrip("-").isdigit()) for p in (a, b))
+        tensors = self.outer.p.spec.tensors
+        exact = node.op in ("add", "sub", "mul") and all(  # integer arithmetic: indices, dims, integers
+            p.kind == "index" or (p.kind == "scalar" and (p.text.lstrip("-").isdigit() or integer_valued(x, tensors)))
+            for p, x in ((a, node.a), (b, node.b)))
         if exact:
             kind = "index" if "index" in (a.kind, b.kind) else "scalar"
         else:

@@ -301,3 +301,30 @@ def test_torch_module_tiled_against_the_float64_reference(name, blocks):
     tensors = {n: torch.from_numpy(x).requires_grad_() for n, x in zip("QKV", (q, k, v))}
     (tm.forward(**tensors)["O"] * torch.from_numpy(do)).sum().backward()
     np.testing.assert_allclose(tensors["K"].grad.numpy(), want[2], rtol=1e-10, atol=1e-12)
+
+
+def test_a_table_read_through_a_clamp_with_dim_bounds_is_tiled():
+    """`Bt[clamp(j - i, -H, H) + H]` with H a dim: the tiled pass printed the clamp as real arithmetic
+    (`-H` and `+ H` as floats) and refused the core, so `emit numpy` failed; against plain NumPy from the
+    definition, forward and gradients, at a size that is no block multiple."""
+    import symattn
+
+    spec = symattn.load("attention c\ndim N = 37, d = 5, H = 3\ninput X[N, d]\nparam W[d, d], Bt[2 * H + 1]\n"
+                        "B[i:N, j:N] = Bt[clamp(j - i, -H, H) + H]\nP = softmax((X @ W) @ X.T + B, axis=-1)\n"
+                        "O = P @ X\noutput O\n")
+    module = spec.numpy()
+    assert hasattr(module, "_forward_backward_tiled")
+    module.TILED_ABOVE, module.BLOCK_Q, module.BLOCK_K = 0, 8, 16
+    rng = np.random.default_rng(0)
+    x, w, bt, g = rng.standard_normal((37, 5)), rng.standard_normal((5, 5)), rng.standard_normal(7), \
+        rng.standard_normal((37, 5))
+    rel = np.clip(np.arange(37)[None, :] - np.arange(37)[:, None], -3, 3) + 3
+    s = x @ w @ x.T + bt[rel]
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out, grads = module.forward_backward(X=x, W=w, Bt=bt, grad_O=g)
+    np.testing.assert_allclose(out["O"], p @ x, rtol=1e-10, atol=1e-12)
+    g_p = g @ x.T
+    g_s = p * (g_p - (g_p * p).sum(-1, keepdims=True))
+    np.testing.assert_allclose(grads["Bt"], np.bincount(rel.ravel(), g_s.ravel(), minlength=7), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(grads["W"], x.T @ g_s @ x, rtol=1e-9, atol=1e-11)
