@@ -238,6 +238,12 @@ def _summary(spec: Spec, force: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _written_notes(filename: str, written: Spec) -> None:
+    """The notes of a pass written as a spec (a generated name that had to differ), on stderr."""
+    for note in written.written.notes:
+        print(f"{filename}: note: {note}", file=sys.stderr)
+
+
 def _cmd_derive(args: argparse.Namespace) -> int:
     target = _output_file(args.output, "document") if args.output else None
     spec = _load(args, default_example=True)
@@ -246,18 +252,16 @@ def _cmd_derive(args: argparse.Namespace) -> int:
     for _ in range(args.order - 1):  # order k: the backward pass written as a spec, derived, k - 1 times
         progress.step(f"writing the backward pass of {spec.name} as a spec")
         spec = spec.backward_spec()
-        for note in spec.written.notes:
-            print(f"{spec.filename}: note: {note}", file=sys.stderr)
+        _written_notes(spec.filename, spec)
     fmt = _document_format(args)
     figures: dict[str, bytes] = {}
     if args.backward or args.tangent:
         if args.format is not None:
             raise UsageError("--backward and --tangent write a spec; --format applies to the document")
         progress.step(f"deriving the {'backward' if args.backward else 'tangent'} pass of {spec.name}")
-        written = (spec.backward_spec() if args.backward else spec.tangent_spec()).written
-        for note in written.notes:
-            print(f"{spec.filename}: note: {note}", file=sys.stderr)
-        text = written.text
+        written = spec.backward_spec() if args.backward else spec.tangent_spec()
+        _written_notes(spec.filename, written)
+        text = written.written.text
     elif args.gradients:
         derivation = spec.derive()
         lines = [f"# Backward pass of {spec.name} (matrix form, valid for all sizes)", ""]

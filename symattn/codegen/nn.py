@@ -148,9 +148,8 @@ def derive_higher_orders(generated, spec: t.TypedSpec, backward_pass: Callable, 
     def tangents(values, tangent_values, size_values):
         module, names, _ = tangent_pass()
         given = dict(zip(leaves, values))
-        for x, v in zip(leaves, values):
+        for x, v, tv in zip(leaves, values, tangent_values):
             if x in spec.differentiable:
-                tv = tangent_values[leaves.index(x)]
                 given[names[f"tangent({x})"]] = tv if tv is not None else torch.zeros_like(v)
         outputs = module.forward(**given, **dict(zip(sizes, size_values)))
         return [outputs[names[f"tangent({o})"]] for o in spec.outputs]

@@ -23,8 +23,6 @@ arithmetic they need.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-
 import sympy
 
 from . import typed as t
@@ -129,14 +127,7 @@ def gather_forms(node: t.Node, solve: bool = False) -> t.Node:
         return gather_form(node, solve)
     if not any(isinstance(n, t.Scatter) for n in t.walk(node)):
         return node
-    changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if isinstance(value, t.Node):
-            changes[f.name] = gather_forms(value, solve)
-        elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
-            changes[f.name] = tuple(gather_forms(v, solve) for v in value)
-    return replace(node, **changes) if changes else node
+    return t.map_children(node, lambda child: gather_forms(child, solve))
 
 
 def _terms(node: t.Node, sign: int, out: list[tuple[int, t.Node]]) -> None:

@@ -27,7 +27,7 @@ Contract:
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Mapping
 
 import sympy
@@ -169,14 +169,7 @@ def substitute_indices(node: t.Node, mapping: Mapping[str, object]) -> t.Node:
     if isinstance(node, t.IndexSum):
         inner = {k: v for k, v in mapping.items() if k != node.index.name}
         return replace(node, body=substitute_indices(node.body, inner))
-    changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if isinstance(value, t.Node):
-            changes[f.name] = substitute_indices(value, mapping)
-        elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
-            changes[f.name] = tuple(substitute_indices(v, mapping) for v in value)
-    return replace(node, **changes) if changes else node
+    return t.map_children(node, lambda child: substitute_indices(child, mapping))
 
 
 

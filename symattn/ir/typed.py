@@ -12,7 +12,7 @@ so one printer (`symattn.ir.printing`) shows specs, derivations and claims.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterable, Iterator
 
 import sympy
@@ -57,6 +57,7 @@ __all__ = [
     "TypedSpec",
     "REDUCTIONS",
     "CONSTANTS",
+    "map_children",
     "walk",
     "dropped",
     "dropout_sources",
@@ -485,6 +486,19 @@ def subscript_names(s) -> tuple[str, ...]:
 def entry_names(node: Entry) -> list[str]:
     """The index names an entry's subscripts read, each once, in order."""
     return list(dict.fromkeys(n for s in node.indices for n in subscript_names(s)))
+
+
+def map_children(node: Node, fn) -> Node:
+    """`node` with `fn` applied to each child node: every field that is a node, and the nodes in a tuple field
+    (other items, such as an entry's index names, kept); `node` itself where nothing changed."""
+    changes = {}
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, Node):
+            changes[f.name] = fn(value)
+        elif isinstance(value, tuple) and any(isinstance(v, Node) for v in value):
+            changes[f.name] = tuple(fn(v) if isinstance(v, Node) else v for v in value)
+    return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
 
 
 def walk(node: Node) -> Iterator[Node]:

@@ -48,7 +48,7 @@ from ..symbolic.finiteness import ANY, MINUS_INF, Finiteness
 from ..ir.shapes import broadcast
 from ..ir.sizes import SEARCH_BUDGET, fit_sizes, reads_sizes, user_sizes
 from .missing_rules import missing_rule
-from .pass_claims import on_written_pass, reads_tangents
+from .pass_claims import on_written_passes, reads_tangents
 from .counterexamples import DIGITS, POINTS, float64_contradicts, number, reads_grads, refuted, search_counterexample
 from .verdicts import GradientCheck, Verdict
 
@@ -437,10 +437,12 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
     else:
         session.matrix_seconds = None if budget is None else budget * MATRIX_SHARE
     verdicts = []
+    tangent_checks = [c for c in spec.checks if reads_tangents(c)]
+    on_passes = iter(_check_on_written_passes(session, tangent_checks, budget))
     for k, check in enumerate(spec.checks):
         progress.step(f"check, line {check.line}", k, len(spec.checks))
         if reads_tangents(check):
-            verdicts.append(_check_on_written_pass(session, check, budget))
+            verdicts.append(next(on_passes))
             continue
         try:
             with time_budget(budget):
@@ -457,15 +459,20 @@ def check_spec(spec: t.TypedSpec, force: bool = False, budget: float | None = DE
     return verdicts
 
 
-def _check_on_written_pass(session: _Session, check: t.CheckInfo, budget: float | None) -> Verdict:
-    """A check that reads tangent(...), answered on the tangent pass written as a spec
-    (`symattn.prove.pass_claims`); its verdict says so."""
+def _check_on_written_passes(session: _Session, checks: list[t.CheckInfo], budget: float | None) -> list[Verdict]:
+    """The checks that read tangent(...), in order, answered on the tangent passes written as specs, each pass
+    written and checked once (`symattn.prove.pass_claims`); each verdict says which pass."""
+    if not checks:
+        return []
     try:
-        written, _, what = on_written_pass(session.spec, check, session.derivation)
+        passes = on_written_passes(session.spec, checks, session.derivation)
     except SymAttnError as err:
-        return Verdict(check.line, check.text, "unknown", f"the tangent pass could not be written: {err}")
-    verdict = check_spec(written, session.force, budget)[0]  # negated there already, its claim saying "not"
-    return dataclasses.replace(verdict, line=check.line, method=f"{verdict.method}, on {what}")
+        return [Verdict(c.line, c.text, "unknown", f"the tangent pass could not be written: {err}") for c in checks]
+    out: list[Verdict | None] = [None] * len(checks)
+    for written, positions, what in passes:
+        for k, verdict in zip(positions, check_spec(written, session.force, budget)):  # negated there already
+            out[k] = dataclasses.replace(verdict, line=checks[k].line, method=f"{verdict.method}, on {what}")
+    return out
 
 
 def _relative_all_sizes(session: _Session, check: t.CheckInfo) -> Verdict | None:

@@ -1,7 +1,7 @@
 """Checks that read `tangent(...)`: answered on the forward-mode pass written as a spec.
 
-Contract: `reads_tangents(check)` says whether a check reads `tangent(T)`. `on_written_pass(spec, check)`
-returns the written spec such a check is answered on and the check rewritten for it:
+Contract: `reads_tangents(check)` says whether a check reads `tangent(T)`. `on_written_passes(spec, checks)`
+returns each written spec such checks are answered on, once, with those checks rewritten for it:
 
 - a check that reads only tangents of forward tensors is answered on the tangent pass of `spec`
   (`symattn.symbolic.passes.tangent_spec`), where tangent(T) is the tensor `tangent_T`;
@@ -18,12 +18,12 @@ given tensors include the tangents `tangent_X` of every input and param: a count
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from ..ir import build as b
 from ..ir import typed as t
 
-__all__ = ["reads_tangents", "on_written_pass"]
+__all__ = ["reads_tangents", "on_written_passes"]
 
 
 def _nodes(check: t.CheckInfo):
@@ -53,43 +53,44 @@ def _rewritten(node, names, gradients: bool, tensors):
         if name is None:
             return b.scalar(0)
         return replace(node, tensor=name, grad=False)
-    if not isinstance(node, t.Node):
+    if not isinstance(node, t.Node):  # an absent side
         return node
-    changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if isinstance(value, t.Node):
-            changes[f.name] = _rewritten(value, names, gradients, tensors)
-        elif isinstance(value, tuple) and value and any(isinstance(v, t.Node) for v in value):
-            changes[f.name] = tuple(_rewritten(v, names, gradients, tensors) if isinstance(v, t.Node) else v
-                                    for v in value)
-    return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
+    return t.map_children(node, lambda child: _rewritten(child, names, gradients, tensors))
 
 
-def on_written_pass(spec: t.TypedSpec, check: t.CheckInfo, derivation=None) -> tuple[t.TypedSpec, t.CheckInfo, str]:
-    """(the written spec, the check rewritten for it, which pass it is) for a check that reads tangents."""
+def _reads_gradients(check: t.CheckInfo) -> bool:
+    return any(isinstance(n, t.Grad) or (isinstance(n, t.Entry) and n.grad) for n in _nodes(check))
+
+
+def on_written_passes(spec: t.TypedSpec, checks: list[t.CheckInfo], derivation=None) \
+        -> list[tuple[t.TypedSpec, list[int], str]]:
+    """For checks that read tangents: each written pass they need, once, as (the written spec whose checks are
+    theirs rewritten for it, their positions in `checks`, which pass it is)."""
     from ..front.parse import parse
     from ..front.validate import validate
     from ..symbolic.derive import derive
+    from ..symbolic.passes import backward_spec, tangent_spec
 
     def load(text: str, name: str) -> t.TypedSpec:
         return validate(parse(text, name), name, text, None)
 
-    from ..symbolic.passes import backward_spec, tangent_spec
-
-    gradients = any(isinstance(n, (t.Grad, t.Entry)) and (not isinstance(n, t.Entry) or n.grad)
-                    for n in _nodes(check))
-    names: dict[str, str] = {}
-    base, what, upstream = spec, "the tangent pass (symattn derive --tangent)", frozenset()
-    if gradients:
-        back = backward_spec(spec, derivation if derivation is not None else derive(spec))
-        names.update(back.names)
-        base = load(back.text, f"{spec.name}_backward.attn")
-        what = "the tangent pass of the backward pass (symattn derive --backward, then --tangent)"
-        upstream = frozenset(back.names[f"grad({o})"] for o in spec.outputs)
-    written = tangent_spec(base, fixed=upstream)
-    names.update(written.names)
-    passed = load(written.text, f"{spec.name}_tangent.attn")
-    rewritten = replace(check, lhs=_rewritten(check.lhs, names, gradients, passed.tensors),
-                        rhs=_rewritten(check.rhs, names, gradients, passed.tensors))
-    return replace(passed, checks=(rewritten,)), rewritten, what
+    out = []
+    for gradients in (False, True):
+        group = [k for k, check in enumerate(checks) if _reads_gradients(check) == gradients]
+        if not group:
+            continue
+        names: dict[str, str] = {}
+        base, what, upstream = spec, "the tangent pass (symattn derive --tangent)", frozenset()
+        if gradients:
+            back = backward_spec(spec, derivation if derivation is not None else derive(spec))
+            names.update(back.names)
+            base = load(back.text, f"{spec.name}_backward.attn")
+            what = "the tangent pass of the backward pass (symattn derive --backward, then --tangent)"
+            upstream = frozenset(back.names[f"grad({o})"] for o in spec.outputs)
+        written = tangent_spec(base, fixed=upstream)
+        names.update(written.names)
+        passed = load(written.text, f"{spec.name}_tangent.attn")
+        rewritten = tuple(replace(checks[k], lhs=_rewritten(checks[k].lhs, names, gradients, passed.tensors),
+                                  rhs=_rewritten(checks[k].rhs, names, gradients, passed.tensors)) for k in group)
+        out.append((replace(passed, checks=rewritten), group, what))
+    return out

@@ -25,7 +25,7 @@ proves every one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..front.parse import KEYWORDS
@@ -103,14 +103,7 @@ class _Writer:
             return self.define(node)
         if isinstance(node, t.Scatter):  # entry by entry: what reaches each entry
             return self.define(gather_form(node, avoid=self.names.spec_names))
-        changes = {}
-        for f in fields(node):
-            value = getattr(node, f.name)
-            if isinstance(value, t.Node):
-                changes[f.name] = self.matrix(value)
-            elif isinstance(value, tuple) and value and all(isinstance(v, t.Node) for v in value):
-                changes[f.name] = tuple(self.matrix(v) for v in value)
-        return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
+        return t.map_children(node, self.matrix)
 
 
 def gradient_texts(spec: t.TypedSpec, gradients: Mapping[str, t.Node | None]) -> dict[str, GradientText]:

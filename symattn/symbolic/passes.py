@@ -30,7 +30,7 @@ writer owes its user (a generated name that had to differ from the usual one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from ..front.parse import KEYWORDS
@@ -140,16 +140,7 @@ def _renamed(node, grads: Mapping[str, str]):
     if isinstance(node, t.Entry) and node.grad:
         return replace(node, tensor=grads[node.tensor], grad=False,
                        indices=tuple(_renamed(s, grads) if isinstance(s, t.Node) else s for s in node.indices))
-    if not isinstance(node, t.Node):
-        return node
-    changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if isinstance(value, t.Node):
-            changes[f.name] = _renamed(value, grads)
-        elif isinstance(value, tuple) and value and any(isinstance(v, t.Node) for v in value):
-            changes[f.name] = tuple(_renamed(v, grads) if isinstance(v, t.Node) else v for v in value)
-    return replace(node, **changes) if any(changes[k] is not getattr(node, k) for k in changes) else node
+    return t.map_children(node, lambda child: _renamed(child, grads))
 
 
 def _squeezed(spec: t.TypedSpec, lines: list[str], outputs: Mapping[str, str], names: _Names) -> list[str]:
